@@ -1,0 +1,4 @@
+//! The subcommands of `fluxpipe`.
+
+pub mod id;
+pub mod replay;

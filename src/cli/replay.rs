@@ -1,0 +1,388 @@
+//! `fluxpipe replay`: read eventlogs and journals from files and folders,
+//! replay them through the Flux model and print jobs, ranks and anomalies.
+
+use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
+use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
+use crate::flux::job::JobState;
+use crate::flux::resource::RankState;
+use crate::state::{JobEntry, JobKey, KeyedAnomaly, State};
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use serde_json::{Value, json};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// The longest line read; longer lines are reported and skipped.
+const MAX_LINE: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// Output: a table for people, or JSON Lines.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+    pub format: OutputFormat,
+    /// Cluster name for inputs that do not name one.
+    #[arg(long, default_value = "default")]
+    pub cluster: String,
+    /// Line format; `auto` tells the forms apart per line.
+    #[arg(long, default_value = "auto", value_parser = parse_format)]
+    pub input_format: Format,
+    /// Files and folders (read recursively, in sorted path order).
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+}
+
+fn parse_format(s: &str) -> Result<Format> {
+    Format::parse(s).with_context(|| format!("unknown input format `{s}`"))
+}
+
+impl ReplayArgs {
+    /// What `fluxpipe` with no command does: replay the sample corpus
+    /// shipped in the repository (every job folder and instance B's two
+    /// journal lives).
+    pub fn embedded_default() -> Self {
+        let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+        ReplayArgs {
+            format: OutputFormat::Table,
+            cluster: "default".into(),
+            input_format: Format::Auto,
+            paths: vec![corpus.join("jobs"), corpus.join("instances/B/journals")],
+        }
+    }
+}
+
+/// Replay state plus what went wrong while reading.
+struct Replay {
+    state: State,
+    cluster: String,
+    format: Format,
+    anomalies: Vec<KeyedAnomaly>,
+    lines: u64,
+}
+
+pub fn run(args: ReplayArgs) -> Result<ExitCode> {
+    let mut replay = Replay {
+        state: State::new(),
+        cluster: args.cluster.clone(),
+        format: args.input_format,
+        anomalies: Vec::new(),
+        lines: 0,
+    };
+    for path in &args.paths {
+        replay.path(path)?;
+    }
+    let mut anomalies = replay.anomalies;
+    anomalies.extend(replay.state.finish());
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    match args.format {
+        OutputFormat::Json => print_json(&mut out, &replay.state, &anomalies)?,
+        OutputFormat::Table => print_table(&mut out, &replay.state, &anomalies, replay.lines)?,
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+impl Replay {
+    fn path(&mut self, path: &Path) -> Result<()> {
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+        if meta.is_dir() {
+            for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
+                let entry =
+                    entry.with_context(|| format!("cannot walk {}", path.display()))?;
+                if entry.file_type().is_file() {
+                    self.file(entry.path(), false)?;
+                }
+            }
+            Ok(())
+        } else {
+            self.file(path, true)
+        }
+    }
+
+    /// Read one file; `named` is true when the user named it, so even a
+    /// file whose path says nothing is read (its lines must name their keys).
+    fn file(&mut self, path: &Path, named: bool) -> Result<()> {
+        let origin = match decode::classify_path(path) {
+            PathKind::Eventlog(origin) => origin,
+            PathKind::Lines => Origin::default(),
+            PathKind::Other if named => Origin::default(),
+            PathKind::Other => return Ok(()),
+            PathKind::JobR(id) => {
+                let r = read_json(path)?;
+                self.apply(Record {
+                    cluster: None,
+                    stream: EventStream::Job,
+                    id: Some(id),
+                    body: Body::R(r),
+                });
+                return Ok(());
+            }
+            PathKind::ResourceR => {
+                let r = read_json(path)?;
+                self.apply(Record {
+                    cluster: None,
+                    stream: EventStream::Resource,
+                    id: None,
+                    body: Body::R(r),
+                });
+                return Ok(());
+            }
+        };
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut reader = BufReader::new(file);
+        let mut line = Vec::new();
+        let mut lineno = 0u64;
+        loop {
+            line.clear();
+            let n = (&mut reader)
+                .take(MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut line)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            lineno += 1;
+            self.lines += 1;
+            if line.len() > MAX_LINE && line.last() != Some(&b'\n') {
+                self.input_anomaly(path, lineno, format!("line longer than {MAX_LINE} bytes"));
+                // Skip the rest of the over-long line.
+                loop {
+                    line.clear();
+                    let n = (&mut reader).take(MAX_LINE as u64).read_until(b'\n', &mut line)?;
+                    if n == 0 || line.last() == Some(&b'\n') {
+                        break;
+                    }
+                }
+                continue;
+            }
+            let text = line.strip_suffix(b"\n").unwrap_or(&line);
+            let text = text.strip_suffix(b"\r").unwrap_or(text);
+            if text.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let decoded = decode::decode_line(text, &origin, self.format);
+            for err in decoded.errors {
+                self.input_anomaly(path, lineno, err.to_string());
+            }
+            for rec in decoded.records {
+                self.apply(rec);
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, rec: Record) {
+        let fx = self.state.apply(&self.cluster, rec);
+        self.anomalies.extend(fx.anomalies);
+    }
+
+    fn input_anomaly(&mut self, path: &Path, lineno: u64, message: String) {
+        self.anomalies.push(KeyedAnomaly {
+            cluster: self.cluster.clone(),
+            id: None,
+            anomaly: Anomaly::new(
+                Stream::Input,
+                AnomalyKind::Malformed,
+                format!("{}:{lineno}: {message}", path.display()),
+            ),
+        });
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    // A damaged R is not fatal: it only adds expiration and hostnames.
+    Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn job_json(key: &JobKey, entry: &JobEntry) -> Value {
+    let mut v = serde_json::to_value(entry.summary()).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut v {
+        map.insert("kind".into(), json!("job"));
+        map.insert("cluster".into(), json!(key.cluster));
+        map.insert("id".into(), json!(key.id.0));
+    }
+    v
+}
+
+fn rank_json(cluster: &str, r: &RankState) -> Value {
+    json!({
+        "kind": "rank",
+        "cluster": cluster,
+        "rank": r.rank,
+        "hostname": r.hostname,
+        "online": r.online,
+        "torpid": r.torpid,
+        "drained": r.drained,
+        "drain_reason": r.drain_reason,
+        "drain_timestamp": r.drain_timestamp,
+    })
+}
+
+fn anomaly_json(a: &KeyedAnomaly) -> Value {
+    let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut v {
+        // `kind` names the record type; the anomaly's own kind moves aside.
+        if let Some(k) = map.remove("kind") {
+            map.insert("anomaly".into(), k);
+        }
+        map.insert("kind".into(), json!("anomaly"));
+    }
+    v
+}
+
+fn print_json(out: &mut impl Write, state: &State, anomalies: &[KeyedAnomaly]) -> Result<()> {
+    for (key, entry) in state.listed_jobs() {
+        writeln!(out, "{}", job_json(key, entry))?;
+    }
+    for (cluster, res) in state.clusters() {
+        for r in res.ranks() {
+            writeln!(out, "{}", rank_json(cluster, r))?;
+        }
+    }
+    for a in anomalies {
+        writeln!(out, "{}", anomaly_json(a))?;
+    }
+    Ok(())
+}
+
+fn clock(ts: Option<f64>) -> String {
+    let Some(ts) = ts else {
+        return "-".into();
+    };
+    jiff::Timestamp::from_second(ts.floor() as i64)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|_| format!("{ts}"))
+}
+
+fn duration(secs: f64) -> String {
+    // Flux Standard Duration, as `flux jobs` prints RUNTIME.
+    if secs < 1e-3 {
+        "0s".into()
+    } else if secs < 10.0 {
+        format!("{secs:.3}s")
+    } else if secs < 60.0 {
+        format!("{secs:.1}s")
+    } else if secs < 3600.0 {
+        format!("{:.1}m", secs / 60.0)
+    } else if secs < 86400.0 {
+        format!("{:.1}h", secs / 3600.0)
+    } else {
+        format!("{:.1}d", secs / 86400.0)
+    }
+}
+
+fn print_table(
+    out: &mut impl Write,
+    state: &State,
+    anomalies: &[KeyedAnomaly],
+    lines: u64,
+) -> Result<()> {
+    let jobs = state.listed_jobs();
+    writeln!(
+        out,
+        "{:<10} {:>14} {:>6} {:<8} {:<9} {:>4} {:<20} {:>8}  EXCEPTION",
+        "CLUSTER", "JOBID", "UID", "STATE", "RESULT", "RC", "SUBMITTED", "RUNTIME"
+    )?;
+    for (key, entry) in &jobs {
+        let s = entry.summary();
+        let runtime = match (s.t_run, s.t_cleanup) {
+            (Some(r), Some(c)) => duration(c - r),
+            _ => "-".into(),
+        };
+        let exception = match (&s.exception_type, s.exception_severity) {
+            (Some(t), Some(sev)) => {
+                let note = s.exception_note.as_deref().unwrap_or("");
+                format!("{t} (sev {sev}) {note}").trim_end().to_string()
+            }
+            _ => String::new(),
+        };
+        writeln!(
+            out,
+            "{:<10} {:>14} {:>6} {:<8} {:<9} {:>4} {:<20} {:>8}  {}",
+            key.cluster,
+            key.id.to_f58(),
+            s.userid.map_or("-".into(), |u| u.to_string()),
+            s.state.as_str(),
+            s.result.map_or("-", |r| r.as_str()),
+            s.returncode.map_or("-".into(), |r| r.to_string()),
+            clock(s.t_submit),
+            runtime,
+            exception
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<10} {:>6} {:<16} {:<8} {:<7} {:<20}  REASON",
+        "CLUSTER", "RANK", "HOSTNAME", "STATE", "TORPID", "DRAINED SINCE"
+    )?;
+    let mut nranks = 0;
+    for (cluster, res) in state.clusters() {
+        for r in res.ranks() {
+            nranks += 1;
+            writeln!(
+                out,
+                "{:<10} {:>6} {:<16} {:<8} {:<7} {:<20}  {}",
+                cluster,
+                r.rank,
+                r.hostname.as_deref().unwrap_or("-"),
+                if r.online { "online" } else { "offline" },
+                if r.torpid { "torpid" } else { "-" },
+                if r.drained {
+                    clock(r.drain_timestamp)
+                } else {
+                    "-".into()
+                },
+                r.drain_reason.as_deref().unwrap_or("")
+            )?;
+        }
+    }
+    if !anomalies.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "ANOMALIES")?;
+        for a in anomalies {
+            let who = match (a.id, a.anomaly.rank) {
+                (Some(id), _) => format!("job {}", id.to_f58()),
+                (None, Some(r)) => format!("rank {r}"),
+                _ => String::new(),
+            };
+            writeln!(out, "{} {} {}", a.cluster, who, a.anomaly)?;
+        }
+    }
+    let mut states = [0usize; 7];
+    for (_, e) in &jobs {
+        states[JobState::ALL
+            .iter()
+            .position(|s| *s == e.job.state)
+            .unwrap_or(0)] += 1;
+    }
+    let by_state: Vec<String> = JobState::ALL
+        .iter()
+        .zip(states)
+        .filter(|(_, n)| *n > 0)
+        .map(|(s, n)| format!("{n} {s}"))
+        .collect();
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{} lines, {} jobs ({}), {} ranks, {} anomalies, {} repeats skipped",
+        lines,
+        jobs.len(),
+        by_state.join(", "),
+        nranks,
+        anomalies.len(),
+        state.counts.duplicates
+    )?;
+    Ok(())
+}

@@ -1,0 +1,588 @@
+//! Lines → records: the one place that knows Flux's line formats and the
+//! path layouts that tell whose eventlog a file is. Shared by `replay` and
+//! by every streaming source.
+//!
+//! A line is one of:
+//! - a plain RFC 18 event, whose key comes from where it was read;
+//! - a job-manager journal message `{"id":N,"events":[...],"jobspec"?,"R"?}`;
+//! - a resource journal message `{"events":[...],"R"?}`;
+//! - an RFC 32 exec-protocol response `{"id":N,"type":...,"data":{...}}`;
+//! - an envelope `{"cluster"?,"id"?,"stream":"job"|"exec"|"resource","event":{...}}`.
+
+use crate::flux::event::{Event, EventError};
+use crate::flux::exec::ExecResponse;
+use crate::flux::jobid::JobId;
+use serde_json::Value;
+use std::path::Path;
+use thiserror::Error;
+
+/// Which eventlog an event belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventStream {
+    /// A job's primary eventlog (RFC 21).
+    Job,
+    /// A job's exec eventlog (RFC 50).
+    Exec,
+    /// The instance's resource eventlog (RFC 44).
+    Resource,
+}
+
+impl EventStream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventStream::Job => "job",
+            EventStream::Exec => "exec",
+            EventStream::Resource => "resource",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "job" => Some(EventStream::Job),
+            "exec" => Some(EventStream::Exec),
+            "resource" => Some(EventStream::Resource),
+            _ => None,
+        }
+    }
+}
+
+/// The line format to expect; `Auto` tells them apart per line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Auto,
+    Event,
+    JobJournal,
+    ResourceJournal,
+    ExecProtocol,
+    Envelope,
+}
+
+impl Format {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(Format::Auto),
+            "event" | "eventlog" => Some(Format::Event),
+            "job-journal" => Some(Format::JobJournal),
+            "resource-journal" => Some(Format::ResourceJournal),
+            "exec-protocol" => Some(Format::ExecProtocol),
+            "envelope" => Some(Format::Envelope),
+            _ => None,
+        }
+    }
+}
+
+/// What the place a line was read from says about it: a file's path, or a
+/// source's configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// The stream of plain events, when known.
+    pub stream: Option<EventStream>,
+    /// The job of plain job or exec events, when known.
+    pub id: Option<JobId>,
+}
+
+/// What a file is, judged by its path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathKind {
+    /// An eventlog (or journal) whose lines carry events of this origin.
+    Eventlog(Origin),
+    /// A job's R (`R`, `R.json`): its nodes and expiration.
+    JobR(JobId),
+    /// The instance's R (`resource/R`).
+    ResourceR,
+    /// Journal captures and other line files that name their own keys.
+    Lines,
+    /// Something else (jobspec, output eventlogs, answers, ...).
+    Other,
+}
+
+/// Recognize the layouts of KVS dumps, flat KVS keys and plain job folders.
+pub fn classify_path(path: &Path) -> PathKind {
+    let parts: Vec<&str> = path
+        .iter()
+        .filter_map(|c| c.to_str())
+        .filter(|c| *c != "/")
+        .collect();
+    let Some(&file) = parts.last() else {
+        return PathKind::Other;
+    };
+    let parent = |n: usize| parts.len().checked_sub(n + 1).map(|i| parts[i]);
+    let job = |stream| PathKind::Eventlog(Origin { stream: Some(stream), id: None });
+
+    // Flat KVS keys: job.<dothex>.eventlog, job.<dothex>.guest.exec.eventlog
+    if let Some(rest) = file.strip_prefix("job.") {
+        if let Some(dothex) = rest.strip_suffix(".guest.exec.eventlog") {
+            return with_id(EventStream::Exec, dothex);
+        }
+        if let Some(dothex) = rest.strip_suffix(".eventlog") {
+            return with_id(EventStream::Job, dothex);
+        }
+        if let Some(dothex) = rest.strip_suffix(".R")
+            && let Ok(id) = JobId::parse(dothex)
+        {
+            return PathKind::JobR(id);
+        }
+    }
+    if file == "resource.eventlog" || (file == "eventlog" && parent(1) == Some("resource")) {
+        return job(EventStream::Resource);
+    }
+    if file == "R" && parent(1) == Some("resource") {
+        return PathKind::ResourceR;
+    }
+    // A KVS dump tree: job/xxxx/xxxx/xxxx/xxxx/{eventlog,R,guest/exec/eventlog}
+    let dump_id = |depth: usize| -> Option<JobId> {
+        let end = parts.len().checked_sub(depth)?;
+        let start = end.checked_sub(5)?;
+        if parts[start] != "job" {
+            return None;
+        }
+        JobId::parse(&parts[start..end].join("/")).ok()
+    };
+    match file {
+        "eventlog" => {
+            if parent(1) == Some("exec")
+                && parent(2) == Some("guest")
+                && let Some(id) = dump_id(3)
+            {
+                return eventlog(EventStream::Exec, id);
+            }
+            if let Some(id) = dump_id(1) {
+                return eventlog(EventStream::Job, id);
+            }
+            if let Some(id) = parent(1).and_then(|d| JobId::parse(d).ok()) {
+                return eventlog(EventStream::Job, id);
+            }
+        }
+        "exec.eventlog" => {
+            if let Some(id) = parent(1).and_then(|d| JobId::parse(d).ok()) {
+                return eventlog(EventStream::Exec, id);
+            }
+        }
+        "R" | "R.json" => {
+            if let Some(id) = dump_id(1).or_else(|| parent(1).and_then(|d| JobId::parse(d).ok()))
+            {
+                return PathKind::JobR(id);
+            }
+        }
+        _ => {}
+    }
+    // Journal captures name their own keys on every line.
+    if file.ends_with(".jsonl") {
+        return PathKind::Lines;
+    }
+    PathKind::Other
+}
+
+fn with_id(stream: EventStream, dothex: &str) -> PathKind {
+    match JobId::parse(dothex) {
+        Ok(id) => eventlog(stream, id),
+        Err(_) => PathKind::Other,
+    }
+}
+
+fn eventlog(stream: EventStream, id: JobId) -> PathKind {
+    PathKind::Eventlog(Origin {
+        stream: Some(stream),
+        id: Some(id),
+    })
+}
+
+/// What one decoded item is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    Event(Event),
+    /// An R object: a job's (job stream) or the instance's (resource stream).
+    R(Value),
+    /// A journal sentinel: the backlog ends here.
+    Sentinel,
+    /// An RFC 32 exec-protocol response.
+    ExecResponse(ExecResponse),
+}
+
+/// One decoded item with its key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// The cluster named by the line itself; `None` means the source's.
+    pub cluster: Option<String>,
+    pub stream: EventStream,
+    /// The job (job and exec streams).
+    pub id: Option<JobId>,
+    pub body: Body,
+}
+
+/// Why a line could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DecodeError {
+    #[error("line is not valid UTF-8")]
+    Utf8,
+    #[error("line is not valid JSON: {0}")]
+    Json(String),
+    #[error("line is not a JSON object")]
+    NotObject,
+    #[error("line is not a known form (event, job or resource journal, exec response, envelope)")]
+    UnknownForm,
+    #[error("invalid event: {0}")]
+    Event(#[from] EventError),
+    #[error("invalid {0}")]
+    Field(String),
+    #[error("plain event with no known stream (the path or source does not say)")]
+    NoStream,
+    #[error("plain job event with no job id (the path or source does not say)")]
+    NoJobId,
+}
+
+/// Decode one line (without its newline) into zero or more records.
+/// Individual bad events inside a journal message are returned as errors
+/// beside the good records of the same message, so one bad event never
+/// hides its neighbours.
+pub fn decode_line(line: &[u8], origin: &Origin, format: Format) -> Decoded {
+    let mut out = Decoded::default();
+    let text = match std::str::from_utf8(line) {
+        Ok(t) => t,
+        Err(_) => {
+            out.errors.push(DecodeError::Utf8);
+            return out;
+        }
+    };
+    let value: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            out.errors.push(DecodeError::Json(e.to_string()));
+            return out;
+        }
+    };
+    decode_value(value, origin, format, &mut out);
+    out
+}
+
+/// The records of one line, and the errors of its bad parts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decoded {
+    pub records: Vec<Record>,
+    pub errors: Vec<DecodeError>,
+}
+
+fn detect(map: &serde_json::Map<String, Value>) -> Format {
+    if map.contains_key("events") {
+        if map.contains_key("id") {
+            Format::JobJournal
+        } else {
+            Format::ResourceJournal
+        }
+    } else if map.contains_key("event") && map.contains_key("stream") {
+        Format::Envelope
+    } else if map.contains_key("type") && map.contains_key("data") && map.contains_key("id") {
+        Format::ExecProtocol
+    } else if map.contains_key("timestamp") || map.contains_key("name") {
+        Format::Event
+    } else {
+        Format::Auto
+    }
+}
+
+fn decode_value(value: Value, origin: &Origin, format: Format, out: &mut Decoded) {
+    let Value::Object(map) = value else {
+        out.errors.push(DecodeError::NotObject);
+        return;
+    };
+    let format = match format {
+        Format::Auto => detect(&map),
+        f => f,
+    };
+    match format {
+        Format::Auto => out.errors.push(DecodeError::UnknownForm),
+        Format::Event => match plain_event(Value::Object(map), origin) {
+            Ok(r) => out.records.push(r),
+            Err(e) => out.errors.push(e),
+        },
+        Format::JobJournal => job_journal(map, out),
+        Format::ResourceJournal => resource_journal(map, out),
+        Format::ExecProtocol => match ExecResponse::from_message(&Value::Object(map)) {
+            Ok((id, resp)) => out.records.push(Record {
+                cluster: None,
+                stream: EventStream::Exec,
+                id: Some(JobId(id)),
+                body: Body::ExecResponse(resp),
+            }),
+            Err(e) => out.errors.push(DecodeError::Field(format!("exec response: {e}"))),
+        },
+        Format::Envelope => match envelope(map) {
+            Ok(r) => out.records.push(r),
+            Err(e) => out.errors.push(e),
+        },
+    }
+}
+
+fn plain_event(value: Value, origin: &Origin) -> Result<Record, DecodeError> {
+    let stream = origin.stream.ok_or(DecodeError::NoStream)?;
+    let event = Event::from_value(value)?;
+    if stream != EventStream::Resource && origin.id.is_none() {
+        return Err(DecodeError::NoJobId);
+    }
+    Ok(Record {
+        cluster: None,
+        stream,
+        id: origin.id,
+        body: Body::Event(event),
+    })
+}
+
+fn job_id_value(v: &Value) -> Result<JobId, DecodeError> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .map(JobId)
+            .ok_or_else(|| DecodeError::Field(format!("job id {n}"))),
+        Value::String(s) => {
+            JobId::parse(s).map_err(|e| DecodeError::Field(format!("job id: {e}")))
+        }
+        _ => Err(DecodeError::Field("job id: not a number or string".into())),
+    }
+}
+
+fn events_array(
+    map: &mut serde_json::Map<String, Value>,
+) -> Result<Vec<Value>, DecodeError> {
+    match map.remove("events") {
+        Some(Value::Array(a)) => Ok(a),
+        _ => Err(DecodeError::Field("journal message: `events` is not an array".into())),
+    }
+}
+
+fn job_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
+    let events = match events_array(&mut map) {
+        Ok(e) => e,
+        Err(e) => return out.errors.push(e),
+    };
+    // The sentinel: {"id": -1, "events": []}
+    if map.get("id").and_then(Value::as_i64) == Some(-1) {
+        if !events.is_empty() {
+            out.errors.push(DecodeError::Field(
+                "journal sentinel (id -1) with events".into(),
+            ));
+        }
+        out.records.push(Record {
+            cluster: None,
+            stream: EventStream::Job,
+            id: None,
+            body: Body::Sentinel,
+        });
+        return;
+    }
+    let id = match map.get("id").map(job_id_value) {
+        Some(Ok(id)) => id,
+        Some(Err(e)) => return out.errors.push(e),
+        None => return out.errors.push(DecodeError::Field("journal message without id".into())),
+    };
+    let record = |body| Record {
+        cluster: None,
+        stream: EventStream::Job,
+        id: Some(id),
+        body,
+    };
+    // R comes with the alloc event it belongs to; apply it first so the
+    // job knows its expiration when it enters RUN.
+    if let Some(r) = map.remove("R")
+        && r.is_object()
+    {
+        out.records.push(record(Body::R(r)));
+    }
+    for ev in events {
+        match Event::from_value(ev) {
+            Ok(e) => out.records.push(record(Body::Event(e))),
+            Err(e) => out.errors.push(e.into()),
+        }
+    }
+}
+
+fn resource_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
+    let events = match events_array(&mut map) {
+        Ok(e) => e,
+        Err(e) => return out.errors.push(e),
+    };
+    let record = |body| Record {
+        cluster: None,
+        stream: EventStream::Resource,
+        id: None,
+        body,
+    };
+    if events.is_empty() {
+        out.records.push(record(Body::Sentinel));
+        return;
+    }
+    for ev in events {
+        match Event::from_value(ev) {
+            Ok(e) => out.records.push(record(Body::Event(e))),
+            Err(e) => out.errors.push(e.into()),
+        }
+    }
+    // R accompanies resource-define: apply it after the event.
+    if let Some(r) = map.remove("R")
+        && r.is_object()
+    {
+        out.records.push(record(Body::R(r)));
+    }
+}
+
+fn envelope(mut map: serde_json::Map<String, Value>) -> Result<Record, DecodeError> {
+    let stream = match map.get("stream") {
+        Some(Value::String(s)) => EventStream::parse(s)
+            .ok_or_else(|| DecodeError::Field(format!("envelope stream `{s}`")))?,
+        _ => return Err(DecodeError::Field("envelope stream: not a string".into())),
+    };
+    let cluster = match map.remove("cluster") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err(DecodeError::Field("envelope cluster: not a string".into())),
+    };
+    let id = match map.get("id") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(job_id_value(v)?),
+    };
+    if stream != EventStream::Resource && id.is_none() {
+        return Err(DecodeError::NoJobId);
+    }
+    let event = Event::from_value(map.remove("event").unwrap_or(Value::Null))?;
+    Ok(Record {
+        cluster,
+        stream,
+        id,
+        body: Body::Event(event),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn origin(stream: EventStream, id: Option<u64>) -> Origin {
+        Origin {
+            stream: Some(stream),
+            id: id.map(JobId),
+        }
+    }
+
+    #[test]
+    fn classifies_paths() {
+        let id = JobId(0x17e9fb8df16c2e);
+        let cases = [
+            ("dump/job/0017/e9fb/8df1/6c2e/eventlog", eventlog(EventStream::Job, id)),
+            (
+                "dump/job/0017/e9fb/8df1/6c2e/guest/exec/eventlog",
+                eventlog(EventStream::Exec, id),
+            ),
+            ("job.0017.e9fb.8df1.6c2e.eventlog", eventlog(EventStream::Job, id)),
+            (
+                "x/job.0017.e9fb.8df1.6c2e.guest.exec.eventlog",
+                eventlog(EventStream::Exec, id),
+            ),
+            ("jobs/6731191091817518/eventlog", eventlog(EventStream::Job, id)),
+            ("jobs/ƒuZZybuNNy/exec.eventlog", eventlog(EventStream::Exec, id)),
+            ("jobs/6731191091817518/R.json", PathKind::JobR(id)),
+            ("dump/job/0017/e9fb/8df1/6c2e/R", PathKind::JobR(id)),
+            (
+                "a/resource.eventlog",
+                PathKind::Eventlog(origin(EventStream::Resource, None)),
+            ),
+            (
+                "dump/resource/eventlog",
+                PathKind::Eventlog(origin(EventStream::Resource, None)),
+            ),
+            ("dump/resource/R", PathKind::ResourceR),
+            ("b/incarnation1.resource.journal.jsonl", PathKind::Lines),
+            ("jobs/6731191091817518/jobspec.json", PathKind::Other),
+            ("jobs/6731191091817518/label", PathKind::Other),
+        ];
+        for (p, want) in cases {
+            assert_eq!(classify_path(Path::new(p)), want, "{p}");
+        }
+    }
+
+    #[test]
+    fn decodes_every_form() {
+        let o = origin(EventStream::Job, Some(7));
+        let d = decode_line(br#"{"timestamp":1.5,"name":"validate"}"#, &o, Format::Auto);
+        assert_eq!(d.records.len(), 1);
+        assert_eq!(d.records[0].id, Some(JobId(7)));
+
+        let none = Origin::default();
+        let d = decode_line(
+            br#"{"id":42,"events":[{"timestamp":1,"name":"alloc"},{"bad":1}],"R":{"execution":{}}}"#,
+            &none,
+            Format::Auto,
+        );
+        assert_eq!(d.records.len(), 2);
+        assert!(matches!(d.records[0].body, Body::R(_)));
+        assert_eq!(d.errors.len(), 1);
+
+        let d = decode_line(br#"{"id":-1,"events":[]}"#, &none, Format::Auto);
+        assert_eq!(d.records[0].body, Body::Sentinel);
+
+        let d = decode_line(br#"{"events":[]}"#, &none, Format::Auto);
+        assert_eq!(d.records[0].stream, EventStream::Resource);
+        assert_eq!(d.records[0].body, Body::Sentinel);
+
+        let d = decode_line(
+            br#"{"cluster":"c","id":"f2","stream":"exec","event":{"timestamp":1,"name":"init"}}"#,
+            &none,
+            Format::Auto,
+        );
+        assert_eq!(d.records[0].cluster.as_deref(), Some("c"));
+        assert_eq!(d.records[0].id, Some(JobId(1)));
+        assert_eq!(d.records[0].stream, EventStream::Exec);
+
+        let d = decode_line(
+            br#"{"id":5,"type":"release","data":{"ranks":"all","final":true}}"#,
+            &none,
+            Format::Auto,
+        );
+        assert!(matches!(d.records[0].body, Body::ExecResponse(_)));
+    }
+
+    #[test]
+    fn reports_bad_lines() {
+        let none = Origin::default();
+        let bad: &[(&[u8], fn(&DecodeError) -> bool)] = &[
+            (b"\xff\xfe", |e| *e == DecodeError::Utf8),
+            (b"{", |e| matches!(e, DecodeError::Json(_))),
+            (b"[]", |e| *e == DecodeError::NotObject),
+            (b"{}", |e| *e == DecodeError::UnknownForm),
+            (br#"{"timestamp":1,"name":"x"}"#, |e| *e == DecodeError::NoStream),
+            (br#"{"id":"zz","events":[]}"#, |e| matches!(e, DecodeError::Field(_))),
+            (
+                br#"{"stream":"job","event":{"timestamp":1,"name":"x"}}"#,
+                |e| *e == DecodeError::NoJobId,
+            ),
+        ];
+        for (line, check) in bad {
+            let d = decode_line(line, &none, Format::Auto);
+            assert!(d.records.is_empty());
+            assert!(check(&d.errors[0]), "{:?}", d.errors);
+        }
+        let d = decode_line(
+            br#"{"timestamp":1,"name":"x"}"#,
+            &origin(EventStream::Job, None),
+            Format::Auto,
+        );
+        assert_eq!(d.errors[0], DecodeError::NoJobId);
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(line in prop::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_line(&line, &origin(EventStream::Job, Some(1)), Format::Auto);
+        }
+
+        #[test]
+        fn decode_json_shapes_never_panic(s in r#"\{("(id|events|timestamp|name|context|stream|event|type|data|R|cluster)":(-?[0-9]{1,3}|"[a-z]{0,4}"|\[\]|\{\}|null|true),?){0,6}\}"#) {
+            let _ = decode_line(s.as_bytes(), &Origin::default(), Format::Auto);
+        }
+
+        #[test]
+        fn classify_never_panics(p in "[a-z0-9./]{0,60}") {
+            let _ = classify_path(Path::new(&p));
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! RFC 18 events: one JSON object per eventlog line.
+//!
+//! An event has a `timestamp` (seconds since the epoch, > 0), a `name`, an
+//! optional `context` object, and possibly other keys, which are carried
+//! untouched rather than rejected.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+/// One RFC 18 event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub timestamp: f64,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<Map<String, Value>>,
+    /// Keys beyond the three RFC 18 names: carried, never rejected.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// Why a JSON value is not an RFC 18 event.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EventError {
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    #[error("event is not a JSON object")]
+    NotObject,
+    #[error("event has no timestamp")]
+    MissingTimestamp,
+    #[error("event timestamp is not a positive finite number")]
+    BadTimestamp,
+    #[error("event has no name")]
+    MissingName,
+    #[error("event name is not a non-empty string")]
+    BadName,
+    #[error("event context is not a JSON object")]
+    BadContext,
+}
+
+/// Why a context key could not be read as the type an RFC requires.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ContextError {
+    #[error("missing context key `{0}`")]
+    Missing(&'static str),
+    #[error("context key `{key}` is not {expected}")]
+    WrongType {
+        key: &'static str,
+        expected: &'static str,
+    },
+}
+
+impl Event {
+    /// An event with no context, for tests and generators.
+    pub fn new(timestamp: f64, name: impl Into<String>) -> Self {
+        Event {
+            timestamp,
+            name: name.into(),
+            context: None,
+            extra: Map::new(),
+        }
+    }
+
+    /// The same event with `context` set (an object; anything else is dropped).
+    pub fn with_context(mut self, context: Value) -> Self {
+        if let Value::Object(map) = context {
+            self.context = Some(map);
+        }
+        self
+    }
+
+    /// Parse one eventlog line.
+    pub fn parse(line: &str) -> Result<Self, EventError> {
+        let value: Value =
+            serde_json::from_str(line).map_err(|e| EventError::Json(e.to_string()))?;
+        Self::from_value(value)
+    }
+
+    /// Validate a decoded JSON value as an RFC 18 event.
+    pub fn from_value(value: Value) -> Result<Self, EventError> {
+        let Value::Object(mut map) = value else {
+            return Err(EventError::NotObject);
+        };
+        let timestamp = match map.remove("timestamp") {
+            None => return Err(EventError::MissingTimestamp),
+            Some(Value::Number(n)) => n.as_f64().ok_or(EventError::BadTimestamp)?,
+            Some(_) => return Err(EventError::BadTimestamp),
+        };
+        if !(timestamp.is_finite() && timestamp > 0.0) {
+            return Err(EventError::BadTimestamp);
+        }
+        let name = match map.remove("name") {
+            None => return Err(EventError::MissingName),
+            Some(Value::String(s)) if !s.is_empty() => s,
+            Some(_) => return Err(EventError::BadName),
+        };
+        let context = match map.remove("context") {
+            None => None,
+            Some(Value::Object(c)) => Some(c),
+            Some(_) => return Err(EventError::BadContext),
+        };
+        Ok(Event {
+            timestamp,
+            name,
+            context,
+            extra: map,
+        })
+    }
+
+    /// The event as one compact eventlog line.
+    pub fn to_line(&self) -> String {
+        // Serializing a struct of plain JSON values cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// A context value, if present.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.context.as_ref().and_then(|c| c.get(key))
+    }
+
+    /// A required integer context key (JSON integer; floats with no fraction accepted).
+    pub fn int(&self, key: &'static str) -> Result<i64, ContextError> {
+        match self.get(key) {
+            None => Err(ContextError::Missing(key)),
+            Some(v) => value_as_i64(v).ok_or(ContextError::WrongType {
+                key,
+                expected: "an integer",
+            }),
+        }
+    }
+
+    /// A required number context key (integer or float).
+    pub fn number(&self, key: &'static str) -> Result<f64, ContextError> {
+        match self.get(key) {
+            None => Err(ContextError::Missing(key)),
+            Some(Value::Number(n)) => n.as_f64().ok_or(ContextError::WrongType {
+                key,
+                expected: "a number",
+            }),
+            Some(_) => Err(ContextError::WrongType {
+                key,
+                expected: "a number",
+            }),
+        }
+    }
+
+    /// A required string context key.
+    pub fn str(&self, key: &'static str) -> Result<&str, ContextError> {
+        match self.get(key) {
+            None => Err(ContextError::Missing(key)),
+            Some(Value::String(s)) => Ok(s),
+            Some(_) => Err(ContextError::WrongType {
+                key,
+                expected: "a string",
+            }),
+        }
+    }
+
+    /// A required boolean context key.
+    pub fn bool(&self, key: &'static str) -> Result<bool, ContextError> {
+        match self.get(key) {
+            None => Err(ContextError::Missing(key)),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(ContextError::WrongType {
+                key,
+                expected: "a boolean",
+            }),
+        }
+    }
+
+    /// An optional string context key: `Ok(None)` when absent or null.
+    pub fn opt_str(&self, key: &'static str) -> Result<Option<&str>, ContextError> {
+        match self.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ContextError::WrongType {
+                key,
+                expected: "a string",
+            }),
+        }
+    }
+
+    /// An optional integer context key: `Ok(None)` when absent or null.
+    pub fn opt_int(&self, key: &'static str) -> Result<Option<i64>, ContextError> {
+        match self.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => value_as_i64(v).map(Some).ok_or(ContextError::WrongType {
+                key,
+                expected: "an integer",
+            }),
+        }
+    }
+}
+
+/// An integer from JSON: an integer literal, or a float with no fraction
+/// that fits (some writers print `3.0`).
+fn value_as_i64(v: &Value) -> Option<i64> {
+    let n = v.as_number()?;
+    if let Some(i) = n.as_i64() {
+        return Some(i);
+    }
+    let f = n.as_f64()?;
+    if f.fract() == 0.0 && f >= i64::MIN as f64 && f < i64::MAX as f64 {
+        Some(f as i64)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_rfc18_example() {
+        let e = Event::parse(
+            r#"{"timestamp":1552593348.073045,"name":"submit","context":{"urgency":16,"userid":5588,"flags":0,"version":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.name, "submit");
+        assert_eq!(e.int("urgency"), Ok(16));
+        assert_eq!(e.int("nope"), Err(ContextError::Missing("nope")));
+    }
+
+    #[test]
+    fn carries_extra_keys() {
+        let line = r#"{"timestamp":1.5,"name":"x","extra":[1,2]}"#;
+        let e = Event::parse(line).unwrap();
+        assert_eq!(e.extra.get("extra"), Some(&serde_json::json!([1, 2])));
+        assert_eq!(Event::parse(&e.to_line()).unwrap(), e);
+    }
+
+    #[test]
+    fn rejects_bad_events() {
+        assert_eq!(Event::parse("[1]"), Err(EventError::NotObject));
+        assert_eq!(
+            Event::parse(r#"{"name":"x"}"#),
+            Err(EventError::MissingTimestamp)
+        );
+        assert_eq!(
+            Event::parse(r#"{"timestamp":-1,"name":"x"}"#),
+            Err(EventError::BadTimestamp)
+        );
+        assert_eq!(
+            Event::parse(r#"{"timestamp":"1","name":"x"}"#),
+            Err(EventError::BadTimestamp)
+        );
+        assert_eq!(
+            Event::parse(r#"{"timestamp":1}"#),
+            Err(EventError::MissingName)
+        );
+        assert_eq!(
+            Event::parse(r#"{"timestamp":1,"name":""}"#),
+            Err(EventError::BadName)
+        );
+        assert_eq!(
+            Event::parse(r#"{"timestamp":1,"name":"x","context":3}"#),
+            Err(EventError::BadContext)
+        );
+        assert!(matches!(Event::parse("{"), Err(EventError::Json(_))));
+    }
+
+    #[test]
+    fn integer_like_floats_are_integers() {
+        let e = Event::new(1.0, "x").with_context(serde_json::json!({"a": 3.0, "b": 3.5}));
+        assert_eq!(e.int("a"), Ok(3));
+        assert!(e.int("b").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(s in ".*") {
+            let _ = Event::parse(&s);
+        }
+
+        #[test]
+        fn round_trips(ts in 1e-6f64..1e12, name in "[a-z.-]{1,12}", n in any::<i64>(), s in ".*") {
+            let e = Event::new(ts, name).with_context(serde_json::json!({"n": n, "s": s}));
+            prop_assert_eq!(Event::parse(&e.to_line()).unwrap(), e);
+        }
+    }
+}

@@ -1,0 +1,1105 @@
+//! RFC 21: the job state machine, with flux-core's semantics
+//! (job-manager `event.c` for transitions, job-list `job_state.c` for the
+//! summary that `flux jobs` shows).
+
+use super::anomaly::{Anomaly, AnomalyKind, Stream};
+use super::event::{ContextError, Event};
+use super::idset::Ranks;
+use serde::{Serialize, Serializer};
+use std::fmt;
+
+/// RFC 21 job states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum JobState {
+    #[default]
+    New,
+    Depend,
+    Priority,
+    Sched,
+    Run,
+    Cleanup,
+    Inactive,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::New,
+        JobState::Depend,
+        JobState::Priority,
+        JobState::Sched,
+        JobState::Run,
+        JobState::Cleanup,
+        JobState::Inactive,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::New => "NEW",
+            JobState::Depend => "DEPEND",
+            JobState::Priority => "PRIORITY",
+            JobState::Sched => "SCHED",
+            JobState::Run => "RUN",
+            JobState::Cleanup => "CLEANUP",
+            JobState::Inactive => "INACTIVE",
+        }
+    }
+
+    /// RFC 21 virtual state ACTIVE: DEPEND through CLEANUP.
+    pub fn is_active(self) -> bool {
+        !matches!(self, JobState::New | JobState::Inactive)
+    }
+
+    /// RFC 21 virtual state PENDING: DEPEND, PRIORITY or SCHED.
+    pub fn is_pending(self) -> bool {
+        matches!(self, JobState::Depend | JobState::Priority | JobState::Sched)
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for JobState {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// The result of an inactive job, as job-list computes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JobResult {
+    Completed,
+    Failed,
+    Canceled,
+    Timeout,
+}
+
+impl JobResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobResult::Completed => "COMPLETED",
+            JobResult::Failed => "FAILED",
+            JobResult::Canceled => "CANCELED",
+            JobResult::Timeout => "TIMEOUT",
+        }
+    }
+}
+
+impl fmt::Display for JobResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for JobResult {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// The job's recorded exception: the most severe one seen (the first wins
+/// ties), as job-list keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobException {
+    pub kind: String,
+    pub severity: i64,
+    pub note: String,
+}
+
+/// A state change caused by one event.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Transition {
+    pub from: JobState,
+    pub to: JobState,
+    pub timestamp: f64,
+}
+
+/// What applying one event did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Applied {
+    pub transition: Option<Transition>,
+    pub anomalies: Vec<Anomaly>,
+    /// The event was already applied (an at-least-once repeat) and was skipped.
+    pub duplicate: bool,
+}
+
+/// One job, rebuilt from its primary eventlog (RFC 21).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Job {
+    pub state: JobState,
+    /// A `submit` event has been applied: before it, the job does not exist.
+    pub submitted: bool,
+    /// The submission was invalidated: flux-core removes such a job entirely.
+    pub invalidated: bool,
+    pub userid: Option<i64>,
+    pub urgency: Option<i64>,
+    /// Known while the job has been in SCHED since its last fall back to
+    /// PRIORITY, as job-list reports it.
+    pub priority: Option<i64>,
+    pub flags: i64,
+    pub t_submit: Option<f64>,
+    pub t_depend: Option<f64>,
+    pub t_priority: Option<f64>,
+    pub t_sched: Option<f64>,
+    pub t_run: Option<f64>,
+    pub t_cleanup: Option<f64>,
+    pub t_inactive: Option<f64>,
+    /// The `finish` wait status.
+    pub waitstatus: Option<i64>,
+    pub exception: Option<JobException>,
+    /// A severity-0 exception was raised.
+    pub fatal_exception: bool,
+    /// Outstanding dependencies, in the order they were added.
+    pub dependencies: Vec<String>,
+    /// From R (`execution.expiration`) and `resource-update` events.
+    pub expiration: Option<f64>,
+    /// Prolog and epilog actions started and not yet finished.
+    pub prologs_active: u32,
+    pub epilogs_active: u32,
+    pub started: bool,
+    pub released_final: bool,
+    pub freed: bool,
+    /// Timestamps of applied events, to skip repeats (Flux timestamps are
+    /// unique and increasing within one eventlog). Kept sorted.
+    applied: Vec<f64>,
+}
+
+fn anomaly(kind: AnomalyKind, ev: &Event, message: impl Into<String>) -> Anomaly {
+    Anomaly::new(Stream::Job, kind, message).at(&ev.name, ev.timestamp)
+}
+
+fn context_anomaly(ev: &Event, err: ContextError) -> Anomaly {
+    let kind = match err {
+        ContextError::Missing(_) => AnomalyKind::MissingContext,
+        ContextError::WrongType { .. } => AnomalyKind::InvalidContext,
+    };
+    anomaly(kind, ev, format!("{} event: {err}", ev.name))
+}
+
+impl Job {
+    pub fn new() -> Self {
+        Job::default()
+    }
+
+    /// The time the job entered its current state.
+    pub fn t_state(&self) -> Option<f64> {
+        match self.state {
+            JobState::New => self.t_submit,
+            JobState::Depend => self.t_depend,
+            JobState::Priority => self.t_priority,
+            JobState::Sched => self.t_sched,
+            JobState::Run => self.t_run,
+            JobState::Cleanup => self.t_cleanup,
+            JobState::Inactive => self.t_inactive,
+        }
+    }
+
+    /// The timestamp of the last event applied.
+    pub fn last_timestamp(&self) -> Option<f64> {
+        self.applied.last().copied()
+    }
+
+    /// How many events have been applied.
+    pub fn events_applied(&self) -> usize {
+        self.applied.len()
+    }
+
+    /// `success`: finished with status 0 and no fatal exception.
+    pub fn success(&self) -> Option<bool> {
+        if self.state != JobState::Inactive {
+            return None;
+        }
+        Some(self.waitstatus == Some(0) && !self.fatal_exception)
+    }
+
+    /// The job's result once it is inactive.
+    pub fn result(&self) -> Option<JobResult> {
+        if self.state != JobState::Inactive {
+            return None;
+        }
+        if self.success() == Some(true) {
+            return Some(JobResult::Completed);
+        }
+        Some(match self.exception.as_ref().map(|e| e.kind.as_str()) {
+            Some("cancel") => JobResult::Canceled,
+            Some("timeout") => JobResult::Timeout,
+            _ => JobResult::Failed,
+        })
+    }
+
+    /// job-list's `returncode`: the exit code, or minus the terminating
+    /// signal; -128 for a job canceled before it ran; 1 for any other job
+    /// that failed without a finish status.
+    pub fn returncode(&self) -> Option<i64> {
+        if let Some(status) = self.waitstatus {
+            let sig = status & 0x7f;
+            return Some(if sig == 0 {
+                (status >> 8) & 0xff
+            } else {
+                -sig
+            });
+        }
+        match self.result()? {
+            JobResult::Canceled => Some(-128),
+            JobResult::Completed => Some(0),
+            _ => Some(1),
+        }
+    }
+
+    /// Apply one event of the job's primary eventlog.
+    pub fn apply(&mut self, ev: &Event) -> Applied {
+        let mut out = Applied::default();
+        // The journal's `annotations` event describes the scheduler's view and
+        // may carry a timestamp slightly before the `alloc` it accompanies:
+        // keep it out of the ordering and repeat checks.
+        let journal_only = ev.name == "annotations";
+        if !journal_only {
+            match self.applied.binary_search_by(|t| t.total_cmp(&ev.timestamp)) {
+                Ok(_) => {
+                    out.duplicate = true;
+                    return out;
+                }
+                Err(pos) => {
+                    if pos < self.applied.len() {
+                        out.anomalies.push(anomaly(
+                            AnomalyKind::OutOfOrder,
+                            ev,
+                            format!(
+                                "timestamp {} is earlier than an event already applied ({})",
+                                ev.timestamp,
+                                self.applied.last().copied().unwrap_or_default()
+                            ),
+                        ));
+                    }
+                    if !self.submitted && ev.name != "submit" {
+                        out.anomalies.push(anomaly(
+                            AnomalyKind::UnknownTarget,
+                            ev,
+                            "event for a job with no submit event; ignored",
+                        ));
+                        return out;
+                    }
+                    self.applied.insert(pos, ev.timestamp);
+                }
+            }
+        }
+        let before = self.state;
+        if self.state == JobState::Inactive && !journal_only {
+            out.anomalies.push(anomaly(
+                AnomalyKind::UnexpectedEvent,
+                ev,
+                "event after the job became INACTIVE; ignored",
+            ));
+            return out;
+        }
+        self.dispatch(ev, &mut out.anomalies);
+        if self.state != before {
+            out.transition = Some(Transition {
+                from: before,
+                to: self.state,
+                timestamp: ev.timestamp,
+            });
+        }
+        out
+    }
+
+    fn enter(&mut self, state: JobState, ts: f64) {
+        self.state = state;
+        let slot = match state {
+            JobState::New => &mut self.t_submit,
+            JobState::Depend => &mut self.t_depend,
+            JobState::Priority => &mut self.t_priority,
+            JobState::Sched => &mut self.t_sched,
+            JobState::Run => &mut self.t_run,
+            JobState::Cleanup => &mut self.t_cleanup,
+            JobState::Inactive => &mut self.t_inactive,
+        };
+        *slot = Some(ts);
+    }
+
+    /// Fall back from SCHED to PRIORITY (urgency, jobspec-update, flux-restart).
+    fn revert_to_priority(&mut self, ts: f64) {
+        if self.state == JobState::Sched {
+            self.priority = None;
+            self.enter(JobState::Priority, ts);
+        }
+    }
+
+    fn expect_state(
+        &self,
+        ev: &Event,
+        allowed: &[JobState],
+        anomalies: &mut Vec<Anomaly>,
+    ) -> bool {
+        if allowed.contains(&self.state) {
+            return true;
+        }
+        anomalies.push(anomaly(
+            AnomalyKind::UnexpectedEvent,
+            ev,
+            format!("{} event in state {}", ev.name, self.state),
+        ));
+        false
+    }
+
+    fn dispatch(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
+        let ts = ev.timestamp;
+        match ev.name.as_str() {
+            "submit" => self.on_submit(ev, anomalies),
+            "validate" => {
+                if self.expect_state(ev, &[JobState::New], anomalies) {
+                    self.enter(JobState::Depend, ts);
+                }
+            }
+            "invalidate" => {
+                if self.expect_state(ev, &[JobState::New], anomalies) {
+                    self.invalidated = true;
+                }
+            }
+            "depend" => {
+                if self.expect_state(ev, &[JobState::Depend], anomalies) {
+                    self.enter(JobState::Priority, ts);
+                }
+            }
+            "priority" => match ev.int("priority") {
+                Err(e) => anomalies.push(context_anomaly(ev, e)),
+                Ok(p) => {
+                    if !(0..=i64::from(u32::MAX)).contains(&p) {
+                        anomalies.push(anomaly(
+                            AnomalyKind::InvalidContext,
+                            ev,
+                            format!("priority {p} is outside 0-4294967295"),
+                        ));
+                    }
+                    if self.expect_state(ev, &[JobState::Priority, JobState::Sched], anomalies) {
+                        self.priority = Some(p);
+                        if self.state == JobState::Priority {
+                            self.enter(JobState::Sched, ts);
+                        }
+                    }
+                }
+            },
+            "urgency" => match ev.int("urgency") {
+                Err(e) => anomalies.push(context_anomaly(ev, e)),
+                Ok(u) => {
+                    if !(0..=31).contains(&u) {
+                        anomalies.push(anomaly(
+                            AnomalyKind::InvalidContext,
+                            ev,
+                            format!("urgency {u} is outside 0-31"),
+                        ));
+                    }
+                    self.urgency = Some(u);
+                    self.revert_to_priority(ts);
+                }
+            },
+            "jobspec-update" => {
+                if ev.context.as_ref().is_none_or(|c| c.is_empty()) {
+                    anomalies.push(anomaly(
+                        AnomalyKind::MissingContext,
+                        ev,
+                        "jobspec-update event with no keys to update",
+                    ));
+                }
+                self.revert_to_priority(ts);
+            }
+            "flux-restart" => self.revert_to_priority(ts),
+            "alloc" => {
+                if self.expect_state(ev, &[JobState::Sched], anomalies) {
+                    self.enter(JobState::Run, ts);
+                }
+            }
+            "prolog-start" => {
+                self.check_description(ev, anomalies);
+                if self.expect_state(ev, &[JobState::Run, JobState::Cleanup], anomalies) {
+                    self.prologs_active += 1;
+                }
+            }
+            "prolog-finish" => {
+                self.check_description(ev, anomalies);
+                self.check_status(ev, anomalies);
+                if self.prologs_active == 0 {
+                    anomalies.push(anomaly(
+                        AnomalyKind::UnexpectedEvent,
+                        ev,
+                        "prolog-finish with no prolog started",
+                    ));
+                } else {
+                    self.prologs_active -= 1;
+                }
+            }
+            "epilog-start" => {
+                self.check_description(ev, anomalies);
+                if self.expect_state(ev, &[JobState::Cleanup], anomalies) {
+                    self.epilogs_active += 1;
+                }
+            }
+            "epilog-finish" => {
+                self.check_description(ev, anomalies);
+                self.check_status(ev, anomalies);
+                if self.epilogs_active == 0 {
+                    anomalies.push(anomaly(
+                        AnomalyKind::UnexpectedEvent,
+                        ev,
+                        "epilog-finish with no epilog started",
+                    ));
+                } else {
+                    self.epilogs_active -= 1;
+                }
+            }
+            "start" => {
+                if self.expect_state(ev, &[JobState::Run], anomalies) {
+                    if self.prologs_active > 0 {
+                        anomalies.push(anomaly(
+                            AnomalyKind::UnexpectedEvent,
+                            ev,
+                            "start while a prolog is still running",
+                        ));
+                    }
+                    if self.started {
+                        anomalies.push(anomaly(
+                            AnomalyKind::Repeated,
+                            ev,
+                            "second start event",
+                        ));
+                    }
+                    self.started = true;
+                }
+            }
+            "finish" => match ev.int("status") {
+                Err(e) => anomalies.push(context_anomaly(ev, e)),
+                Ok(status) => {
+                    if self.waitstatus.is_some() {
+                        anomalies.push(anomaly(
+                            AnomalyKind::Repeated,
+                            ev,
+                            "second finish event",
+                        ));
+                    }
+                    if self.expect_state(ev, &[JobState::Run, JobState::Cleanup], anomalies) {
+                        self.waitstatus = Some(status);
+                        if self.state == JobState::Run {
+                            self.enter(JobState::Cleanup, ts);
+                        }
+                    }
+                }
+            },
+            "release" => self.on_release(ev, anomalies),
+            "free" => {
+                if self.expect_state(ev, &[JobState::Cleanup], anomalies) {
+                    if self.epilogs_active > 0 {
+                        anomalies.push(anomaly(
+                            AnomalyKind::UnexpectedEvent,
+                            ev,
+                            "free while an epilog is still running",
+                        ));
+                    }
+                    self.freed = true;
+                }
+            }
+            "clean" => {
+                if self.expect_state(ev, &[JobState::Cleanup], anomalies) {
+                    self.enter(JobState::Inactive, ts);
+                }
+            }
+            "exception" => self.on_exception(ev, anomalies),
+            "dependency-add" | "dependency-remove" => self.on_dependency(ev, anomalies),
+            "resource-update" => match ev.number("expiration") {
+                Ok(exp) => self.expiration = Some(exp),
+                Err(e) => anomalies.push(context_anomaly(ev, e)),
+            },
+            "set-flags" => {
+                if !matches!(ev.get("flags"), Some(serde_json::Value::Array(_))) {
+                    anomalies.push(anomaly(
+                        AnomalyKind::InvalidContext,
+                        ev,
+                        "set-flags event without a flags array",
+                    ));
+                }
+            }
+            // No state change and nothing job-list reports: `memo`,
+            // `annotations`, `debug.*`, and names RFC 21 allows others to add.
+            _ => {}
+        }
+    }
+
+    fn on_submit(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
+        if self.submitted {
+            anomalies.push(anomaly(
+                AnomalyKind::Repeated,
+                ev,
+                "second submit event; ignored",
+            ));
+            return;
+        }
+        self.submitted = true;
+        self.t_submit = Some(ev.timestamp);
+        match ev.int("userid") {
+            Ok(u) => self.userid = Some(u),
+            Err(e) => anomalies.push(context_anomaly(ev, e)),
+        }
+        match ev.int("urgency") {
+            Ok(u) => self.urgency = Some(u),
+            Err(e) => anomalies.push(context_anomaly(ev, e)),
+        }
+        match ev.opt_int("flags") {
+            Ok(f) => self.flags = f.unwrap_or(0),
+            Err(e) => anomalies.push(context_anomaly(ev, e)),
+        }
+        // Eventlogs before version 1 (flux-core 0.40/0.41) have no
+        // `validate`: submit itself moved the job to DEPEND.
+        if ev.get("version").is_none() {
+            self.enter(JobState::Depend, ev.timestamp);
+        }
+    }
+
+    fn on_release(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
+        match ev.str("ranks") {
+            Ok(r) => {
+                if let Err(e) = Ranks::parse(r) {
+                    anomalies.push(anomaly(
+                        AnomalyKind::InvalidContext,
+                        ev,
+                        format!("release ranks `{r}`: {e}"),
+                    ));
+                }
+            }
+            Err(e) => anomalies.push(context_anomaly(ev, e)),
+        }
+        let is_final = match ev.bool("final") {
+            Ok(f) => f,
+            Err(e) => {
+                anomalies.push(context_anomaly(ev, e));
+                false
+            }
+        };
+        if self.released_final {
+            anomalies.push(anomaly(
+                AnomalyKind::UnexpectedEvent,
+                ev,
+                "release after the final release",
+            ));
+        }
+        if self.expect_state(ev, &[JobState::Run, JobState::Cleanup], anomalies) && is_final {
+            self.released_final = true;
+        }
+    }
+
+    fn on_exception(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
+        let kind = match ev.str("type") {
+            Ok(t) => t.to_string(),
+            Err(e) => {
+                anomalies.push(context_anomaly(ev, e));
+                return;
+            }
+        };
+        let severity = match ev.int("severity") {
+            Ok(s) => s,
+            Err(e) => {
+                anomalies.push(context_anomaly(ev, e));
+                return;
+            }
+        };
+        if !(0..=7).contains(&severity) {
+            anomalies.push(anomaly(
+                AnomalyKind::InvalidContext,
+                ev,
+                format!("exception severity {severity} is outside 0-7"),
+            ));
+        }
+        let note = match ev.opt_str("note") {
+            Ok(n) => n.unwrap_or("").to_string(),
+            Err(e) => {
+                anomalies.push(context_anomaly(ev, e));
+                String::new()
+            }
+        };
+        if self.exception.as_ref().is_none_or(|e| severity < e.severity) {
+            self.exception = Some(JobException {
+                kind,
+                severity,
+                note,
+            });
+        }
+        if severity == 0 {
+            self.fatal_exception = true;
+            if self.state.is_active() && self.state != JobState::Cleanup {
+                self.enter(JobState::Cleanup, ev.timestamp);
+            }
+        }
+    }
+
+    fn on_dependency(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
+        let desc = match ev.str("description") {
+            Ok(d) => d,
+            Err(e) => {
+                anomalies.push(context_anomaly(ev, e));
+                return;
+            }
+        };
+        // flux-core counts dependencies only before the job leaves DEPEND.
+        if !matches!(self.state, JobState::New | JobState::Depend) {
+            return;
+        }
+        if ev.name == "dependency-add" {
+            if !self.dependencies.iter().any(|d| d == desc) {
+                self.dependencies.push(desc.to_string());
+            }
+        } else if let Some(i) = self.dependencies.iter().position(|d| d == desc) {
+            self.dependencies.remove(i);
+        } else {
+            anomalies.push(anomaly(
+                AnomalyKind::UnexpectedEvent,
+                ev,
+                format!("dependency-remove of `{desc}`, which was never added"),
+            ));
+        }
+    }
+
+    fn check_description(&self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
+        if let Err(e) = ev.str("description") {
+            anomalies.push(context_anomaly(ev, e));
+        }
+    }
+
+    fn check_status(&self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
+        if let Err(e) = ev.int("status") {
+            anomalies.push(context_anomaly(ev, e));
+        }
+    }
+
+    /// Take the expiration from the job's R (`execution.expiration`), as
+    /// job-list does when the job reaches RUN. 0 means none.
+    pub fn apply_r(&mut self, r: &serde_json::Value) {
+        if let Some(exp) = r
+            .pointer("/execution/expiration")
+            .and_then(serde_json::Value::as_f64)
+            && exp > 0.0
+            && self.expiration.is_none()
+        {
+            self.expiration = Some(exp);
+        }
+    }
+
+    /// The `flux jobs --json` view of the job.
+    pub fn summary(&self) -> JobSummary {
+        let exc = self.exception.as_ref();
+        JobSummary {
+            userid: self.userid,
+            urgency: self.urgency,
+            priority: self.priority,
+            state: self.state,
+            result: self.result(),
+            success: self.success(),
+            waitstatus: self.waitstatus,
+            returncode: self.returncode(),
+            exception_occurred: exc.is_some(),
+            exception_type: exc.map(|e| e.kind.clone()),
+            exception_severity: exc.map(|e| e.severity),
+            exception_note: exc.map(|e| e.note.clone()),
+            t_submit: self.t_submit,
+            t_depend: self.t_depend,
+            t_run: self.t_run,
+            t_cleanup: self.t_cleanup,
+            t_inactive: self.t_inactive,
+            expiration: self.expiration,
+            dependencies: self.dependencies.clone(),
+        }
+    }
+}
+
+/// A job summary with the field names of `flux jobs --json`. Fields a job
+/// never reached are absent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobSummary {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub userid: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub urgency: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    pub state: JobState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<JobResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub success: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waitstatus: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub returncode: Option<i64>,
+    pub exception_occurred: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exception_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exception_severity: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exception_note: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_submit: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_depend: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_run: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_cleanup: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub t_inactive: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expiration: Option<f64>,
+    pub dependencies: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn ev(ts: f64, name: &str, ctx: serde_json::Value) -> Event {
+        Event::new(ts, name).with_context(ctx)
+    }
+
+    fn submit(ts: f64) -> Event {
+        ev(
+            ts,
+            "submit",
+            json!({"userid": 5588, "urgency": 16, "flags": 0, "version": 1}),
+        )
+    }
+
+    fn run(job: &mut Job, events: &[Event]) -> Vec<Anomaly> {
+        events
+            .iter()
+            .flat_map(|e| job.apply(e).anomalies)
+            .collect()
+    }
+
+    fn happy_path() -> Vec<Event> {
+        vec![
+            submit(1.0),
+            Event::new(2.0, "validate"),
+            Event::new(3.0, "depend"),
+            ev(4.0, "priority", json!({"priority": 16})),
+            ev(5.0, "alloc", json!({"annotations": {}})),
+            Event::new(6.0, "start"),
+            ev(7.0, "finish", json!({"status": 0})),
+            ev(8.0, "release", json!({"ranks": "all", "final": true})),
+            Event::new(9.0, "free"),
+            Event::new(10.0, "clean"),
+        ]
+    }
+
+    #[test]
+    fn happy_path_completes() {
+        let mut job = Job::new();
+        assert!(run(&mut job, &happy_path()).is_empty());
+        let s = job.summary();
+        assert_eq!(s.state, JobState::Inactive);
+        assert_eq!(s.result, Some(JobResult::Completed));
+        assert_eq!(s.success, Some(true));
+        assert_eq!(s.returncode, Some(0));
+        assert_eq!(s.priority, Some(16));
+        assert_eq!(
+            (s.t_submit, s.t_depend, s.t_run, s.t_cleanup, s.t_inactive),
+            (Some(1.0), Some(2.0), Some(5.0), Some(7.0), Some(10.0))
+        );
+    }
+
+    #[test]
+    fn transitions_are_reported() {
+        let mut job = Job::new();
+        let states: Vec<_> = happy_path()
+            .iter()
+            .filter_map(|e| job.apply(e).transition.map(|t| (t.from, t.to)))
+            .collect();
+        use JobState::*;
+        assert_eq!(
+            states,
+            vec![
+                (New, Depend),
+                (Depend, Priority),
+                (Priority, Sched),
+                (Sched, Run),
+                (Run, Cleanup),
+                (Cleanup, Inactive)
+            ]
+        );
+    }
+
+    #[test]
+    fn repeats_are_skipped() {
+        let mut once = Job::new();
+        run(&mut once, &happy_path());
+        let mut twice = Job::new();
+        let evs = happy_path();
+        for (i, e) in evs.iter().enumerate() {
+            twice.apply(e);
+            // a journal reconnect resends the whole backlog so far
+            for old in &evs[..=i] {
+                let a = twice.apply(old);
+                assert!(a.duplicate && a.transition.is_none() && a.anomalies.is_empty());
+            }
+        }
+        assert_eq!(once, twice);
+    }
+
+    #[test]
+    fn fatal_exception_from_sched_goes_to_cleanup() {
+        let mut job = Job::new();
+        let evs = vec![
+            submit(1.0),
+            Event::new(2.0, "validate"),
+            Event::new(3.0, "depend"),
+            ev(4.0, "priority", json!({"priority": 16})),
+            ev(
+                5.0,
+                "exception",
+                json!({"type": "cancel", "severity": 0, "note": ""}),
+            ),
+            Event::new(6.0, "clean"),
+        ];
+        assert!(run(&mut job, &evs).is_empty());
+        let s = job.summary();
+        assert_eq!(s.result, Some(JobResult::Canceled));
+        assert_eq!(s.returncode, Some(-128));
+        assert_eq!(s.t_cleanup, Some(5.0));
+        assert_eq!(s.t_run, None);
+    }
+
+    #[test]
+    fn nonfatal_exception_keeps_state_and_most_severe_wins() {
+        let mut job = Job::new();
+        let mut evs = happy_path();
+        evs.insert(
+            6,
+            ev(
+                6.5,
+                "exception",
+                json!({"type": "lowest", "severity": 7, "note": "a"}),
+            ),
+        );
+        evs.insert(
+            7,
+            ev(
+                6.6,
+                "exception",
+                json!({"type": "cancel", "severity": 1, "note": "b"}),
+            ),
+        );
+        evs.insert(
+            8,
+            ev(
+                6.7,
+                "exception",
+                json!({"type": "other", "severity": 1, "note": "c"}),
+            ),
+        );
+        assert!(run(&mut job, &evs).is_empty());
+        let s = job.summary();
+        assert_eq!(s.result, Some(JobResult::Completed));
+        assert_eq!(s.exception_type.as_deref(), Some("cancel"));
+        assert_eq!(s.exception_severity, Some(1));
+    }
+
+    #[test]
+    fn timeout_result_and_signal_returncode() {
+        let mut job = Job::new();
+        let mut evs = happy_path();
+        evs[6] = ev(7.0, "finish", json!({"status": 9}));
+        evs.insert(
+            6,
+            ev(
+                6.5,
+                "exception",
+                json!({"type": "timeout", "severity": 0, "note": ""}),
+            ),
+        );
+        assert!(run(&mut job, &evs).is_empty());
+        assert_eq!(job.result(), Some(JobResult::Timeout));
+        assert_eq!(job.returncode(), Some(-9));
+        assert_eq!(job.t_cleanup, Some(6.5));
+    }
+
+    #[test]
+    fn exit_code_is_returncode() {
+        let mut job = Job::new();
+        let mut evs = happy_path();
+        evs[6] = ev(7.0, "finish", json!({"status": 256}));
+        run(&mut job, &evs);
+        assert_eq!(job.result(), Some(JobResult::Failed));
+        assert_eq!(job.returncode(), Some(1));
+        assert_eq!(job.success(), Some(false));
+    }
+
+    #[test]
+    fn urgency_and_restart_revert_sched_to_priority() {
+        let mut job = Job::new();
+        let evs = vec![
+            submit(1.0),
+            Event::new(2.0, "validate"),
+            Event::new(3.0, "depend"),
+            ev(4.0, "priority", json!({"priority": 16})),
+            ev(5.0, "urgency", json!({"urgency": 0, "userid": 1})),
+        ];
+        run(&mut job, &evs);
+        assert_eq!(job.state, JobState::Priority);
+        assert_eq!(job.priority, None);
+        job.apply(&ev(6.0, "priority", json!({"priority": 0})));
+        assert_eq!(job.state, JobState::Sched);
+        job.apply(&Event::new(7.0, "flux-restart"));
+        assert_eq!(job.state, JobState::Priority);
+        job.apply(&ev(8.0, "priority", json!({"priority": 0})));
+        job.apply(&ev(9.0, "jobspec-update", json!({"attributes.system.duration": 60.0})));
+        assert_eq!(job.state, JobState::Priority);
+    }
+
+    #[test]
+    fn dependencies_before_validate() {
+        let mut job = Job::new();
+        let evs = vec![
+            submit(1.0),
+            ev(1.5, "dependency-add", json!({"description": "after-ok=f1"})),
+            ev(1.6, "dependency-add", json!({"description": "begin-time=5"})),
+            Event::new(2.0, "validate"),
+            ev(2.5, "dependency-remove", json!({"description": "begin-time=5"})),
+        ];
+        assert!(run(&mut job, &evs).is_empty());
+        assert_eq!(job.dependencies, vec!["after-ok=f1".to_string()]);
+        let a = job.apply(&ev(
+            2.6,
+            "dependency-remove",
+            json!({"description": "nope"}),
+        ));
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::UnexpectedEvent);
+    }
+
+    #[test]
+    fn invalidate_marks_job() {
+        let mut job = Job::new();
+        run(&mut job, &[submit(1.0), Event::new(2.0, "invalidate")]);
+        assert!(job.invalidated);
+    }
+
+    #[test]
+    fn version0_submit_goes_to_depend() {
+        let mut job = Job::new();
+        job.apply(&ev(
+            1.0,
+            "submit",
+            json!({"userid": 1, "urgency": 16, "flags": 0}),
+        ));
+        assert_eq!(job.state, JobState::Depend);
+        assert_eq!(job.t_depend, Some(1.0));
+    }
+
+    #[test]
+    fn anomalies_for_broken_logs() {
+        let mut job = Job::new();
+        let a = job.apply(&Event::new(1.0, "validate"));
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::UnknownTarget);
+        assert!(!job.submitted);
+
+        let mut job = Job::new();
+        run(&mut job, &[submit(1.0)]);
+        let a = job.apply(&Event::new(2.0, "alloc"));
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::UnexpectedEvent);
+        let a = job.apply(&ev(3.0, "finish", json!({"status": "x"})));
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::InvalidContext);
+        let a = job.apply(&Event::new(4.0, "priority"));
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::MissingContext);
+        let a = job.apply(&Event::new(0.5, "validate"));
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::OutOfOrder);
+        let a = job.apply(&submit(5.0));
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::Repeated);
+
+        let mut job = Job::new();
+        run(&mut job, &happy_path());
+        let a = job.apply(&Event::new(11.0, "free"));
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::UnexpectedEvent);
+        assert_eq!(job.state, JobState::Inactive);
+    }
+
+    #[test]
+    fn prolog_and_epilog_checks() {
+        let mut job = Job::new();
+        let mut evs = happy_path();
+        evs.insert(5, ev(5.5, "prolog-start", json!({"description": "p"})));
+        let a = run(&mut job, &evs);
+        assert_eq!(a.len(), 1);
+        assert!(a[0].message.contains("prolog"));
+    }
+
+    const NAMES: &[&str] = &[
+        "submit",
+        "validate",
+        "invalidate",
+        "depend",
+        "priority",
+        "urgency",
+        "flux-restart",
+        "jobspec-update",
+        "alloc",
+        "prolog-start",
+        "prolog-finish",
+        "start",
+        "finish",
+        "release",
+        "epilog-start",
+        "epilog-finish",
+        "free",
+        "clean",
+        "exception",
+        "dependency-add",
+        "dependency-remove",
+        "memo",
+        "resource-update",
+        "set-flags",
+        "annotations",
+        "debug.x",
+    ];
+
+    fn arb_event() -> impl Strategy<Value = Event> {
+        let ctx = prop_oneof![
+            Just(json!(null)),
+            Just(json!({})),
+            (0i64..40, -2i64..9, any::<bool>()).prop_map(|(n, s, b)| json!({
+                "priority": n, "urgency": n, "userid": n, "status": n * 256,
+                "severity": s, "type": if b { "cancel" } else { "timeout" }, "note": "x",
+                "description": format!("d{}", n % 3), "ranks": "all", "final": b,
+                "expiration": n, "flags": [], "version": 1
+            })),
+            Just(json!({"priority": "x", "severity": 1.5, "ranks": 7, "final": "y"})),
+        ];
+        (1u32..60, prop::sample::select(NAMES), ctx)
+            .prop_map(|(ts, name, c)| Event::new(f64::from(ts) / 4.0, name).with_context(c))
+    }
+
+    proptest! {
+        #[test]
+        fn random_sequences_never_panic_and_stay_valid(tail in prop::collection::vec(arb_event(), 0..40)) {
+            let mut job = Job::new();
+            let mut evs = vec![submit(0.1)];
+            evs.extend(tail);
+            for e in &evs {
+                let before = job.state;
+                let a = job.apply(e);
+                if let Some(t) = a.transition {
+                    prop_assert_eq!(t.from, before);
+                    prop_assert_ne!(t.from, t.to);
+                }
+                let s = job.summary();
+                prop_assert_eq!(s.result.is_some(), job.state == JobState::Inactive);
+                if job.state.is_active() { prop_assert!(job.t_depend.is_some()); }
+                if job.state == JobState::Inactive { prop_assert!(job.t_cleanup.is_some()); }
+            }
+            // replaying the same events again changes nothing
+            let snapshot = job.clone();
+            for e in &evs {
+                job.apply(e);
+            }
+            prop_assert_eq!(job, snapshot);
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! The Flux model: events, job ids, idsets, hostlists and the state
+//! machines of RFC 21, 32, 44 and 50. Pure Rust: no I/O, no async.
+
+pub mod anomaly;
+pub mod event;
+pub mod exec;
+pub mod hostlist;
+pub mod idset;
+pub mod job;
+pub mod jobid;
+pub mod resource;
+
+pub use anomaly::{Anomaly, AnomalyKind, Stream};
+pub use event::Event;

@@ -1,0 +1,37 @@
+//! The `fluxpipe` command: argument parsing only; each command lives in `cli/`.
+
+use clap::{Parser, Subcommand};
+use fluxpipe::cli;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "fluxpipe", version, about = "A streaming processor for Flux eventlogs")]
+struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay eventlogs and journals and print every job, rank and anomaly.
+    Replay(cli::replay::ReplayArgs),
+    /// Convert job ids between encodings, like `flux job id`.
+    Id(cli::id::IdArgs),
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = match args.command {
+        Some(Command::Replay(a)) => cli::replay::run(a),
+        Some(Command::Id(a)) => cli::id::run(a),
+        // The embedded default: replay the sample corpus shipped with fluxpipe.
+        None => cli::replay::run(cli::replay::ReplayArgs::embedded_default()),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fluxpipe: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

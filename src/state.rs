@@ -1,0 +1,249 @@
+//! Keyed state: every job (key: cluster + job id) and every cluster's ranks,
+//! rebuilt by applying decoded records. Pure: no I/O. `fluxpipe replay`
+//! drives it over files; the streaming operators drive one per shard.
+
+use crate::decode::{Body, EventStream, Record};
+use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
+use crate::flux::exec::{ExecLog, ExecProtocol};
+use crate::flux::job::{Job, JobSummary, Transition};
+use crate::flux::jobid::JobId;
+use crate::flux::resource::{RankChange, ResourceState};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// A job's key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobKey {
+    pub cluster: String,
+    pub id: JobId,
+}
+
+/// Everything known about one job.
+#[derive(Debug, Clone, Default)]
+pub struct JobEntry {
+    pub job: Job,
+    pub exec: ExecLog,
+    pub protocol: ExecProtocol,
+    /// Set once the exec eventlog's `complete` status has been compared
+    /// with the job's `finish` status, so a mismatch is reported once.
+    exec_checked: bool,
+}
+
+/// An anomaly with the key it concerns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeyedAnomaly {
+    pub cluster: String,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "ser_id")]
+    pub id: Option<JobId>,
+    #[serde(flatten)]
+    pub anomaly: Anomaly,
+}
+
+fn ser_id<S: serde::Serializer>(id: &Option<JobId>, s: S) -> Result<S::Ok, S::Error> {
+    match id {
+        Some(id) => s.serialize_u64(id.0),
+        None => s.serialize_none(),
+    }
+}
+
+/// A job state transition with its key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyedTransition {
+    pub key: JobKey,
+    pub transition: Transition,
+}
+
+/// What applying one record did.
+#[derive(Debug, Clone, Default)]
+pub struct Effects {
+    pub transitions: Vec<KeyedTransition>,
+    pub anomalies: Vec<KeyedAnomaly>,
+    /// Ranks whose state changed, with the cluster they belong to.
+    pub rank_changes: Vec<(String, RankChange)>,
+    /// The record repeated something already applied and was skipped.
+    pub duplicate: bool,
+}
+
+/// Counters over everything applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub records: u64,
+    pub duplicates: u64,
+    pub anomalies: u64,
+}
+
+/// All jobs and ranks.
+#[derive(Debug, Default)]
+pub struct State {
+    pub jobs: HashMap<JobKey, JobEntry>,
+    pub resources: HashMap<String, ResourceState>,
+    pub counts: Counts,
+}
+
+impl State {
+    pub fn new() -> Self {
+        State::default()
+    }
+
+    /// Apply one record; `default_cluster` keys records that name none.
+    pub fn apply(&mut self, default_cluster: &str, record: Record) -> Effects {
+        let mut fx = Effects::default();
+        self.counts.records += 1;
+        let cluster = record.cluster.unwrap_or_else(|| default_cluster.to_string());
+        match (record.stream, record.id) {
+            (EventStream::Resource, _) => self.apply_resource(cluster, record.body, &mut fx),
+            (stream, Some(id)) => {
+                let key = JobKey { cluster, id };
+                self.apply_job(key, stream, record.body, &mut fx)
+            }
+            (stream, None) => {
+                // Only a journal sentinel has no job id; it marks the end of
+                // the backlog and changes nothing.
+                if record.body != Body::Sentinel {
+                    fx.anomalies.push(KeyedAnomaly {
+                        cluster,
+                        id: None,
+                        anomaly: Anomaly::new(
+                            stream_of(stream),
+                            AnomalyKind::UnknownTarget,
+                            "record with no job id",
+                        ),
+                    });
+                }
+            }
+        }
+        if fx.duplicate {
+            self.counts.duplicates += 1;
+        }
+        self.counts.anomalies += fx.anomalies.len() as u64;
+        fx
+    }
+
+    fn apply_resource(&mut self, cluster: String, body: Body, fx: &mut Effects) {
+        let res = self.resources.entry(cluster.clone()).or_default();
+        let applied = match body {
+            Body::Event(ev) => res.apply(&ev),
+            Body::R(r) => res.apply_r(&r),
+            Body::Sentinel | Body::ExecResponse(_) => return,
+        };
+        fx.duplicate = applied.skipped_duplicate;
+        for change in applied.changes {
+            fx.rank_changes.push((cluster.clone(), change));
+        }
+        fx.anomalies
+            .extend(applied.anomalies.into_iter().map(|a| KeyedAnomaly {
+                cluster: cluster.clone(),
+                id: None,
+                anomaly: a,
+            }));
+    }
+
+    fn apply_job(&mut self, key: JobKey, stream: EventStream, body: Body, fx: &mut Effects) {
+        let entry = self.jobs.entry(key.clone()).or_default();
+        let mut anomalies = Vec::new();
+        match (stream, body) {
+            (EventStream::Job, Body::Event(ev)) => {
+                let applied = entry.job.apply(&ev);
+                fx.duplicate = applied.duplicate;
+                anomalies.extend(applied.anomalies);
+                if let Some(t) = applied.transition {
+                    fx.transitions.push(KeyedTransition {
+                        key: key.clone(),
+                        transition: t,
+                    });
+                }
+            }
+            (EventStream::Job, Body::R(r)) => entry.job.apply_r(&r),
+            (EventStream::Exec, Body::Event(ev)) => {
+                let applied = entry.exec.apply(&ev);
+                fx.duplicate = applied.skipped_duplicate;
+                anomalies.extend(applied.anomalies);
+            }
+            (EventStream::Exec, Body::ExecResponse(resp)) => {
+                anomalies.extend(entry.protocol.apply(&resp));
+            }
+            _ => {}
+        }
+        entry.cross_check(&mut anomalies);
+        fx.anomalies.extend(anomalies.into_iter().map(|a| KeyedAnomaly {
+            cluster: key.cluster.clone(),
+            id: Some(key.id),
+            anomaly: a,
+        }));
+    }
+
+    /// Jobs to list: submitted and not invalidated, sorted by key.
+    pub fn listed_jobs(&self) -> Vec<(&JobKey, &JobEntry)> {
+        let mut jobs: Vec<_> = self
+            .jobs
+            .iter()
+            .filter(|(_, e)| e.job.submitted && !e.job.invalidated)
+            .collect();
+        jobs.sort_by(|a, b| a.0.cmp(b.0));
+        jobs
+    }
+
+    /// Clusters with resource state, sorted by name.
+    pub fn clusters(&self) -> Vec<(&String, &ResourceState)> {
+        let mut c: Vec<_> = self.resources.iter().collect();
+        c.sort_by(|a, b| a.0.cmp(b.0));
+        c
+    }
+
+    /// Anomalies that only the end of the input reveals: exec events of
+    /// jobs that never got a submit.
+    pub fn finish(&self) -> Vec<KeyedAnomaly> {
+        let mut out: Vec<KeyedAnomaly> = self
+            .jobs
+            .iter()
+            .filter(|(_, e)| !e.job.submitted && e.exec.event_count() > 0)
+            .map(|(k, _)| KeyedAnomaly {
+                cluster: k.cluster.clone(),
+                id: Some(k.id),
+                anomaly: Anomaly::new(
+                    Stream::Exec,
+                    AnomalyKind::UnknownTarget,
+                    "exec eventlog for a job whose primary eventlog was never seen",
+                ),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.cluster, a.id).cmp(&(&b.cluster, b.id)));
+        out
+    }
+}
+
+fn stream_of(s: EventStream) -> Stream {
+    match s {
+        EventStream::Job => Stream::Job,
+        EventStream::Exec => Stream::Exec,
+        EventStream::Resource => Stream::Resource,
+    }
+}
+
+impl JobEntry {
+    /// The job's summary.
+    pub fn summary(&self) -> JobSummary {
+        self.job.summary()
+    }
+
+    /// RFC 50: the exec eventlog's `complete` carries the same wait status
+    /// as the job's `finish`.
+    fn cross_check(&mut self, anomalies: &mut Vec<Anomaly>) {
+        if self.exec_checked {
+            return;
+        }
+        if let (Some(complete), Some(finish)) = (self.exec.complete_status(), self.job.waitstatus)
+        {
+            self.exec_checked = true;
+            if complete != finish {
+                anomalies.push(Anomaly::new(
+                    Stream::Exec,
+                    AnomalyKind::InvalidContext,
+                    format!(
+                        "exec complete status {complete} differs from the job's finish status {finish}"
+                    ),
+                ));
+            }
+        }
+    }
+}
