@@ -108,7 +108,12 @@ pub fn classify_path(path: &Path) -> PathKind {
         return PathKind::Other;
     };
     let parent = |n: usize| parts.len().checked_sub(n + 1).map(|i| parts[i]);
-    let job = |stream| PathKind::Eventlog(Origin { stream: Some(stream), id: None });
+    let job = |stream| {
+        PathKind::Eventlog(Origin {
+            stream: Some(stream),
+            id: None,
+        })
+    };
 
     // Flat KVS keys: job.<dothex>.eventlog, job.<dothex>.guest.exec.eventlog
     if let Some(rest) = file.strip_prefix("job.") {
@@ -124,7 +129,10 @@ pub fn classify_path(path: &Path) -> PathKind {
             return PathKind::JobR(id);
         }
     }
-    if file == "resource.eventlog" || (file == "eventlog" && parent(1) == Some("resource")) {
+    // `resource.eventlog` and rotated or renamed copies (`resource.eventlog.1`).
+    if file.starts_with("resource.eventlog")
+        || (file == "eventlog" && parent(1) == Some("resource"))
+    {
         return job(EventStream::Resource);
     }
     if file == "R" && parent(1) == Some("resource") {
@@ -160,8 +168,7 @@ pub fn classify_path(path: &Path) -> PathKind {
             }
         }
         "R" | "R.json" => {
-            if let Some(id) = dump_id(1).or_else(|| parent(1).and_then(|d| JobId::parse(d).ok()))
-            {
+            if let Some(id) = dump_id(1).or_else(|| parent(1).and_then(|d| JobId::parse(d).ok())) {
                 return PathKind::JobR(id);
             }
         }
@@ -305,7 +312,9 @@ fn decode_value(value: Value, origin: &Origin, format: Format, out: &mut Decoded
                 id: Some(JobId(id)),
                 body: Body::ExecResponse(resp),
             }),
-            Err(e) => out.errors.push(DecodeError::Field(format!("exec response: {e}"))),
+            Err(e) => out
+                .errors
+                .push(DecodeError::Field(format!("exec response: {e}"))),
         },
         Format::Envelope => match envelope(map) {
             Ok(r) => out.records.push(r),
@@ -334,19 +343,17 @@ fn job_id_value(v: &Value) -> Result<JobId, DecodeError> {
             .as_u64()
             .map(JobId)
             .ok_or_else(|| DecodeError::Field(format!("job id {n}"))),
-        Value::String(s) => {
-            JobId::parse(s).map_err(|e| DecodeError::Field(format!("job id: {e}")))
-        }
+        Value::String(s) => JobId::parse(s).map_err(|e| DecodeError::Field(format!("job id: {e}"))),
         _ => Err(DecodeError::Field("job id: not a number or string".into())),
     }
 }
 
-fn events_array(
-    map: &mut serde_json::Map<String, Value>,
-) -> Result<Vec<Value>, DecodeError> {
+fn events_array(map: &mut serde_json::Map<String, Value>) -> Result<Vec<Value>, DecodeError> {
     match map.remove("events") {
         Some(Value::Array(a)) => Ok(a),
-        _ => Err(DecodeError::Field("journal message: `events` is not an array".into())),
+        _ => Err(DecodeError::Field(
+            "journal message: `events` is not an array".into(),
+        )),
     }
 }
 
@@ -373,7 +380,11 @@ fn job_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
     let id = match map.get("id").map(job_id_value) {
         Some(Ok(id)) => id,
         Some(Err(e)) => return out.errors.push(e),
-        None => return out.errors.push(DecodeError::Field("journal message without id".into())),
+        None => {
+            return out
+                .errors
+                .push(DecodeError::Field("journal message without id".into()));
+        }
     };
     let record = |body| Record {
         cluster: None,
@@ -468,22 +479,38 @@ mod tests {
     fn classifies_paths() {
         let id = JobId(0x17e9fb8df16c2e);
         let cases = [
-            ("dump/job/0017/e9fb/8df1/6c2e/eventlog", eventlog(EventStream::Job, id)),
+            (
+                "dump/job/0017/e9fb/8df1/6c2e/eventlog",
+                eventlog(EventStream::Job, id),
+            ),
             (
                 "dump/job/0017/e9fb/8df1/6c2e/guest/exec/eventlog",
                 eventlog(EventStream::Exec, id),
             ),
-            ("job.0017.e9fb.8df1.6c2e.eventlog", eventlog(EventStream::Job, id)),
+            (
+                "job.0017.e9fb.8df1.6c2e.eventlog",
+                eventlog(EventStream::Job, id),
+            ),
             (
                 "x/job.0017.e9fb.8df1.6c2e.guest.exec.eventlog",
                 eventlog(EventStream::Exec, id),
             ),
-            ("jobs/6731191091817518/eventlog", eventlog(EventStream::Job, id)),
-            ("jobs/ƒuZZybuNNy/exec.eventlog", eventlog(EventStream::Exec, id)),
+            (
+                "jobs/6731191091817518/eventlog",
+                eventlog(EventStream::Job, id),
+            ),
+            (
+                "jobs/ƒuZZybuNNy/exec.eventlog",
+                eventlog(EventStream::Exec, id),
+            ),
             ("jobs/6731191091817518/R.json", PathKind::JobR(id)),
             ("dump/job/0017/e9fb/8df1/6c2e/R", PathKind::JobR(id)),
             (
                 "a/resource.eventlog",
+                PathKind::Eventlog(origin(EventStream::Resource, None)),
+            ),
+            (
+                "a/resource.eventlog.thing2",
                 PathKind::Eventlog(origin(EventStream::Resource, None)),
             ),
             (
@@ -544,13 +571,18 @@ mod tests {
     #[test]
     fn reports_bad_lines() {
         let none = Origin::default();
-        let bad: &[(&[u8], fn(&DecodeError) -> bool)] = &[
+        type Case<'a> = (&'a [u8], fn(&DecodeError) -> bool);
+        let bad: &[Case] = &[
             (b"\xff\xfe", |e| *e == DecodeError::Utf8),
             (b"{", |e| matches!(e, DecodeError::Json(_))),
             (b"[]", |e| *e == DecodeError::NotObject),
             (b"{}", |e| *e == DecodeError::UnknownForm),
-            (br#"{"timestamp":1,"name":"x"}"#, |e| *e == DecodeError::NoStream),
-            (br#"{"id":"zz","events":[]}"#, |e| matches!(e, DecodeError::Field(_))),
+            (br#"{"timestamp":1,"name":"x"}"#, |e| {
+                *e == DecodeError::NoStream
+            }),
+            (br#"{"id":"zz","events":[]}"#, |e| {
+                matches!(e, DecodeError::Field(_))
+            }),
             (
                 br#"{"stream":"job","event":{"timestamp":1,"name":"x"}}"#,
                 |e| *e == DecodeError::NoJobId,

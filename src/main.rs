@@ -5,7 +5,11 @@ use fluxpipe::cli;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "fluxpipe", version, about = "A streaming processor for Flux eventlogs")]
+#[command(
+    name = "fluxpipe",
+    version,
+    about = "A streaming processor for Flux eventlogs"
+)]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,

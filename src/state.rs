@@ -89,7 +89,9 @@ impl State {
     pub fn apply(&mut self, default_cluster: &str, record: Record) -> Effects {
         let mut fx = Effects::default();
         self.counts.records += 1;
-        let cluster = record.cluster.unwrap_or_else(|| default_cluster.to_string());
+        let cluster = record
+            .cluster
+            .unwrap_or_else(|| default_cluster.to_string());
         match (record.stream, record.id) {
             (EventStream::Resource, _) => self.apply_resource(cluster, record.body, &mut fx),
             (stream, Some(id)) => {
@@ -165,11 +167,12 @@ impl State {
             _ => {}
         }
         entry.cross_check(&mut anomalies);
-        fx.anomalies.extend(anomalies.into_iter().map(|a| KeyedAnomaly {
-            cluster: key.cluster.clone(),
-            id: Some(key.id),
-            anomaly: a,
-        }));
+        fx.anomalies
+            .extend(anomalies.into_iter().map(|a| KeyedAnomaly {
+                cluster: key.cluster.clone(),
+                id: Some(key.id),
+                anomaly: a,
+            }));
     }
 
     /// Jobs to list: submitted and not invalidated, sorted by key.
@@ -232,8 +235,7 @@ impl JobEntry {
         if self.exec_checked {
             return;
         }
-        if let (Some(complete), Some(finish)) = (self.exec.complete_status(), self.job.waitstatus)
-        {
+        if let (Some(complete), Some(finish)) = (self.exec.complete_status(), self.job.waitstatus) {
             self.exec_checked = true;
             if complete != finish {
                 anomalies.push(Anomaly::new(

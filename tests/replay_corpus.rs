@@ -19,7 +19,11 @@ fn replay(args: &[&Path]) -> Vec<Value> {
         .args(args)
         .output()
         .expect("run fluxpipe");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout)
         .expect("utf-8 output")
         .lines()
@@ -140,7 +144,11 @@ fn anomalies_of(out: &[Value]) -> Vec<&Value> {
 
 fn idset(s: &str) -> BTreeSet<u64> {
     let mut out = BTreeSet::new();
-    for part in s.trim_matches(['[', ']']).split(',').filter(|p| !p.is_empty()) {
+    for part in s
+        .trim_matches(['[', ']'])
+        .split(',')
+        .filter(|p| !p.is_empty())
+    {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         out.extend(a.parse::<u64>().expect("id")..=b.parse::<u64>().expect("id"));
     }

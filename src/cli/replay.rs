@@ -96,8 +96,7 @@ impl Replay {
             std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
         if meta.is_dir() {
             for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
-                let entry =
-                    entry.with_context(|| format!("cannot walk {}", path.display()))?;
+                let entry = entry.with_context(|| format!("cannot walk {}", path.display()))?;
                 if entry.file_type().is_file() {
                     self.file(entry.path(), false)?;
                 }
@@ -157,7 +156,9 @@ impl Replay {
                 // Skip the rest of the over-long line.
                 loop {
                     line.clear();
-                    let n = (&mut reader).take(MAX_LINE as u64).read_until(b'\n', &mut line)?;
+                    let n = (&mut reader)
+                        .take(MAX_LINE as u64)
+                        .read_until(b'\n', &mut line)?;
                     if n == 0 || line.last() == Some(&b'\n') {
                         break;
                     }

@@ -51,7 +51,10 @@ impl JobState {
 
     /// RFC 21 virtual state PENDING: DEPEND, PRIORITY or SCHED.
     pub fn is_pending(self) -> bool {
-        matches!(self, JobState::Depend | JobState::Priority | JobState::Sched)
+        matches!(
+            self,
+            JobState::Depend | JobState::Priority | JobState::Sched
+        )
     }
 }
 
@@ -161,6 +164,8 @@ pub struct Job {
     pub started: bool,
     pub released_final: bool,
     pub freed: bool,
+    /// The submit event had no `version` (flux-core before 0.41).
+    pub unversioned: bool,
     /// Timestamps of applied events, to skip repeats (Flux timestamps are
     /// unique and increasing within one eventlog). Kept sorted.
     applied: Vec<f64>,
@@ -235,11 +240,7 @@ impl Job {
     pub fn returncode(&self) -> Option<i64> {
         if let Some(status) = self.waitstatus {
             let sig = status & 0x7f;
-            return Some(if sig == 0 {
-                (status >> 8) & 0xff
-            } else {
-                -sig
-            });
+            return Some(if sig == 0 { (status >> 8) & 0xff } else { -sig });
         }
         match self.result()? {
             JobResult::Canceled => Some(-128),
@@ -256,7 +257,10 @@ impl Job {
         // keep it out of the ordering and repeat checks.
         let journal_only = ev.name == "annotations";
         if !journal_only {
-            match self.applied.binary_search_by(|t| t.total_cmp(&ev.timestamp)) {
+            match self
+                .applied
+                .binary_search_by(|t| t.total_cmp(&ev.timestamp))
+            {
                 Ok(_) => {
                     out.duplicate = true;
                     return out;
@@ -327,12 +331,7 @@ impl Job {
         }
     }
 
-    fn expect_state(
-        &self,
-        ev: &Event,
-        allowed: &[JobState],
-        anomalies: &mut Vec<Anomaly>,
-    ) -> bool {
+    fn expect_state(&self, ev: &Event, allowed: &[JobState], anomalies: &mut Vec<Anomaly>) -> bool {
         if allowed.contains(&self.state) {
             return true;
         }
@@ -344,6 +343,9 @@ impl Job {
         false
     }
 
+    // `expect_state` records an anomaly when the state is wrong; as a match
+    // guard that side effect would hide, so the checks stay in the arms.
+    #[allow(clippy::collapsible_match)]
     fn dispatch(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
         let ts = ev.timestamp;
         match ev.name.as_str() {
@@ -359,7 +361,10 @@ impl Job {
                 }
             }
             "depend" => {
-                if self.expect_state(ev, &[JobState::Depend], anomalies) {
+                if self.unversioned && self.state == JobState::New {
+                    self.t_depend = self.t_submit;
+                    self.enter(JobState::Priority, ts);
+                } else if self.expect_state(ev, &[JobState::Depend], anomalies) {
                     self.enter(JobState::Priority, ts);
                 }
             }
@@ -459,11 +464,7 @@ impl Job {
                         ));
                     }
                     if self.started {
-                        anomalies.push(anomaly(
-                            AnomalyKind::Repeated,
-                            ev,
-                            "second start event",
-                        ));
+                        anomalies.push(anomaly(AnomalyKind::Repeated, ev, "second start event"));
                     }
                     self.started = true;
                 }
@@ -472,11 +473,7 @@ impl Job {
                 Err(e) => anomalies.push(context_anomaly(ev, e)),
                 Ok(status) => {
                     if self.waitstatus.is_some() {
-                        anomalies.push(anomaly(
-                            AnomalyKind::Repeated,
-                            ev,
-                            "second finish event",
-                        ));
+                        anomalies.push(anomaly(AnomalyKind::Repeated, ev, "second finish event"));
                     }
                     if self.expect_state(ev, &[JobState::Run, JobState::Cleanup], anomalies) {
                         self.waitstatus = Some(status);
@@ -548,11 +545,9 @@ impl Job {
             Ok(f) => self.flags = f.unwrap_or(0),
             Err(e) => anomalies.push(context_anomaly(ev, e)),
         }
-        // Eventlogs before version 1 (flux-core 0.40/0.41) have no
-        // `validate`: submit itself moved the job to DEPEND.
-        if ev.get("version").is_none() {
-            self.enter(JobState::Depend, ev.timestamp);
-        }
+        // Eventlogs without a version (flux-core 0.40 and older) may have
+        // no `validate`: there the job was in DEPEND from submit on.
+        self.unversioned = ev.get("version").is_none();
     }
 
     fn on_release(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
@@ -616,7 +611,11 @@ impl Job {
                 String::new()
             }
         };
-        if self.exception.as_ref().is_none_or(|e| severity < e.severity) {
+        if self
+            .exception
+            .as_ref()
+            .is_none_or(|e| severity < e.severity)
+        {
             self.exception = Some(JobException {
                 kind,
                 severity,
@@ -770,10 +769,7 @@ mod tests {
     }
 
     fn run(job: &mut Job, events: &[Event]) -> Vec<Anomaly> {
-        events
-            .iter()
-            .flat_map(|e| job.apply(e).anomalies)
-            .collect()
+        events.iter().flat_map(|e| job.apply(e).anomalies).collect()
     }
 
     fn happy_path() -> Vec<Event> {
@@ -951,7 +947,11 @@ mod tests {
         job.apply(&Event::new(7.0, "flux-restart"));
         assert_eq!(job.state, JobState::Priority);
         job.apply(&ev(8.0, "priority", json!({"priority": 0})));
-        job.apply(&ev(9.0, "jobspec-update", json!({"attributes.system.duration": 60.0})));
+        job.apply(&ev(
+            9.0,
+            "jobspec-update",
+            json!({"attributes.system.duration": 60.0}),
+        ));
         assert_eq!(job.state, JobState::Priority);
     }
 
@@ -961,9 +961,17 @@ mod tests {
         let evs = vec![
             submit(1.0),
             ev(1.5, "dependency-add", json!({"description": "after-ok=f1"})),
-            ev(1.6, "dependency-add", json!({"description": "begin-time=5"})),
+            ev(
+                1.6,
+                "dependency-add",
+                json!({"description": "begin-time=5"}),
+            ),
             Event::new(2.0, "validate"),
-            ev(2.5, "dependency-remove", json!({"description": "begin-time=5"})),
+            ev(
+                2.5,
+                "dependency-remove",
+                json!({"description": "begin-time=5"}),
+            ),
         ];
         assert!(run(&mut job, &evs).is_empty());
         assert_eq!(job.dependencies, vec!["after-ok=f1".to_string()]);
@@ -983,15 +991,27 @@ mod tests {
     }
 
     #[test]
-    fn version0_submit_goes_to_depend() {
-        let mut job = Job::new();
-        job.apply(&ev(
+    fn unversioned_logs_with_and_without_validate() {
+        let old_submit = ev(
             1.0,
             "submit",
             json!({"userid": 1, "urgency": 16, "flags": 0}),
-        ));
-        assert_eq!(job.state, JobState::Depend);
+        );
+        // flux-core 0.40: no validate; the job was in DEPEND from submit on.
+        let mut job = Job::new();
+        assert!(run(&mut job, &[old_submit.clone(), Event::new(2.0, "depend")]).is_empty());
+        assert_eq!(job.state, JobState::Priority);
         assert_eq!(job.t_depend, Some(1.0));
+        // flux-core 0.41: no version, but validate.
+        let mut job = Job::new();
+        let evs = [
+            old_submit,
+            Event::new(1.5, "validate"),
+            Event::new(2.0, "depend"),
+        ];
+        assert!(run(&mut job, &evs).is_empty());
+        assert_eq!(job.state, JobState::Priority);
+        assert_eq!(job.t_depend, Some(1.5));
     }
 
     #[test]
