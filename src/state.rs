@@ -27,6 +27,8 @@ pub struct JobEntry {
     /// Set once the exec eventlog's `complete` status has been compared
     /// with the job's `finish` status, so a mismatch is reported once.
     exec_checked: bool,
+    /// The same, for the exec service's `finish` response.
+    protocol_checked: bool,
 }
 
 /// An anomaly with the key it concerns.
@@ -229,13 +231,17 @@ impl JobEntry {
         self.job.summary()
     }
 
-    /// RFC 50: the exec eventlog's `complete` carries the same wait status
-    /// as the job's `finish`.
+    /// The job's `finish` status is stated three times: by the exec
+    /// eventlog's `complete` (RFC 50), by the exec service's `finish`
+    /// response (RFC 32) and by the job eventlog (RFC 21). They must agree.
+    /// Each pair is compared once, as soon as both sides are known.
     fn cross_check(&mut self, anomalies: &mut Vec<Anomaly>) {
-        if self.exec_checked {
+        let Some(finish) = self.job.waitstatus else {
             return;
-        }
-        if let (Some(complete), Some(finish)) = (self.exec.complete_status(), self.job.waitstatus) {
+        };
+        if !self.exec_checked
+            && let Some(complete) = self.exec.complete_status()
+        {
             self.exec_checked = true;
             if complete != finish {
                 anomalies.push(Anomaly::new(
@@ -243,6 +249,20 @@ impl JobEntry {
                     AnomalyKind::InvalidContext,
                     format!(
                         "exec complete status {complete} differs from the job's finish status {finish}"
+                    ),
+                ));
+            }
+        }
+        if !self.protocol_checked
+            && let Some(status) = self.protocol.finish_status()
+        {
+            self.protocol_checked = true;
+            if status != finish {
+                anomalies.push(Anomaly::new(
+                    Stream::ExecProtocol,
+                    AnomalyKind::InvalidContext,
+                    format!(
+                        "exec service finish status {status} differs from the job's finish status {finish}"
                     ),
                 ));
             }
