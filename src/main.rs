@@ -21,6 +21,10 @@ enum Command {
     Replay(cli::replay::ReplayArgs),
     /// Convert job ids between encodings, like `flux job id`.
     Id(cli::id::IdArgs),
+    /// Run a streaming pipeline (a config file, or the built-in default).
+    Run(cli::run::RunArgs),
+    /// Check a pipeline config file and exit non-zero on any problem.
+    Validate(cli::run::ValidateArgs),
 }
 
 fn main() -> ExitCode {
@@ -28,6 +32,8 @@ fn main() -> ExitCode {
     let result = match args.command {
         Some(Command::Replay(a)) => cli::replay::run(a),
         Some(Command::Id(a)) => cli::id::run(a),
+        Some(Command::Run(a)) => cli::run::run(a),
+        Some(Command::Validate(a)) => cli::run::validate(a),
         // The embedded default: replay the sample corpus shipped with fluxpipe.
         None => cli::replay::run(cli::replay::ReplayArgs::embedded_default()),
     };

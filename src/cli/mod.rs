@@ -2,3 +2,4 @@
 
 pub mod id;
 pub mod replay;
+pub mod run;

@@ -4,11 +4,11 @@
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
-use crate::flux::resource::RankState;
-use crate::state::{JobEntry, JobKey, KeyedAnomaly, State};
+use crate::output;
+use crate::state::{KeyedAnomaly, State};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -206,53 +206,17 @@ fn read_json(path: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
-fn job_json(key: &JobKey, entry: &JobEntry) -> Value {
-    let mut v = serde_json::to_value(entry.summary()).unwrap_or(Value::Null);
-    if let Value::Object(map) = &mut v {
-        map.insert("kind".into(), json!("job"));
-        map.insert("cluster".into(), json!(key.cluster));
-        map.insert("id".into(), json!(key.id.0));
-    }
-    v
-}
-
-fn rank_json(cluster: &str, r: &RankState) -> Value {
-    json!({
-        "kind": "rank",
-        "cluster": cluster,
-        "rank": r.rank,
-        "hostname": r.hostname,
-        "online": r.online,
-        "torpid": r.torpid,
-        "drained": r.drained,
-        "drain_reason": r.drain_reason,
-        "drain_timestamp": r.drain_timestamp,
-    })
-}
-
-fn anomaly_json(a: &KeyedAnomaly) -> Value {
-    let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
-    if let Value::Object(map) = &mut v {
-        // `kind` names the record type; the anomaly's own kind moves aside.
-        if let Some(k) = map.remove("kind") {
-            map.insert("anomaly".into(), k);
-        }
-        map.insert("kind".into(), json!("anomaly"));
-    }
-    v
-}
-
 fn print_json(out: &mut impl Write, state: &State, anomalies: &[KeyedAnomaly]) -> Result<()> {
     for (key, entry) in state.listed_jobs() {
-        writeln!(out, "{}", job_json(key, entry))?;
+        writeln!(out, "{}", output::job(key, entry))?;
     }
     for (cluster, res) in state.clusters() {
         for r in res.ranks() {
-            writeln!(out, "{}", rank_json(cluster, r))?;
+            writeln!(out, "{}", output::rank(cluster, r))?;
         }
     }
     for a in anomalies {
-        writeln!(out, "{}", anomaly_json(a))?;
+        writeln!(out, "{}", output::anomaly(a))?;
     }
     Ok(())
 }

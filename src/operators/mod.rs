@@ -1,0 +1,57 @@
+//! The keyed operators. Records are routed by a hash of their key
+//! (cluster, job id; cluster alone for resource records) to one of N shard
+//! tasks, so each job's events stay in order and shards share no state.
+//! Each shard applies records to the Flux model ([`crate::state::State`])
+//! and emits output records.
+
+pub mod shard;
+
+use crate::decode::Record;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// A decoded record on its way to its shard.
+#[derive(Debug)]
+pub struct Routed {
+    /// The record's cluster: its own, or its source's default.
+    pub cluster: Arc<str>,
+    /// The source it came from.
+    pub source: Arc<str>,
+    pub record: Record,
+}
+
+/// The pipeline has shut down: nothing more can be sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the pipeline is shutting down")]
+pub struct Closed;
+
+/// Sends records to the shard that owns their key.
+#[derive(Debug, Clone)]
+pub struct Router {
+    shards: Arc<[mpsc::Sender<Routed>]>,
+}
+
+impl Router {
+    pub fn new(shards: Vec<mpsc::Sender<Routed>>) -> Self {
+        Router {
+            shards: shards.into(),
+        }
+    }
+
+    /// The shard index of a key. The hasher has fixed keys, so a key maps to
+    /// the same shard in every run.
+    pub fn shard_of(&self, cluster: &str, id: Option<u64>) -> usize {
+        let mut h = DefaultHasher::new();
+        cluster.hash(&mut h);
+        id.hash(&mut h);
+        (h.finish() % self.shards.len().max(1) as u64) as usize
+    }
+
+    /// Send one record; waits while the shard's queue is full.
+    pub async fn send(&self, routed: Routed) -> Result<(), Closed> {
+        let i = self.shard_of(&routed.cluster, routed.record.id.map(|id| id.0));
+        let shard = self.shards.get(i).ok_or(Closed)?;
+        shard.send(routed).await.map_err(|_| Closed)
+    }
+}

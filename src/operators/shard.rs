@@ -1,0 +1,221 @@
+//! One shard of the job and resource operators: applies its records to its
+//! part of the state and emits what changed.
+//!
+//! Memory stays bounded: an INACTIVE job is dropped `inactive_grace` after
+//! its summary went out (the grace lets late repeats be recognized rather
+//! than start a new job), and a job that only ever got exec events is
+//! dropped with an anomaly after `orphan_ttl`.
+
+use super::Routed;
+use crate::decode::Body;
+use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
+use crate::flux::job::JobState;
+use crate::output::{self, OutputRecord};
+use crate::pipeline::config::OutputStream;
+use crate::sinks::Outputs;
+use crate::state::{JobKey, KeyedAnomaly, State};
+use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// How long state is kept.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    pub inactive_grace: Duration,
+    pub orphan_ttl: Duration,
+}
+
+pub struct Shard {
+    state: State,
+    outputs: Outputs,
+    retention: Retention,
+    /// Jobs that became INACTIVE, oldest first, with when to drop them.
+    inactive: VecDeque<(Instant, JobKey)>,
+    /// Jobs first seen without a submit, oldest first.
+    unsubmitted: VecDeque<(Instant, JobKey)>,
+    /// This shard's share of the `fluxpipe_jobs_tracked` gauge.
+    reported: usize,
+}
+
+impl Shard {
+    pub fn new(outputs: Outputs, retention: Retention) -> Self {
+        Shard {
+            state: State::new(),
+            outputs,
+            retention,
+            inactive: VecDeque::new(),
+            unsubmitted: VecDeque::new(),
+            reported: 0,
+        }
+    }
+
+    /// Shards share one gauge: each adds the change in its own count.
+    fn report_tracked(&mut self) {
+        let now = self.state.jobs.len();
+        let gauge = metrics::gauge!("fluxpipe_jobs_tracked");
+        if now > self.reported {
+            gauge.increment((now - self.reported) as f64);
+        } else {
+            gauge.decrement((self.reported - now) as f64);
+        }
+        self.reported = now;
+    }
+
+    /// Apply records until every sender is gone.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Routed>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(routed) => self.apply(routed).await,
+                    None => break,
+                },
+                _ = tick.tick() => self.expire(Instant::now()).await,
+            }
+        }
+    }
+
+    /// Apply one record and emit its outputs.
+    pub async fn apply(&mut self, routed: Routed) {
+        let Routed {
+            cluster,
+            source,
+            record,
+        } = routed;
+        let stream = record.stream;
+        let id = record.id;
+        // The event as it came, for the `events` feed, built only if wanted.
+        let event_out = match &record.body {
+            Body::Event(ev) if self.outputs.wants(OutputStream::Events) => {
+                Some(output::event(&cluster, stream, id, ev, &source))
+            }
+            _ => None,
+        };
+        let event_name = match &record.body {
+            Body::Event(ev) => Some((ev.name.clone(), ev.timestamp)),
+            _ => None,
+        };
+        let new_key = id
+            .map(|id| JobKey {
+                cluster: cluster.to_string(),
+                id,
+            })
+            .filter(|k| !self.state.jobs.contains_key(k));
+        let fx = self.state.apply(&cluster, record);
+        if let Some(key) = new_key
+            && self.state.jobs.get(&key).is_some_and(|e| !e.job.submitted)
+        {
+            self.unsubmitted
+                .push_back((Instant::now() + self.retention.orphan_ttl, key));
+        }
+        self.report_tracked();
+        if fx.duplicate {
+            metrics::counter!("fluxpipe_events_duplicate_total").increment(1);
+        }
+        if let Some(ev) = event_out
+            && !fx.duplicate
+        {
+            self.outputs
+                .emit(OutputRecord::new(OutputStream::Events, &ev))
+                .await;
+        }
+        let name = event_name.as_ref().map(|(n, _)| n.as_str()).unwrap_or("");
+        for t in &fx.transitions {
+            self.outputs
+                .emit(OutputRecord::new(
+                    OutputStream::Transitions,
+                    &output::transition(t, name),
+                ))
+                .await;
+            if t.transition.to == JobState::Inactive {
+                if let Some(entry) = self.state.jobs.get(&t.key) {
+                    let summary = output::job(&t.key, entry);
+                    self.outputs
+                        .emit(OutputRecord::new(OutputStream::Jobs, &summary))
+                        .await;
+                }
+                self.inactive.push_back((
+                    Instant::now() + self.retention.inactive_grace,
+                    t.key.clone(),
+                ));
+            }
+        }
+        for (cluster, change) in &fx.rank_changes {
+            let ev = event_name
+                .as_ref()
+                .map(|(n, ts)| crate::flux::Event::new(*ts, n.clone()));
+            self.outputs
+                .emit(OutputRecord::new(
+                    OutputStream::Resources,
+                    &output::rank_change(cluster, change, ev.as_ref()),
+                ))
+                .await;
+        }
+        self.emit_anomalies(&fx.anomalies).await;
+    }
+
+    async fn emit_anomalies(&self, anomalies: &[KeyedAnomaly]) {
+        for a in anomalies {
+            metrics::counter!(
+                "fluxpipe_anomalies_total",
+                "stream" => a.anomaly.stream.as_str(),
+                "kind" => a.anomaly.kind.as_str()
+            )
+            .increment(1);
+            self.outputs
+                .emit(OutputRecord::new(
+                    OutputStream::Anomalies,
+                    &output::anomaly(a),
+                ))
+                .await;
+        }
+    }
+
+    /// Drop the state whose time is up.
+    pub async fn expire(&mut self, now: Instant) {
+        while let Some((at, _)) = self.inactive.front()
+            && *at <= now
+        {
+            if let Some((_, key)) = self.inactive.pop_front()
+                && self
+                    .state
+                    .jobs
+                    .get(&key)
+                    .is_some_and(|e| e.job.state == JobState::Inactive)
+            {
+                self.state.jobs.remove(&key);
+                metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "inactive")
+                    .increment(1);
+            }
+        }
+        let mut orphans = Vec::new();
+        while let Some((at, _)) = self.unsubmitted.front()
+            && *at <= now
+        {
+            if let Some((_, key)) = self.unsubmitted.pop_front()
+                && self.state.jobs.get(&key).is_some_and(|e| !e.job.submitted)
+            {
+                self.state.jobs.remove(&key);
+                metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "orphan").increment(1);
+                orphans.push(KeyedAnomaly {
+                    cluster: key.cluster.clone(),
+                    id: Some(key.id),
+                    anomaly: Anomaly::new(
+                        Stream::Job,
+                        AnomalyKind::UnknownTarget,
+                        "no submit event arrived for this job; its state was dropped",
+                    ),
+                });
+            }
+        }
+        self.emit_anomalies(&orphans).await;
+        self.report_tracked();
+    }
+
+    /// Jobs currently held.
+    pub fn jobs_tracked(&self) -> usize {
+        self.state.jobs.len()
+    }
+}

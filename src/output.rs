@@ -1,0 +1,145 @@
+//! Output records: one JSON object per record, with a `kind`, shared by
+//! `fluxpipe replay --format json` and every sink of the pipeline so both
+//! use the same field names.
+
+use crate::decode::EventStream;
+use crate::flux::event::Event;
+use crate::flux::jobid::JobId;
+use crate::flux::resource::{RankChange, RankState};
+use crate::pipeline::config::OutputStream;
+use crate::state::{JobEntry, JobKey, KeyedAnomaly, KeyedTransition};
+use serde_json::{Map, Value, json};
+
+/// One record on its way to the sinks: the stream it belongs to and its
+/// JSON text (no trailing newline), serialized once for every sink.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputRecord {
+    pub stream: OutputStream,
+    pub line: String,
+}
+
+impl OutputRecord {
+    pub fn new(stream: OutputStream, value: &Value) -> Self {
+        OutputRecord {
+            stream,
+            line: value.to_string(),
+        }
+    }
+}
+
+/// `"kind":"job"`: a job summary with the fields of `flux jobs --json`.
+pub fn job(key: &JobKey, entry: &JobEntry) -> Value {
+    let mut v = serde_json::to_value(entry.summary()).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut v {
+        map.insert("kind".into(), json!("job"));
+        map.insert("cluster".into(), json!(key.cluster));
+        map.insert("id".into(), json!(key.id.0));
+    }
+    v
+}
+
+fn rank_fields(map: &mut Map<String, Value>, r: &RankState) {
+    map.insert("rank".into(), json!(r.rank));
+    map.insert("hostname".into(), json!(r.hostname));
+    map.insert("online".into(), json!(r.online));
+    map.insert("torpid".into(), json!(r.torpid));
+    map.insert("drained".into(), json!(r.drained));
+    map.insert("drain_reason".into(), json!(r.drain_reason));
+    map.insert("drain_timestamp".into(), json!(r.drain_timestamp));
+}
+
+/// `"kind":"rank"`: one rank's state.
+pub fn rank(cluster: &str, r: &RankState) -> Value {
+    let mut map = Map::new();
+    map.insert("kind".into(), json!("rank"));
+    map.insert("cluster".into(), json!(cluster));
+    rank_fields(&mut map, r);
+    Value::Object(map)
+}
+
+/// `"kind":"rank"` on the `resources` stream: the rank's new state, which
+/// fields changed, and the event that changed them.
+pub fn rank_change(cluster: &str, change: &RankChange, event: Option<&Event>) -> Value {
+    let mut map = Map::new();
+    map.insert("kind".into(), json!("rank"));
+    map.insert("cluster".into(), json!(cluster));
+    match &change.after {
+        Some(r) => rank_fields(&mut map, r),
+        None => {
+            map.insert("rank".into(), json!(change.rank));
+            map.insert("removed".into(), json!(true));
+        }
+    }
+    map.insert("changed".into(), json!(change.changed_fields()));
+    if let Some(ev) = event {
+        map.insert("event".into(), json!(ev.name));
+        map.insert("timestamp".into(), json!(ev.timestamp));
+    }
+    Value::Object(map)
+}
+
+/// `"kind":"anomaly"`: the anomaly's own kind moves to `anomaly`.
+pub fn anomaly(a: &KeyedAnomaly) -> Value {
+    let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut v {
+        if let Some(k) = map.remove("kind") {
+            map.insert("anomaly".into(), k);
+        }
+        map.insert("kind".into(), json!("anomaly"));
+    }
+    v
+}
+
+/// `"kind":"transition"`: a job state change.
+pub fn transition(t: &KeyedTransition, event: &str) -> Value {
+    json!({
+        "kind": "transition",
+        "cluster": t.key.cluster,
+        "id": t.key.id.0,
+        "from": t.transition.from,
+        "to": t.transition.to,
+        "timestamp": t.transition.timestamp,
+        "event": event,
+    })
+}
+
+/// `"kind":"event"`: an input event, normalized. Its shape is the
+/// envelope input form, so one fluxpipe's `events` feed another's sources.
+pub fn event(
+    cluster: &str,
+    stream: EventStream,
+    id: Option<JobId>,
+    ev: &Event,
+    source: &str,
+) -> Value {
+    let mut map = Map::new();
+    map.insert("kind".into(), json!("event"));
+    map.insert("cluster".into(), json!(cluster));
+    map.insert("stream".into(), json!(stream.as_str()));
+    if let Some(id) = id {
+        map.insert("id".into(), json!(id.0));
+    }
+    map.insert(
+        "event".into(),
+        serde_json::to_value(ev).unwrap_or(Value::Null),
+    );
+    map.insert("source".into(), json!(source));
+    Value::Object(map)
+}
+
+/// The most of an undecodable line that a dead letter carries.
+pub const DEAD_LETTER_MAX_BYTES: usize = 4096;
+
+/// `"kind":"dead_letter"`: input that could not be decoded, where it came
+/// from and why.
+pub fn dead_letter(source: &str, location: &str, error: &str, line: &[u8]) -> Value {
+    let cut = &line[..line.len().min(DEAD_LETTER_MAX_BYTES)];
+    json!({
+        "kind": "dead_letter",
+        "source": source,
+        "location": location,
+        "error": error,
+        "line": String::from_utf8_lossy(cut),
+        "truncated": line.len() > DEAD_LETTER_MAX_BYTES,
+    })
+}

@@ -1,0 +1,867 @@
+//! Pipeline configuration: TOML in the style of Vector, with named
+//! `[sources.NAME]` and `[sinks.NAME]` tables, each with a `type`.
+//!
+//! Parsing rejects unknown keys and types (serde); `validate` then checks
+//! what serde cannot: sink inputs name real output streams, no two
+//! listeners share an address, paths can be read or written. Every error
+//! names the key and the line.
+
+use crate::decode::{EventStream, Format};
+use crate::flux::jobid::JobId;
+use serde::{Deserialize, Deserializer};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The output streams a sink can subscribe to in `inputs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OutputStream {
+    /// Every decoded input event, normalized (the log-shipping feed).
+    Events,
+    /// Job state transitions.
+    Transitions,
+    /// A job summary when a job becomes INACTIVE.
+    Jobs,
+    /// Rank changes.
+    Resources,
+    /// Alerts.
+    Alerts,
+    /// Rule violations found in the input.
+    Anomalies,
+    /// Input that could not be decoded.
+    DeadLetter,
+}
+
+impl OutputStream {
+    pub const ALL: [OutputStream; 7] = [
+        OutputStream::Events,
+        OutputStream::Transitions,
+        OutputStream::Jobs,
+        OutputStream::Resources,
+        OutputStream::Alerts,
+        OutputStream::Anomalies,
+        OutputStream::DeadLetter,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Events => "events",
+            OutputStream::Transitions => "transitions",
+            OutputStream::Jobs => "jobs",
+            OutputStream::Resources => "resources",
+            OutputStream::Alerts => "alerts",
+            OutputStream::Anomalies => "anomalies",
+            OutputStream::DeadLetter => "dead_letter",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        OutputStream::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+
+    /// A bit for sets of streams.
+    pub fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// A whole pipeline.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Checkpoints and state. Default: `fluxpipe` under the user's data folder.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    /// Worker tasks for the job operator (default: one per core).
+    #[serde(default)]
+    pub workers: Option<usize>,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub operators: OperatorConfig,
+    #[serde(default)]
+    pub sources: BTreeMap<String, SourceConfig>,
+    #[serde(default)]
+    pub sinks: BTreeMap<String, SinkConfig>,
+}
+
+fn default_data_dir() -> PathBuf {
+    dirs::data_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("fluxpipe")
+}
+
+/// `[log]`: the pipeline's own logging (quiet by default).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// A tracing filter, e.g. `warn` or `fluxpipe=debug`.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: default_log_level(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+fn default_log_level() -> String {
+    "warn".into()
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// `[operators]`: how long state is kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// Seconds an INACTIVE job is kept after its summary, so late
+    /// duplicates are recognized instead of starting a new job.
+    #[serde(default = "default_inactive_grace")]
+    pub inactive_grace_secs: f64,
+    /// Seconds a job that never got a `submit` (only exec events, say) is
+    /// kept waiting for it before it is dropped with an anomaly.
+    #[serde(default = "default_orphan_ttl")]
+    pub orphan_ttl_secs: f64,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        OperatorConfig {
+            inactive_grace_secs: default_inactive_grace(),
+            orphan_ttl_secs: default_orphan_ttl(),
+        }
+    }
+}
+
+fn default_inactive_grace() -> f64 {
+    60.0
+}
+
+fn default_orphan_ttl() -> f64 {
+    3600.0
+}
+
+/// How a source's lines are read: every source type has these keys.
+#[derive(Debug, Clone)]
+pub struct DecodeConfig {
+    pub cluster: String,
+    pub format: Format,
+    pub stream: Option<EventStream>,
+    pub job_id: Option<JobId>,
+    pub max_line_bytes: usize,
+}
+
+/// Declares a source config struct with its own keys plus the decoding keys
+/// every source has. (serde's `flatten` cannot be combined with
+/// `deny_unknown_fields`, and unknown keys must be refused.)
+macro_rules! source_config {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+            /// Default cluster for inputs that do not name one.
+            #[serde(default = "default_cluster")]
+            pub cluster: String,
+            /// Line format (`auto` tells them apart per line).
+            #[serde(default, deserialize_with = "de_format")]
+            pub format: Format,
+            /// Stream of plain events whose origin does not say.
+            #[serde(default, deserialize_with = "de_stream")]
+            pub stream: Option<EventStream>,
+            /// Job of plain job or exec events whose origin does not say.
+            #[serde(default, deserialize_with = "de_jobid")]
+            pub job_id: Option<JobId>,
+            /// Longest line accepted; longer lines go to `dead_letter`.
+            #[serde(default = "default_max_line")]
+            pub max_line_bytes: usize,
+        }
+
+        impl $name {
+            pub fn decode(&self) -> DecodeConfig {
+                DecodeConfig {
+                    cluster: self.cluster.clone(),
+                    format: self.format,
+                    stream: self.stream,
+                    job_id: self.job_id,
+                    max_line_bytes: self.max_line_bytes,
+                }
+            }
+        }
+    };
+}
+
+/// Declares a sink config struct with its own keys plus the keys every
+/// sink has.
+macro_rules! sink_config {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+            /// Output streams to receive.
+            pub inputs: Vec<String>,
+            /// What to do when the buffer is full.
+            #[serde(default)]
+            pub when_full: WhenFull,
+            /// Records buffered before `when_full` applies.
+            #[serde(default = "default_buffer")]
+            pub buffer: usize,
+        }
+
+        impl $name {
+            pub fn common(&self) -> SinkCommon<'_> {
+                SinkCommon {
+                    inputs: &self.inputs,
+                    when_full: self.when_full,
+                    buffer: self.buffer,
+                }
+            }
+        }
+    };
+}
+
+fn default_cluster() -> String {
+    "default".into()
+}
+
+fn default_max_line() -> usize {
+    1024 * 1024
+}
+
+fn de_format<'de, D: Deserializer<'de>>(d: D) -> Result<Format, D::Error> {
+    let s = String::deserialize(d)?;
+    Format::parse(&s).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "format: unknown format `{s}`; expected auto, event, job-journal, resource-journal, exec-protocol or envelope"
+        ))
+    })
+}
+
+fn de_stream<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EventStream>, D::Error> {
+    let s = String::deserialize(d)?;
+    EventStream::parse(&s).map(Some).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "stream: unknown stream `{s}`; expected job, exec or resource"
+        ))
+    })
+}
+
+fn de_jobid<'de, D: Deserializer<'de>>(d: D) -> Result<Option<JobId>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Id {
+        Num(u64),
+        Text(String),
+    }
+    match Id::deserialize(d)? {
+        Id::Num(n) => Ok(Some(JobId(n))),
+        Id::Text(s) => JobId::parse(&s)
+            .map(Some)
+            .map_err(|e| serde::de::Error::custom(format!("job_id: {e}"))),
+    }
+}
+
+/// `[sources.NAME]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceConfig {
+    File(FileSourceConfig),
+    Socket(SocketSourceConfig),
+    Stdin(StdinSourceConfig),
+}
+
+impl SourceConfig {
+    pub fn decode(&self) -> DecodeConfig {
+        match self {
+            SourceConfig::File(c) => c.decode(),
+            SourceConfig::Socket(c) => c.decode(),
+            SourceConfig::Stdin(c) => c.decode(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadFrom {
+    #[default]
+    Beginning,
+    End,
+}
+
+source_config! {
+    /// `type = "file"`: eventlogs and journals on disk, tailed.
+    FileSourceConfig {
+        /// Glob patterns (`**` matches any depth).
+        include: Vec<String>,
+        #[serde(default)]
+        exclude: Vec<String>,
+        /// Where to start in a file with no checkpoint.
+        #[serde(default)]
+        read_from: ReadFrom,
+        /// How often to look for new files and appended lines, in milliseconds.
+        #[serde(default = "default_poll_ms")]
+        poll_interval_ms: u64,
+    }
+}
+
+fn default_poll_ms() -> u64 {
+    250
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SocketMode {
+    #[default]
+    Tcp,
+    Udp,
+    Unix,
+}
+
+source_config! {
+    /// `type = "socket"`: newline-delimited TCP or Unix stream, or UDP datagrams.
+    SocketSourceConfig {
+        #[serde(default)]
+        mode: SocketMode,
+        /// `host:port` (tcp, udp) or a socket path (unix).
+        address: String,
+        /// Most concurrent connections (tcp, unix); more wait in the backlog.
+        #[serde(default = "default_max_connections")]
+        max_connections: usize,
+    }
+}
+
+fn default_max_connections() -> usize {
+    256
+}
+
+source_config! {
+    /// `type = "stdin"`.
+    StdinSourceConfig {}
+}
+
+/// What a sink does when its buffer is full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFull {
+    /// Wait: backpressure reaches the sources.
+    #[default]
+    Block,
+    /// Drop the new record and count it.
+    DropNewest,
+}
+
+/// The keys every sink has.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkCommon<'a> {
+    pub inputs: &'a [String],
+    pub when_full: WhenFull,
+    pub buffer: usize,
+}
+
+impl SinkCommon<'_> {
+    /// The subscribed streams as a bit set (unknown names are refused by
+    /// validation before this is used).
+    pub fn stream_bits(&self) -> u8 {
+        self.inputs
+            .iter()
+            .filter_map(|i| OutputStream::parse(i))
+            .fold(0, |acc, s| acc | s.bit())
+    }
+}
+
+fn default_buffer() -> usize {
+    1024
+}
+
+/// `[sinks.NAME]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SinkConfig {
+    Stdout(StdoutSinkConfig),
+    File(FileSinkConfig),
+    Socket(SocketSinkConfig),
+    Http(HttpSinkConfig),
+}
+
+impl SinkConfig {
+    pub fn common(&self) -> SinkCommon<'_> {
+        match self {
+            SinkConfig::Stdout(c) => c.common(),
+            SinkConfig::File(c) => c.common(),
+            SinkConfig::Socket(c) => c.common(),
+            SinkConfig::Http(c) => c.common(),
+        }
+    }
+}
+
+sink_config! {
+    /// `type = "stdout"`: JSON Lines on standard output.
+    StdoutSinkConfig {}
+}
+
+sink_config! {
+    /// `type = "file"`: JSON Lines appended to a file, reopened on SIGHUP.
+    FileSinkConfig {
+        path: PathBuf,
+    }
+}
+
+sink_config! {
+    /// `type = "socket"`: JSON Lines to a TCP or Unix listener, reconnecting.
+    SocketSinkConfig {
+        #[serde(default)]
+        mode: SocketMode,
+        address: String,
+    }
+}
+
+sink_config! {
+    /// `type = "http"`: JSON arrays POSTed to a webhook.
+    HttpSinkConfig {
+        uri: String,
+        /// Most records in one POST.
+        #[serde(default = "default_batch_records")]
+        batch_max_records: usize,
+        /// Longest wait before a partial batch is sent, in milliseconds.
+        #[serde(default = "default_batch_timeout")]
+        batch_timeout_ms: u64,
+        /// Extra request headers.
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+        /// Seconds to keep retrying one batch before it is dropped and counted.
+        #[serde(default = "default_retry_max")]
+        retry_max_secs: f64,
+    }
+}
+
+fn default_batch_records() -> usize {
+    500
+}
+
+fn default_batch_timeout() -> u64 {
+    1000
+}
+
+fn default_retry_max() -> f64 {
+    300.0
+}
+
+/// A configuration error, with the line it concerns when known.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Parse(String),
+    #[error("line {line}: {message}")]
+    At { line: usize, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Parse TOML text into a config and validate it.
+pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
+    let config: Config =
+        toml::from_str(text).map_err(|e| vec![ConfigError::Parse(e.to_string())])?;
+    let errors = validate(&config, text);
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Read, parse and validate a config file.
+pub fn load(path: &Path) -> Result<Config, Vec<ConfigError>> {
+    let text = std::fs::read_to_string(path).map_err(|source| {
+        vec![ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        }]
+    })?;
+    parse(&text)
+}
+
+/// Finds the line of a key in the config text, for error messages.
+struct Locator<'t> {
+    text: &'t str,
+    root: Option<toml::Spanned<toml::de::DeTable<'t>>>,
+}
+
+impl<'t> Locator<'t> {
+    fn new(text: &'t str) -> Self {
+        Locator {
+            text,
+            root: toml::de::DeTable::parse(text).ok(),
+        }
+    }
+
+    /// The line of `path` (table keys, then optionally an array index).
+    fn line(&self, path: &[&str], index: Option<usize>) -> Option<usize> {
+        let root = self.root.as_ref()?;
+        let mut table = root.get_ref();
+        let mut span = root.span();
+        for (i, key) in path.iter().enumerate() {
+            let (k, v) = table.iter().find(|(k, _)| k.get_ref() == key)?;
+            span = k.span();
+            match v.get_ref() {
+                toml::de::DeValue::Table(t) if i + 1 < path.len() => table = t,
+                toml::de::DeValue::Array(a) if i + 1 == path.len() => {
+                    if let Some(el) = index.and_then(|n| a.get(n)) {
+                        span = el.span();
+                    }
+                }
+                _ if i + 1 < path.len() => return None,
+                _ => {}
+            }
+        }
+        let end = span.start.min(self.text.len());
+        Some(
+            self.text.as_bytes()[..end]
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+                + 1,
+        )
+    }
+
+    fn error(&self, path: &[&str], index: Option<usize>, message: String) -> ConfigError {
+        match self.line(path, index) {
+            Some(line) => ConfigError::At { line, message },
+            None => ConfigError::Invalid(message),
+        }
+    }
+}
+
+/// The checks serde cannot make. Returns every problem found.
+pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
+    let loc = Locator::new(text);
+    let mut errors = Vec::new();
+    if config.sources.is_empty() {
+        errors.push(ConfigError::Invalid(
+            "no [sources.NAME] table: a pipeline needs at least one source".into(),
+        ));
+    }
+    if config.sinks.is_empty() {
+        errors.push(ConfigError::Invalid(
+            "no [sinks.NAME] table: a pipeline needs at least one sink".into(),
+        ));
+    }
+    if config.workers == Some(0) {
+        errors.push(loc.error(&["workers"], None, "workers: must be at least 1".into()));
+    }
+    let mut listeners: HashMap<String, String> = HashMap::new();
+    for (name, source) in &config.sources {
+        let key = |k: &'static str| ["sources", name.as_str(), k];
+        if source.decode().max_line_bytes == 0 {
+            errors.push(loc.error(
+                &key("max_line_bytes"),
+                None,
+                format!("sources.{name}.max_line_bytes: must be at least 1"),
+            ));
+        }
+        match source {
+            SourceConfig::File(f) => {
+                if f.include.is_empty() {
+                    errors.push(loc.error(
+                        &key("include"),
+                        None,
+                        format!("sources.{name}.include: at least one pattern is needed"),
+                    ));
+                }
+                for (i, pat) in f.include.iter().chain(&f.exclude).enumerate() {
+                    if let Some(e) = glob_problem(pat) {
+                        let (k, i) = if i < f.include.len() {
+                            ("include", i)
+                        } else {
+                            ("exclude", i - f.include.len())
+                        };
+                        errors.push(loc.error(
+                            &key(k),
+                            Some(i),
+                            format!("sources.{name}.{k} `{pat}`: {e}"),
+                        ));
+                    }
+                }
+            }
+            SourceConfig::Socket(s) => {
+                let addr = &s.address;
+                let listener = match s.mode {
+                    SocketMode::Unix => format!("unix:{addr}"),
+                    SocketMode::Tcp => format!("tcp:{addr}"),
+                    SocketMode::Udp => format!("udp:{addr}"),
+                };
+                if s.mode != SocketMode::Unix && addr.parse::<std::net::SocketAddr>().is_err() {
+                    errors.push(loc.error(
+                        &key("address"),
+                        None,
+                        format!("sources.{name}.address `{addr}`: not an IP address and port"),
+                    ));
+                }
+                if s.mode == SocketMode::Unix
+                    && let Some(parent) = Path::new(addr).parent()
+                    && !parent.as_os_str().is_empty()
+                    && !parent.is_dir()
+                {
+                    errors.push(loc.error(
+                        &key("address"),
+                        None,
+                        format!(
+                            "sources.{name}.address `{addr}`: folder {} does not exist",
+                            parent.display()
+                        ),
+                    ));
+                }
+                if s.max_connections == 0 {
+                    errors.push(loc.error(
+                        &key("max_connections"),
+                        None,
+                        format!("sources.{name}.max_connections: must be at least 1"),
+                    ));
+                }
+                if let Some(other) = listeners.insert(listener, name.clone()) {
+                    errors.push(loc.error(
+                        &key("address"),
+                        None,
+                        format!("sources.{name}.address `{addr}`: already used by sources.{other}"),
+                    ));
+                }
+            }
+            SourceConfig::Stdin(_) => {}
+        }
+    }
+    let stdin_sources = config
+        .sources
+        .values()
+        .filter(|s| matches!(s, SourceConfig::Stdin(_)))
+        .count();
+    if stdin_sources > 1 {
+        errors.push(ConfigError::Invalid(
+            "more than one stdin source: standard input can be read once".into(),
+        ));
+    }
+    for (name, sink) in &config.sinks {
+        let key = |k: &'static str| ["sinks", name.as_str(), k];
+        let common = sink.common();
+        if common.inputs.is_empty() {
+            errors.push(loc.error(
+                &key("inputs"),
+                None,
+                format!("sinks.{name}.inputs: at least one output stream is needed"),
+            ));
+        }
+        for (i, input) in common.inputs.iter().enumerate() {
+            if OutputStream::parse(input).is_none() {
+                let known: Vec<&str> = OutputStream::ALL.iter().map(|o| o.as_str()).collect();
+                errors.push(loc.error(
+                    &key("inputs"),
+                    Some(i),
+                    format!(
+                        "sinks.{name}.inputs: unknown input `{input}`; expected one of {}",
+                        known.join(", ")
+                    ),
+                ));
+            }
+        }
+        if common.buffer == 0 {
+            errors.push(loc.error(
+                &key("buffer"),
+                None,
+                format!("sinks.{name}.buffer: must be at least 1"),
+            ));
+        }
+        match sink {
+            SinkConfig::File(f) => {
+                let path = &f.path;
+                let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+                if let Some(parent) = parent
+                    && !parent.is_dir()
+                {
+                    errors.push(loc.error(
+                        &key("path"),
+                        None,
+                        format!(
+                            "sinks.{name}.path `{}`: folder {} does not exist",
+                            path.display(),
+                            parent.display()
+                        ),
+                    ));
+                } else if path.is_dir() {
+                    errors.push(loc.error(
+                        &key("path"),
+                        None,
+                        format!("sinks.{name}.path `{}`: is a folder", path.display()),
+                    ));
+                }
+            }
+            SinkConfig::Socket(s) => {
+                if s.mode == SocketMode::Udp {
+                    errors.push(loc.error(
+                        &key("mode"),
+                        None,
+                        format!("sinks.{name}.mode: udp is not supported by the socket sink; use tcp or unix"),
+                    ));
+                }
+            }
+            SinkConfig::Http(h) => {
+                let uri = &h.uri;
+                if !(uri.starts_with("http://") || uri.starts_with("https://")) {
+                    errors.push(loc.error(
+                        &key("uri"),
+                        None,
+                        format!("sinks.{name}.uri `{uri}`: must start with http:// or https://"),
+                    ));
+                }
+                if h.batch_max_records == 0 {
+                    errors.push(loc.error(
+                        &key("batch_max_records"),
+                        None,
+                        format!("sinks.{name}.batch_max_records: must be at least 1"),
+                    ));
+                }
+            }
+            SinkConfig::Stdout(_) => {}
+        }
+    }
+    errors
+}
+
+/// Why a glob pattern cannot work, if it cannot.
+fn glob_problem(pattern: &str) -> Option<String> {
+    if pattern.is_empty() {
+        return Some("empty pattern".into());
+    }
+    if let Err(e) = globset::Glob::new(pattern) {
+        return Some(e.to_string());
+    }
+    // The fixed part before the first wildcard must be readable.
+    let base: PathBuf = Path::new(pattern)
+        .components()
+        .take_while(|c| {
+            !c.as_os_str()
+                .to_string_lossy()
+                .contains(['*', '?', '[', '{'])
+        })
+        .collect();
+    let mut dir = base.as_path();
+    while !dir.as_os_str().is_empty() && !dir.exists() {
+        dir = dir.parent().unwrap_or(Path::new(""));
+    }
+    if !dir.as_os_str().is_empty() && std::fs::read_dir(dir).is_err() && dir.is_dir() {
+        return Some(format!("folder {} cannot be read", dir.display()));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse(text) {
+            Ok(_) => vec![],
+            Err(e) => e.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_issue_example_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            r#"
+data_dir = "{d}/state"
+
+[sources.journal]
+type = "socket"
+mode = "tcp"
+address = "127.0.0.1:7070"
+cluster = "picl"
+
+[sources.dumps]
+type = "file"
+include = ["{d}/dump/**/eventlog"]
+read_from = "beginning"
+
+[sinks.out]
+type = "file"
+path = "{d}/records.jsonl"
+inputs = ["transitions", "jobs", "alerts", "anomalies"]
+"#,
+            d = dir.path().display()
+        );
+        let c = parse(&text).unwrap();
+        assert_eq!(c.sources.len(), 2);
+        assert_eq!(c.sources["journal"].decode().cluster, "picl");
+        assert_eq!(c.sources["dumps"].decode().cluster, "default");
+        assert_eq!(c.sinks["out"].common().inputs.len(), 4);
+        let bits = c.sinks["out"].common().stream_bits();
+        assert!(bits & OutputStream::Jobs.bit() != 0 && bits & OutputStream::Events.bit() == 0);
+    }
+
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let e = errors(
+            "[sources.a]\ntype = \"stdin\"\n\n[sinks.b]\ntype = \"stdout\"\ninputs = [\"jobz\"]\n",
+        );
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("line 6:") && e[0].contains("jobz"),
+            "{e:?}"
+        );
+
+        let e = errors("[sources.a]\ntype = \"stdin\"\nbogus = 1\n");
+        assert!(e[0].contains("bogus") && e[0].contains("line 1"), "{e:?}");
+
+        let e = errors("[sources.a]\ntype = \"carrier-pigeon\"\n");
+        assert!(e[0].contains("carrier-pigeon"), "{e:?}");
+
+        let e = errors(
+            "[sources.a]\ntype = \"socket\"\naddress = \"127.0.0.1:7000\"\n\
+             [sources.b]\ntype = \"socket\"\naddress = \"127.0.0.1:7000\"\n\
+             [sinks.c]\ntype = \"stdout\"\ninputs = [\"jobs\"]\n",
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.contains("line 6") && m.contains("already used by sources.a")),
+            "{e:?}"
+        );
+
+        let e = errors("[sinks.c]\ntype = \"stdout\"\ninputs = [\"jobs\"]\n");
+        assert!(e.iter().any(|m| m.contains("no [sources.NAME]")), "{e:?}");
+
+        let e = errors(
+            "[sources.a]\ntype = \"stdin\"\nformat = \"xml\"\n[sinks.c]\ntype = \"stdout\"\ninputs = [\"jobs\"]\n",
+        );
+        // Inside a typed table, serde reports the table's line.
+        assert!(
+            e[0].contains("format: unknown format `xml`") && e[0].contains("line 1"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn stream_names_round_trip() {
+        for s in OutputStream::ALL {
+            assert_eq!(OutputStream::parse(s.as_str()), Some(s));
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Reading newline-delimited input with a bound on line length: an
+//! over-long line is reported once (with its first bytes) and skipped to
+//! its end, without buffering it, and reading goes on.
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+
+/// One item read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    /// A complete line, without its `\n` (and `\r`).
+    Full(Vec<u8>),
+    /// A line longer than the limit: its first `max` bytes and its length.
+    TooLong { prefix: Vec<u8>, len: usize },
+}
+
+/// Bounded line reader over any async buffered reader. A line cut short by
+/// the end of input is kept and completed by later reads (a file being
+/// appended to), unless the caller says the input is over.
+pub struct LineReader<R> {
+    inner: R,
+    max: usize,
+    /// The current line's bytes (at most `max`) and its full length so far.
+    buf: Vec<u8>,
+    len: usize,
+    /// Offset just past the last complete line returned.
+    line_end: u64,
+}
+
+impl<R: AsyncBufRead + Unpin> LineReader<R> {
+    pub fn new(inner: R, max: usize) -> Self {
+        Self::starting_at(inner, max, 0)
+    }
+
+    /// A reader whose input starts at byte `offset` of a file.
+    pub fn starting_at(inner: R, max: usize, offset: u64) -> Self {
+        LineReader {
+            inner,
+            max: max.max(1),
+            buf: Vec::new(),
+            len: 0,
+            line_end: offset,
+        }
+    }
+
+    /// Offset just past the last complete line returned: where a restart
+    /// resumes without re-reading or skipping.
+    pub fn position(&self) -> u64 {
+        self.line_end
+    }
+
+    /// Bytes of an unfinished last line held so far.
+    pub fn pending(&self) -> usize {
+        self.len
+    }
+
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
+    /// The next line, or `None` at the end of the input for now. When
+    /// `input_over` (a socket that closed, stdin at EOF), a last line with
+    /// no newline is returned; otherwise it is held until its newline comes.
+    pub async fn next(&mut self, input_over: bool) -> std::io::Result<Option<Line>> {
+        loop {
+            let chunk = self.inner.fill_buf().await?;
+            if chunk.is_empty() {
+                if self.len == 0 || !input_over {
+                    return Ok(None);
+                }
+                self.line_end += self.len as u64;
+                return Ok(Some(self.take()));
+            }
+            let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (chunk.len(), false),
+            };
+            let body = if done { take - 1 } else { take };
+            if self.len < self.max {
+                let room = self.max - self.len;
+                self.buf.extend_from_slice(&chunk[..body.min(room)]);
+            }
+            self.len += body;
+            self.inner.consume(take);
+            if done {
+                self.line_end += self.len as u64 + 1;
+                return Ok(Some(self.take()));
+            }
+        }
+    }
+
+    fn take(&mut self) -> Line {
+        let len = std::mem::take(&mut self.len);
+        finish(std::mem::take(&mut self.buf), len, self.max)
+    }
+}
+
+fn finish(mut buf: Vec<u8>, len: usize, max: usize) -> Line {
+    if len > max {
+        return Line::TooLong { prefix: buf, len };
+    }
+    if buf.last() == Some(&b'\r') {
+        buf.pop();
+    }
+    Line::Full(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn all(input: &[u8], max: usize) -> Vec<Line> {
+        let mut r = LineReader::new(tokio::io::BufReader::with_capacity(4, input), max);
+        let mut out = Vec::new();
+        while let Some(l) = r.next(true).await.unwrap() {
+            out.push(l);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn splits_lines_and_bounds_them() {
+        let out = all(b"ab\r\ncdefghij\n\nxyz", 5).await;
+        assert_eq!(
+            out,
+            vec![
+                Line::Full(b"ab".to_vec()),
+                Line::TooLong {
+                    prefix: b"cdefg".to_vec(),
+                    len: 8
+                },
+                Line::Full(vec![]),
+                Line::Full(b"xyz".to_vec()),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn position_counts_complete_lines_only() {
+        let mut r = LineReader::new(&b"a\nbb\ncc"[..], 10);
+        r.next(false).await.unwrap();
+        assert_eq!(r.position(), 2);
+        r.next(false).await.unwrap();
+        assert_eq!(r.position(), 5);
+        // "cc" has no newline yet: held, not returned, position unchanged
+        assert_eq!(r.next(false).await.unwrap(), None);
+        assert_eq!((r.position(), r.pending()), (5, 2));
+        assert_eq!(
+            r.next(true).await.unwrap(),
+            Some(Line::Full(b"cc".to_vec()))
+        );
+        assert_eq!(r.position(), 7);
+    }
+}
