@@ -5,6 +5,7 @@ use crate::pipeline::config::{self, Config, LogFormat};
 use crate::pipeline::topology;
 use anyhow::{Result, anyhow};
 use clap::Args;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
@@ -68,6 +69,7 @@ fn init_logging(config: &Config) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     // A second call (tests running several pipelines) keeps the first.
     let _ = match config.log.format {
@@ -99,7 +101,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .map_err(|e| anyhow!("cannot start the runtime: {e}"))?;
-    runtime.block_on(topology::run(config, CancellationToken::new()))?;
+    let result = runtime.block_on(topology::run(config, CancellationToken::new()));
+    // A read of standard input may still block in its thread: do not wait
+    // for it once the pipeline is done.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    result?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -692,18 +692,36 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
         match sink {
             SinkConfig::File(f) => {
                 let path = &f.path;
-                let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-                if let Some(parent) = parent
-                    && !parent.is_dir()
-                {
+                // The sink creates missing folders; the nearest existing
+                // one must be a folder it can write in.
+                let mut existing = path.parent().unwrap_or(Path::new(""));
+                while !existing.as_os_str().is_empty() && !existing.exists() {
+                    existing = existing.parent().unwrap_or(Path::new(""));
+                }
+                let writable = |p: &Path| {
+                    let p = if p.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        p
+                    };
+                    p.metadata()
+                        .map(|m| m.is_dir() && !m.permissions().readonly())
+                        .unwrap_or(false)
+                };
+                if !writable(existing) {
                     errors.push(loc.error(
                         &key("path"),
                         None,
                         format!(
-                            "sinks.{name}.path `{}`: folder {} does not exist",
-                            path.display(),
-                            parent.display()
-                        ),
+                                "sinks.{name}.path `{}`: cannot be created in {}",
+                                path.display(),
+                                if existing.as_os_str().is_empty() {
+                                    Path::new(".")
+                                } else {
+                                    existing
+                                }
+                                .display()
+                            ),
                     ));
                 } else if path.is_dir() {
                     errors.push(loc.error(

@@ -78,6 +78,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
     // Only the sources hold the router and the outputs now: when they are
     // done, the channels close behind them.
+    let drops = outputs.drop_counts();
     drop(router);
     drop(outputs);
 
@@ -93,7 +94,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
                 None => break,
                 Some(Ok((name, Err(e)))) => {
                     tracing::error!(source = %name, "source failed: {e:#}");
-                    eprintln!("fluxpipe: sources.{name}: {e:#}");
                     failed = true;
                 }
                 Some(Ok((_, Ok(())))) => {}
@@ -107,12 +107,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         while let Some(done) = sink_tasks.join_next().await {
             if let Ok((name, Err(e))) = done {
                 tracing::error!(sink = %name, "sink failed: {e:#}");
-                eprintln!("fluxpipe: sinks.{name}: {e:#}");
                 failed = true;
             }
         }
     };
-    if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    for (sink, n) in drops.nonzero() {
+        tracing::warn!(sink = %sink, dropped = n, "records dropped (buffer full or sink stopped)");
+    }
+    if drained.is_err() {
         anyhow::bail!(
             "records still in flight after {DRAIN_TIMEOUT:?}: a sink is not accepting them"
         );

@@ -10,6 +10,7 @@ pub mod stdout;
 use crate::output::OutputRecord;
 use crate::pipeline::config::{OutputStream, SinkConfig, WhenFull};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
 
 /// The receiving end of a sink's channel.
@@ -22,6 +23,22 @@ struct SinkPort {
     streams: u8,
     tx: mpsc::Sender<Arc<OutputRecord>>,
     when_full: WhenFull,
+    dropped: Arc<AtomicU64>,
+}
+
+/// Records a sink dropped (buffer full, or the sink gone), by sink name.
+#[derive(Debug, Clone, Default)]
+pub struct DropCounts(Vec<(Arc<str>, Arc<AtomicU64>)>);
+
+impl DropCounts {
+    /// (sink, dropped) for every sink that dropped something.
+    pub fn nonzero(&self) -> Vec<(String, u64)> {
+        self.0
+            .iter()
+            .map(|(n, c)| (n.to_string(), c.load(Ordering::Relaxed)))
+            .filter(|(_, c)| *c > 0)
+            .collect()
+    }
 }
 
 /// Sends each record to every sink subscribed to its stream. Bounded: a
@@ -49,6 +66,7 @@ impl Outputs {
                 streams: common.stream_bits(),
                 tx,
                 when_full: common.when_full,
+                dropped: Arc::default(),
             });
             rxs.push(rx);
         }
@@ -59,6 +77,16 @@ impl Outputs {
                 streams,
             },
             rxs,
+        )
+    }
+
+    /// Counters of dropped records, which outlive the fan-out table.
+    pub fn drop_counts(&self) -> DropCounts {
+        DropCounts(
+            self.ports
+                .iter()
+                .map(|p| (p.name.clone(), p.dropped.clone()))
+                .collect(),
         )
     }
 
@@ -79,11 +107,13 @@ impl Outputs {
                 WhenFull::Block => {
                     // A sink that has exited (after an error) drops records.
                     if port.tx.send(record.clone()).await.is_err() {
+                        port.dropped.fetch_add(1, Ordering::Relaxed);
                         metrics::counter!("fluxpipe_records_dropped_total", "sink" => port.name.to_string(), "reason" => "closed").increment(1);
                     }
                 }
                 WhenFull::DropNewest => {
                     if port.tx.try_send(record.clone()).is_err() {
+                        port.dropped.fetch_add(1, Ordering::Relaxed);
                         metrics::counter!("fluxpipe_records_dropped_total", "sink" => port.name.to_string(), "reason" => "full").increment(1);
                     }
                 }

@@ -1,0 +1,328 @@
+//! `fluxpipe run` as a process: real stdin, stdout, files and signals.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus")
+}
+
+fn fluxpipe() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect()
+}
+
+fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("pipeline.toml");
+    std::fs::write(&p, text).expect("write config");
+    p
+}
+
+/// The job summaries `fluxpipe replay` gives for the same input.
+fn replay_jobs(paths: &[&Path]) -> BTreeMap<u64, Value> {
+    let out = fluxpipe()
+        .args(["replay", "--format", "json"])
+        .args(paths)
+        .output()
+        .expect("replay");
+    json_lines(&String::from_utf8(out.stdout).expect("utf-8"))
+        .into_iter()
+        .filter(|o| o["kind"] == "job")
+        .map(|o| (o["id"].as_u64().expect("id"), o))
+        .collect()
+}
+
+fn journals() -> Vec<PathBuf> {
+    let b = corpus().join("instances/B/journals");
+    vec![
+        b.join("incarnation1.job-manager.events-journal.jsonl"),
+        b.join("incarnation2.job-manager.events-journal.jsonl"),
+    ]
+}
+
+#[test]
+fn stdin_journals_give_the_same_summaries_as_replay_and_garbage_goes_to_dead_letter() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"B\"\n\
+             [sinks.out]\ntype = \"stdout\"\ninputs = [\"jobs\", \"dead_letter\", \"anomalies\"]\n",
+            dir.path().join("state")
+        ),
+    );
+    let mut input = Vec::new();
+    for (i, p) in journals().iter().enumerate() {
+        for line in std::fs::read_to_string(p).expect("journal").lines() {
+            input.extend_from_slice(line.as_bytes());
+            input.push(b'\n');
+            if i == 0 && line.len() % 7 == 0 {
+                input.extend_from_slice(b"{\"garbage\": tru\n\xff\xfe not utf-8\n");
+            }
+        }
+    }
+    let mut child = fluxpipe()
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().expect("wait");
+    writer.join().expect("writer").expect("write stdin");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records = json_lines(&String::from_utf8(out.stdout).expect("utf-8"));
+
+    let js = journals();
+    let paths: Vec<&Path> = js.iter().map(|p| p.as_path()).collect();
+    let want = replay_jobs(&paths);
+    let got: BTreeMap<u64, &Value> = records
+        .iter()
+        .filter(|r| r["kind"] == "job")
+        .map(|r| (r["id"].as_u64().expect("id"), r))
+        .collect();
+    let inactive: Vec<_> = want
+        .iter()
+        .filter(|(_, j)| j["state"] == "INACTIVE")
+        .collect();
+    assert!(inactive.len() > 10);
+    for (id, job) in inactive {
+        let g = got
+            .get(id)
+            .unwrap_or_else(|| panic!("no summary for job {id}"));
+        for (k, v) in job.as_object().expect("object") {
+            if k == "cluster" {
+                continue;
+            }
+            assert_eq!(&g[k], v, "job {id} field {k}");
+        }
+        assert_eq!(g["cluster"], "B");
+    }
+    let dead: Vec<_> = records
+        .iter()
+        .filter(|r| r["kind"] == "dead_letter")
+        .collect();
+    assert!(!dead.is_empty());
+    assert_eq!(dead.len() % 2, 0, "two garbage lines each time");
+    assert!(
+        dead.iter()
+            .all(|d| d["location"].as_str().unwrap_or("").starts_with("stdin:"))
+    );
+    assert!(
+        records.iter().all(|r| r["kind"] != "anomaly"),
+        "real journals break no rule"
+    );
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Many complete jobs as journal lines (ids from `base`).
+fn job_lines(base: u64, n: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let id = base + i;
+        let t = 1_000_000.0 + i as f64;
+        for (k, (name, ctx)) in [
+            (
+                "submit",
+                r#"{"userid":1,"urgency":16,"flags":0,"version":1}"#,
+            ),
+            ("validate", "{}"),
+            ("depend", "{}"),
+            ("priority", r#"{"priority":16}"#),
+            ("alloc", "{}"),
+            ("start", "{}"),
+            ("finish", r#"{"status":0}"#),
+            ("release", r#"{"ranks":"all","final":true}"#),
+            ("free", "{}"),
+            ("clean", "{}"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let ts = t + k as f64 * 0.01;
+            out.extend_from_slice(
+                format!(
+                    "{{\"id\":{id},\"events\":[{{\"timestamp\":{ts},\"name\":\"{name}\",\"context\":{ctx}}}]}}\n"
+                )
+                .as_bytes(),
+            );
+        }
+    }
+    out
+}
+
+fn spawn_run(config: &Path) -> Child {
+    fluxpipe()
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+#[test]
+fn a_sink_that_stops_reading_slows_the_source_and_memory_stays_flat() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "data_dir = {:?}\nworkers = 2\n[sources.in]\ntype = \"stdin\"\n\
+             [sinks.out]\ntype = \"stdout\"\ninputs = [\"transitions\"]\nbuffer = 64\n",
+            dir.path().join("state")
+        ),
+    );
+    let mut child = spawn_run(&config);
+    let pid = child.id();
+    let mut stdin = child.stdin.take().expect("stdin");
+    let input = job_lines(1, 20_000); // ~200k lines, ~20 MB
+    let total = input.len();
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let w = written.clone();
+    let writer = std::thread::spawn(move || {
+        for chunk in input.chunks(4096) {
+            if stdin.write_all(chunk).is_err() {
+                return;
+            }
+            w.fetch_add(chunk.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    // Nobody reads stdout: after the pipe and the bounded queues fill, the
+    // pipeline stops reading stdin and the writer blocks.
+    std::thread::sleep(Duration::from_secs(2));
+    let stalled_at = written.load(std::sync::atomic::Ordering::Relaxed);
+    let rss1 = rss_kib(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let still = written.load(std::sync::atomic::Ordering::Relaxed);
+    let rss2 = rss_kib(pid);
+    assert!(stalled_at < total, "the writer was never held back");
+    assert_eq!(
+        stalled_at, still,
+        "stdin kept being read while stdout was full"
+    );
+    assert!(rss2 < 100 * 1024, "resident memory {rss2} KiB");
+    assert!(
+        rss2 <= rss1 + 4096,
+        "memory grew while stalled: {rss1} → {rss2} KiB"
+    );
+    // Reading stdout releases the pipeline; everything arrives.
+    let mut stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        stdout.read_to_string(&mut s).map(|_| s)
+    });
+    writer.join().expect("writer");
+    let status = child.wait().expect("wait");
+    let text = reader.join().expect("reader").expect("read");
+    assert!(status.success());
+    assert_eq!(text.lines().count(), 20_000 * 6, "6 transitions per job");
+}
+
+#[test]
+fn drop_newest_counts_what_it_drops_instead_of_blocking() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\n\
+             [sinks.out]\ntype = \"stdout\"\ninputs = [\"transitions\"]\nbuffer = 16\nwhen_full = \"drop_newest\"\n",
+            dir.path().join("state")
+        ),
+    );
+    let mut child = spawn_run(&config);
+    let mut stdin = child.stdin.take().expect("stdin");
+    let input = job_lines(1, 5_000);
+    let start = Instant::now();
+    // Nobody reads stdout, yet all input is taken: the sink drops instead.
+    stdin.write_all(&input).expect("write");
+    drop(stdin);
+    let took = start.elapsed();
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut text = String::new();
+    stdout.read_to_string(&mut text).expect("read");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let delivered = text.lines().count() as u64;
+    let dropped: u64 = stderr
+        .split("dropped=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no drop count in: {stderr}"));
+    assert_eq!(delivered + dropped, 5_000 * 6, "{stderr}");
+    assert!(dropped > 0);
+    assert!(took < Duration::from_secs(30));
+}
+
+#[test]
+fn sigterm_mid_stream_flushes_and_exits_zero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_path = dir.path().join("out/records.jsonl");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\n\
+             [sinks.out]\ntype = \"file\"\npath = {:?}\ninputs = [\"jobs\"]\n",
+            dir.path().join("state"),
+            out_path
+        ),
+    );
+    let mut child = spawn_run(&config);
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&job_lines(1, 300)).expect("write");
+    stdin.flush().expect("flush");
+    // Wait until the pipeline has taken it all in, stdin still open.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&out_path).map_or(0, |s| s.lines().count()) < 300
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("wait");
+    drop(stdin);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = std::fs::read_to_string(&out_path).expect("sink file");
+    assert_eq!(lines.lines().count(), 300);
+    assert!(
+        json_lines(&lines)
+            .iter()
+            .all(|r| r["kind"] == "job" && r["result"] == "COMPLETED")
+    );
+}
