@@ -219,3 +219,110 @@ impl Shard {
         self.state.jobs.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::{EventStream, Record};
+    use crate::flux::Event;
+    use crate::flux::jobid::JobId;
+    use crate::pipeline::config;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn routed(id: u64, stream: EventStream, ev: Event) -> Routed {
+        Routed {
+            cluster: Arc::from("c"),
+            source: Arc::from("test"),
+            record: Record {
+                cluster: None,
+                stream,
+                id: Some(JobId(id)),
+                body: Body::Event(ev),
+            },
+        }
+    }
+
+    fn job_events() -> Vec<Event> {
+        let mut evs = vec![
+            Event::new(1.0, "submit")
+                .with_context(json!({"userid": 1, "urgency": 16, "flags": 0, "version": 1})),
+        ];
+        for (i, name) in ["validate", "depend"].iter().enumerate() {
+            evs.push(Event::new(2.0 + i as f64, *name));
+        }
+        evs.push(Event::new(4.0, "priority").with_context(json!({"priority": 1})));
+        evs.push(Event::new(5.0, "alloc"));
+        evs.push(Event::new(6.0, "finish").with_context(json!({"status": 0})));
+        evs.push(Event::new(7.0, "clean"));
+        evs
+    }
+
+    fn sink(inputs: &str) -> (Outputs, crate::sinks::SinkRx) {
+        let cfg = config::parse(&format!(
+            "[sources.s]\ntype = \"stdin\"\n[sinks.k]\ntype = \"stdout\"\ninputs = {inputs}\nbuffer = 1000\n"
+        ))
+        .unwrap();
+        let (outputs, mut rxs) = Outputs::new(cfg.sinks.iter().map(|(n, c)| (n.as_str(), c)));
+        (outputs, rxs.remove(0))
+    }
+
+    const RETAIN: Retention = Retention {
+        inactive_grace: Duration::from_secs(60),
+        orphan_ttl: Duration::from_secs(600),
+    };
+
+    #[tokio::test]
+    async fn inactive_jobs_are_summarized_then_dropped_after_the_grace() {
+        let (outputs, mut rx) = sink(r#"["jobs", "transitions", "events"]"#);
+        let mut shard = Shard::new(outputs, RETAIN);
+        for ev in job_events() {
+            shard.apply(routed(7, EventStream::Job, ev)).await;
+        }
+        // a late repeat within the grace is recognized: no new job, no output
+        shard
+            .apply(routed(7, EventStream::Job, Event::new(7.0, "clean")))
+            .await;
+        let mut kinds = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            kinds.push(serde_json::from_str::<serde_json::Value>(&r.line).unwrap()["kind"].clone());
+        }
+        assert_eq!(kinds.iter().filter(|k| *k == "job").count(), 1);
+        assert_eq!(kinds.iter().filter(|k| *k == "event").count(), 7);
+        assert_eq!(kinds.iter().filter(|k| *k == "transition").count(), 6);
+        assert_eq!(shard.jobs_tracked(), 1);
+        shard.expire(Instant::now() + Duration::from_secs(30)).await;
+        assert_eq!(shard.jobs_tracked(), 1);
+        shard.expire(Instant::now() + Duration::from_secs(61)).await;
+        assert_eq!(shard.jobs_tracked(), 0);
+    }
+
+    #[tokio::test]
+    async fn exec_events_before_submit_are_held_and_orphans_expire() {
+        let (outputs, mut rx) = sink(r#"["anomalies"]"#);
+        let mut shard = Shard::new(outputs, RETAIN);
+        // exec eventlog first, then the job's own eventlog: no anomaly
+        shard
+            .apply(routed(8, EventStream::Exec, Event::new(5.5, "init")))
+            .await;
+        for ev in job_events() {
+            shard.apply(routed(8, EventStream::Job, ev)).await;
+        }
+        // an exec log whose job never shows up
+        shard
+            .apply(routed(9, EventStream::Exec, Event::new(5.5, "init")))
+            .await;
+        assert!(rx.try_recv().is_err(), "no anomaly yet");
+        shard
+            .expire(Instant::now() + Duration::from_secs(601))
+            .await;
+        let a: serde_json::Value = serde_json::from_str(&rx.try_recv().unwrap().line).unwrap();
+        assert_eq!(
+            (a["kind"].as_str(), a["id"].as_u64()),
+            (Some("anomaly"), Some(9))
+        );
+        assert!(rx.try_recv().is_err());
+        // job 8 was submitted: not an orphan (it goes when its grace ends)
+        assert_eq!(shard.jobs_tracked(), 0);
+    }
+}
