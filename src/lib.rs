@@ -16,3 +16,4 @@ pub mod pipeline;
 pub mod sinks;
 pub mod sources;
 pub mod state;
+pub mod telemetry;

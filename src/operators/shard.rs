@@ -14,6 +14,8 @@ use crate::output::{self, OutputRecord};
 use crate::pipeline::config::OutputStream;
 use crate::sinks::Outputs;
 use crate::state::{JobKey, KeyedAnomaly, State};
+use crate::telemetry::NodeBoard;
+use std::collections::HashSet;
 use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -36,10 +38,14 @@ pub struct Shard {
     unsubmitted: VecDeque<(Instant, JobKey)>,
     /// This shard's share of the `fluxpipe_jobs_tracked` gauge.
     reported: usize,
+    /// Per-node state for the metrics endpoint.
+    nodes: NodeBoard,
+    /// Clusters whose job series have been set to 0 for every label value.
+    clusters_seen: HashSet<String>,
 }
 
 impl Shard {
-    pub fn new(outputs: Outputs, retention: Retention) -> Self {
+    pub fn new(outputs: Outputs, retention: Retention, nodes: NodeBoard) -> Self {
         Shard {
             state: State::new(),
             outputs,
@@ -47,6 +53,25 @@ impl Shard {
             inactive: VecDeque::new(),
             unsubmitted: VecDeque::new(),
             reported: 0,
+            nodes,
+            clusters_seen: HashSet::new(),
+        }
+    }
+
+    /// Every known label value of the job series is exported, with 0 until
+    /// it happens.
+    fn first_sight(&mut self, cluster: &str) {
+        if self.clusters_seen.contains(cluster) {
+            return;
+        }
+        self.clusters_seen.insert(cluster.to_string());
+        let c = cluster.to_string();
+        for state in JobState::ALL.iter().filter(|s| **s != JobState::Inactive) {
+            metrics::gauge!("flux_jobs", "flux_cluster" => c.clone(), "state" => state.as_str())
+                .increment(0.0);
+        }
+        for result in ["COMPLETED", "FAILED", "CANCELED", "TIMEOUT"] {
+            metrics::counter!("flux_jobs_inactive_total", "flux_cluster" => c.clone(), "result" => result).increment(0);
         }
     }
 
@@ -97,13 +122,45 @@ impl Shard {
             Body::Event(ev) => Some((ev.name.clone(), ev.timestamp)),
             _ => None,
         };
-        let new_key = id
-            .map(|id| JobKey {
-                cluster: cluster.to_string(),
-                id,
-            })
-            .filter(|k| !self.state.jobs.contains_key(k));
+        let key = id.map(|id| JobKey {
+            cluster: cluster.to_string(),
+            id,
+        });
+        let new_key = key.clone().filter(|k| !self.state.jobs.contains_key(k));
+        // The job as it was, for the metrics of what this record changes.
+        let before = key
+            .as_ref()
+            .and_then(|k| self.state.jobs.get(k))
+            .filter(|e| e.job.submitted && !e.job.invalidated)
+            .map(|e| (e.job.state, e.job.t_state()));
+        let exception = match &record.body {
+            Body::Event(ev)
+                if stream == crate::decode::EventStream::Job && ev.name == "exception" =>
+            {
+                match (ev.str("type"), ev.int("severity")) {
+                    (Ok(t), Ok(sev)) => Some((t.to_string(), sev)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let resource_event = match &record.body {
+            Body::Event(ev) if stream == crate::decode::EventStream::Resource => {
+                Some(ev.name.clone())
+            }
+            _ => None,
+        };
+        self.first_sight(&cluster);
         let fx = self.state.apply(&cluster, record);
+        if !fx.duplicate {
+            self.job_metrics(&cluster, key.as_ref(), before, &fx);
+            if let Some((kind, severity)) = exception {
+                metrics::counter!("flux_job_exceptions_total", "flux_cluster" => cluster.to_string(), "type" => kind, "severity" => severity.to_string()).increment(1);
+            }
+            if let Some(name) = resource_event {
+                metrics::counter!("flux_resource_events_total", "flux_cluster" => cluster.to_string(), "event" => name).increment(1);
+            }
+        }
         if let Some(key) = new_key
             && self.state.jobs.get(&key).is_some_and(|e| !e.job.submitted)
         {
@@ -143,6 +200,8 @@ impl Shard {
             }
         }
         for (cluster, change) in &fx.rank_changes {
+            self.nodes
+                .update(cluster, change.rank, change.after.as_ref());
             let ev = event_name
                 .as_ref()
                 .map(|(n, ts)| crate::flux::Event::new(*ts, n.clone()));
@@ -154,6 +213,67 @@ impl Shard {
                 .await;
         }
         self.emit_anomalies(&fx.anomalies).await;
+    }
+
+    /// Job series: active jobs per state, transitions, results, exceptions
+    /// and the time spent in each state.
+    fn job_metrics(
+        &self,
+        cluster: &str,
+        key: Option<&JobKey>,
+        before: Option<(JobState, Option<f64>)>,
+        fx: &crate::state::Effects,
+    ) {
+        let Some(entry) = key.and_then(|k| self.state.jobs.get(k)) else {
+            return;
+        };
+        let job = &entry.job;
+        let c = cluster.to_string();
+        let counted = job.submitted && !job.invalidated;
+        let jobs = |state: JobState| metrics::gauge!("flux_jobs", "flux_cluster" => c.clone(), "state" => state.as_str());
+        match (before, counted) {
+            // A new job (or one whose submit came after other events).
+            (None, true) if job.state != JobState::Inactive => jobs(job.state).increment(1.0),
+            // Invalidated: flux-core removes it.
+            (Some((state, _)), false) if state != JobState::Inactive => jobs(state).decrement(1.0),
+            _ => {}
+        }
+        for t in &fx.transitions {
+            let (from, to) = (t.transition.from, t.transition.to);
+            if before.is_some() {
+                if from != JobState::Inactive {
+                    jobs(from).decrement(1.0);
+                }
+                if to != JobState::Inactive {
+                    jobs(to).increment(1.0);
+                }
+            }
+            metrics::counter!("flux_job_transitions_total", "flux_cluster" => c.clone(), "from" => from.as_str(), "to" => to.as_str()).increment(1);
+            if let Some((_, Some(entered))) = before {
+                metrics::histogram!("flux_job_state_seconds", "flux_cluster" => c.clone(), "state" => from.as_str())
+                    .record((t.transition.timestamp - entered).max(0.0));
+            }
+            match to {
+                JobState::Run => {
+                    if let Some(submit) = job.t_submit {
+                        metrics::histogram!("flux_job_queue_wait_seconds", "flux_cluster" => c.clone())
+                            .record((t.transition.timestamp - submit).max(0.0));
+                    }
+                }
+                JobState::Cleanup => {
+                    if let Some(run) = job.t_run {
+                        metrics::histogram!("flux_job_run_seconds", "flux_cluster" => c.clone())
+                            .record((t.transition.timestamp - run).max(0.0));
+                    }
+                }
+                JobState::Inactive => {
+                    if let Some(result) = job.result() {
+                        metrics::counter!("flux_jobs_inactive_total", "flux_cluster" => c.clone(), "result" => result.as_str()).increment(1);
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     async fn emit_anomalies(&self, anomalies: &[KeyedAnomaly]) {
@@ -275,7 +395,7 @@ mod tests {
     #[tokio::test]
     async fn inactive_jobs_are_summarized_then_dropped_after_the_grace() {
         let (outputs, mut rx) = sink(r#"["jobs", "transitions", "events"]"#);
-        let mut shard = Shard::new(outputs, RETAIN);
+        let mut shard = Shard::new(outputs, RETAIN, NodeBoard::default());
         for ev in job_events() {
             shard.apply(routed(7, EventStream::Job, ev)).await;
         }
@@ -300,7 +420,7 @@ mod tests {
     #[tokio::test]
     async fn exec_events_before_submit_are_held_and_orphans_expire() {
         let (outputs, mut rx) = sink(r#"["anomalies"]"#);
-        let mut shard = Shard::new(outputs, RETAIN);
+        let mut shard = Shard::new(outputs, RETAIN, NodeBoard::default());
         // exec eventlog first, then the job's own eventlog: no anomaly
         shard
             .apply(routed(8, EventStream::Exec, Event::new(5.5, "init")))

@@ -397,6 +397,7 @@ pub enum SinkConfig {
     File(FileSinkConfig),
     Socket(SocketSinkConfig),
     Http(HttpSinkConfig),
+    Prometheus(PrometheusSinkConfig),
 }
 
 impl SinkConfig {
@@ -406,6 +407,11 @@ impl SinkConfig {
             SinkConfig::File(c) => c.common(),
             SinkConfig::Socket(c) => c.common(),
             SinkConfig::Http(c) => c.common(),
+            SinkConfig::Prometheus(_) => SinkCommon {
+                inputs: &[],
+                when_full: WhenFull::DropNewest,
+                buffer: 1,
+            },
         }
     }
 }
@@ -448,6 +454,19 @@ sink_config! {
         #[serde(default = "default_retry_max")]
         retry_max_secs: f64,
     }
+}
+
+/// `type = "prometheus"`: `/metrics`, `/healthz` and `/readyz` over HTTP.
+/// It takes no `inputs`: it exports what the pipeline measures.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrometheusSinkConfig {
+    #[serde(default = "default_metrics_address")]
+    pub address: String,
+}
+
+fn default_metrics_address() -> String {
+    "127.0.0.1:9464".into()
 }
 
 fn default_batch_records() -> usize {
@@ -638,11 +657,11 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
                         format!("sources.{name}.max_connections: must be at least 1"),
                     ));
                 }
-                if let Some(other) = listeners.insert(listener, name.clone()) {
+                if let Some(other) = listeners.insert(listener, format!("sources.{name}")) {
                     errors.push(loc.error(
                         &key("address"),
                         None,
-                        format!("sources.{name}.address `{addr}`: already used by sources.{other}"),
+                        format!("sources.{name}.address `{addr}`: already used by {other}"),
                     ));
                 }
             }
@@ -662,6 +681,31 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
     for (name, sink) in &config.sinks {
         let key = |k: &'static str| ["sinks", name.as_str(), k];
         let common = sink.common();
+        if let SinkConfig::Prometheus(p) = sink {
+            if p.address.parse::<std::net::SocketAddr>().is_err() {
+                errors.push(loc.error(
+                    &key("address"),
+                    None,
+                    format!(
+                        "sinks.{name}.address `{}`: not an IP address and port",
+                        p.address
+                    ),
+                ));
+            }
+            if let Some(other) =
+                listeners.insert(format!("tcp:{}", p.address), format!("sinks.{name}"))
+            {
+                errors.push(loc.error(
+                    &key("address"),
+                    None,
+                    format!(
+                        "sinks.{name}.address `{}`: already used by {other}",
+                        p.address
+                    ),
+                ));
+            }
+            continue;
+        }
         if common.inputs.is_empty() {
             errors.push(loc.error(
                 &key("inputs"),
@@ -757,7 +801,7 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
                     ));
                 }
             }
-            SinkConfig::Stdout(_) => {}
+            SinkConfig::Stdout(_) | SinkConfig::Prometheus(_) => {}
         }
     }
     errors

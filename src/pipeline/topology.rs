@@ -6,11 +6,12 @@
 //! shards drain their queues and finish; when the last shard is gone the
 //! sinks deliver what they hold, flush, and finish.
 
-use super::config::{Config, OperatorConfig};
+use super::config::{Config, OperatorConfig, SinkConfig};
 use crate::operators::Router;
 use crate::operators::shard::{Retention, Shard};
-use crate::sinks::{self, Outputs};
+use crate::sinks::{self, Outputs, SinkContext};
 use crate::sources::{self, SourceContext};
+use crate::telemetry;
 use anyhow::{Context, Result};
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
@@ -36,12 +37,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
 
+    // Metrics are recorded only when something exports them.
+    if config
+        .sinks
+        .values()
+        .any(|s| matches!(s, SinkConfig::Prometheus(_)))
+    {
+        telemetry::prometheus();
+    }
+    let sink_ctx = SinkContext::default();
     let (outputs, sink_rxs) = Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c)));
     let mut sink_tasks = JoinSet::new();
     for ((name, sink), rx) in config.sinks.iter().zip(sink_rxs) {
-        let (name, sink) = (name.clone(), sink.clone());
+        let (name, sink, ctx) = (name.clone(), sink.clone(), sink_ctx.clone());
         sink_tasks.spawn(async move {
-            let result = sinks::run(name.clone(), sink, rx).await;
+            let result = sinks::run(name.clone(), sink, rx, ctx).await;
             (name, result)
         });
     }
@@ -55,7 +65,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     for _ in 0..workers {
         let (tx, rx) = mpsc::channel(SHARD_QUEUE);
         shard_txs.push(tx);
-        let shard = Shard::new(outputs.clone(), retention(&config.operators));
+        let shard = Shard::new(
+            outputs.clone(),
+            retention(&config.operators),
+            sink_ctx.nodes.clone(),
+        );
         shard_tasks.spawn(shard.run(rx));
     }
     let router = Router::new(shard_txs);
@@ -81,6 +95,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let drops = outputs.drop_counts();
     drop(router);
     drop(outputs);
+    sink_ctx.ready.set(true);
 
     let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
@@ -102,6 +117,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         }
     }
 
+    sink_ctx.ready.set(false);
     let drain = async {
         while shard_tasks.join_next().await.is_some() {}
         while let Some(done) = sink_tasks.join_next().await {

@@ -5,6 +5,7 @@
 //! A new sink is one new file here plus one line in [`run`].
 
 pub mod file;
+pub mod prometheus;
 pub mod stdout;
 
 use crate::output::OutputRecord;
@@ -122,11 +123,26 @@ impl Outputs {
     }
 }
 
+/// What sinks may need beyond their records.
+#[derive(Debug, Clone, Default)]
+pub struct SinkContext {
+    /// Per-node state for the metrics endpoint.
+    pub nodes: crate::telemetry::NodeBoard,
+    /// Whether the pipeline is running, for `/readyz`.
+    pub ready: crate::telemetry::Readiness,
+}
+
 /// Run one sink until every sender is gone and its buffer is delivered.
-pub async fn run(name: String, config: SinkConfig, rx: SinkRx) -> anyhow::Result<()> {
+pub async fn run(
+    name: String,
+    config: SinkConfig,
+    rx: SinkRx,
+    ctx: SinkContext,
+) -> anyhow::Result<()> {
     match config {
         SinkConfig::Stdout(_) => stdout::run(&name, rx).await,
         SinkConfig::File(c) => file::run(&name, c, rx).await,
+        SinkConfig::Prometheus(c) => prometheus::run(&name, c, rx, ctx).await,
         SinkConfig::Socket(_) | SinkConfig::Http(_) => {
             anyhow::bail!("sinks.{name}: this sink type is not built into this version")
         }

@@ -1,0 +1,264 @@
+//! The pipeline's metrics: the Prometheus recorder behind the `metrics`
+//! macros, the per-node (RAS) view rendered at scrape time, and readiness.
+//!
+//! Counters, gauges and histograms that only grow or move go through the
+//! `metrics` crate. Per-node series are rendered from the current rank
+//! state at each scrape instead, so a series that stops being true (a node
+//! undrained, a drain reason replaced) disappears rather than sticking at 0.
+
+use crate::flux::resource::RankState;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// Histogram buckets for durations in seconds: 1 s to a week.
+const SECONDS_BUCKETS: &[f64] = &[
+    1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0,
+    259200.0, 604800.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Install the Prometheus recorder (once per process) and return its handle.
+/// `None` if another recorder was installed first.
+pub fn prometheus() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .ok()?;
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).ok()?;
+            describe();
+            Some(handle)
+        })
+        .as_ref()
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!("flux_jobs", "Active jobs per RFC 21 state.");
+    describe_counter!("flux_job_transitions_total", "Job state transitions.");
+    describe_counter!(
+        "flux_jobs_inactive_total",
+        "Jobs that became INACTIVE, by result."
+    );
+    describe_counter!(
+        "flux_job_exceptions_total",
+        "Job exceptions, by type and severity."
+    );
+    describe_histogram!(
+        "flux_job_queue_wait_seconds",
+        Unit::Seconds,
+        "Time from submit to RUN."
+    );
+    describe_histogram!(
+        "flux_job_run_seconds",
+        Unit::Seconds,
+        "Time from RUN to CLEANUP."
+    );
+    describe_histogram!(
+        "flux_job_state_seconds",
+        Unit::Seconds,
+        "Time spent in each state."
+    );
+    describe_counter!(
+        "flux_resource_events_total",
+        "Resource events applied, by name."
+    );
+    describe_counter!(
+        "fluxpipe_events_received_total",
+        "Lines received, per source."
+    );
+    describe_counter!(
+        "fluxpipe_events_invalid_total",
+        "Lines that could not be decoded, per source."
+    );
+    describe_counter!(
+        "fluxpipe_events_duplicate_total",
+        "Events skipped as repeats."
+    );
+    describe_counter!(
+        "fluxpipe_records_sent_total",
+        "Records delivered, per sink."
+    );
+    describe_counter!(
+        "fluxpipe_records_dropped_total",
+        "Records dropped, per sink and reason."
+    );
+    describe_counter!("fluxpipe_sink_errors_total", "Delivery errors, per sink.");
+    describe_gauge!(
+        "fluxpipe_jobs_tracked",
+        "Jobs whose state is held in memory."
+    );
+    describe_counter!(
+        "fluxpipe_jobs_evicted_total",
+        "Jobs whose state was dropped, by reason."
+    );
+    describe_counter!(
+        "fluxpipe_anomalies_total",
+        "Rule violations found, by stream and kind."
+    );
+}
+
+/// Rank state per cluster, as the operator shards last saw it, for the
+/// per-node series. Written by the shard that owns the cluster's resource
+/// log; read at scrape.
+#[derive(Debug, Default, Clone)]
+pub struct NodeBoard(Arc<RwLock<BTreeMap<String, BTreeMap<u32, RankState>>>>);
+
+impl NodeBoard {
+    /// Record a rank's new state (`None`: the rank left the instance).
+    pub fn update(&self, cluster: &str, rank: u32, state: Option<&RankState>) {
+        let Ok(mut board) = self.0.write() else {
+            return;
+        };
+        let ranks = board.entry(cluster.to_string()).or_default();
+        match state {
+            Some(s) => {
+                ranks.insert(rank, s.clone());
+            }
+            None => {
+                ranks.remove(&rank);
+            }
+        }
+    }
+
+    /// The node series in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let Ok(board) = self.0.read() else {
+            return String::new();
+        };
+        let mut out = String::new();
+        let header = |out: &mut String, name: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} gauge");
+        };
+        let totals: [(&str, &str, fn(&RankState) -> bool); 5] = [
+            ("flux_nodes", "Nodes (broker ranks) known.", |_| true),
+            ("flux_nodes_online", "Nodes online.", |r| r.online),
+            ("flux_nodes_offline", "Nodes offline.", |r| !r.online),
+            ("flux_nodes_drained", "Nodes drained.", |r| r.drained),
+            ("flux_nodes_torpid", "Nodes torpid.", |r| r.torpid),
+        ];
+        for (name, help, pred) in totals {
+            header(&mut out, name, help);
+            for (cluster, ranks) in board.iter() {
+                let n = ranks.values().filter(|r| pred(r)).count();
+                let _ = writeln!(out, "{name}{{flux_cluster=\"{}\"}} {n}", escape(cluster));
+            }
+        }
+        let per_node: [(&str, &str); 2] = [
+            ("flux_node_online", "1 if the node is online."),
+            ("flux_node_torpid", "1 if the node is torpid."),
+        ];
+        for (i, (name, help)) in per_node.iter().enumerate() {
+            header(&mut out, name, help);
+            for (cluster, ranks) in board.iter() {
+                for r in ranks.values() {
+                    let v = if i == 0 { r.online } else { r.torpid };
+                    let _ = writeln!(out, "{name}{{{}}} {}", node_labels(cluster, r), u8::from(v));
+                }
+            }
+        }
+        header(
+            &mut out,
+            "flux_node_drain_info",
+            "1 while the node is drained, with the reason.",
+        );
+        for (cluster, ranks) in board.iter() {
+            for r in ranks.values().filter(|r| r.drained) {
+                let _ = writeln!(
+                    out,
+                    "flux_node_drain_info{{{},reason=\"{}\"}} 1",
+                    node_labels(cluster, r),
+                    escape(r.drain_reason.as_deref().unwrap_or(""))
+                );
+            }
+        }
+        header(
+            &mut out,
+            "flux_node_drain_timestamp_seconds",
+            "When the node was drained (Unix time), while it is drained.",
+        );
+        for (cluster, ranks) in board.iter() {
+            for r in ranks.values().filter(|r| r.drained) {
+                if let Some(ts) = r.drain_timestamp {
+                    let _ = writeln!(
+                        out,
+                        "flux_node_drain_timestamp_seconds{{{}}} {ts}",
+                        node_labels(cluster, r)
+                    );
+                }
+            }
+        }
+        out
+    }
+}
+
+fn node_labels(cluster: &str, r: &RankState) -> String {
+    format!(
+        "flux_cluster=\"{}\",node=\"{}\",rank=\"{}\"",
+        escape(cluster),
+        escape(r.hostname.as_deref().unwrap_or("")),
+        r.rank
+    )
+}
+
+/// Escape a label value (backslash, quote, newline), as the text format says.
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Readiness for `/readyz`: the pipeline is running and not shutting down.
+#[derive(Debug, Default, Clone)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_series_follow_the_current_state() {
+        let board = NodeBoard::default();
+        let mut r = RankState::new(3);
+        r.hostname = Some("node3".into());
+        r.online = true;
+        r.drained = true;
+        r.drain_reason = Some("bad \"DIMM\"".into());
+        r.drain_timestamp = Some(1700000000.5);
+        board.update("picl", 3, Some(&r));
+        let text = board.render();
+        assert!(text.contains(
+            "flux_node_drain_info{flux_cluster=\"picl\",node=\"node3\",rank=\"3\",reason=\"bad \\\"DIMM\\\"\"} 1"
+        ), "{text}");
+        assert!(text.contains("flux_nodes_drained{flux_cluster=\"picl\"} 1"));
+        assert!(text.contains("flux_node_drain_timestamp_seconds{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 1700000000.5"));
+        // undrained: the drain series disappear, the count goes to 0
+        r.drained = false;
+        r.drain_reason = None;
+        r.drain_timestamp = None;
+        board.update("picl", 3, Some(&r));
+        let text = board.render();
+        assert!(!text.contains("flux_node_drain_info{"));
+        assert!(text.contains("flux_nodes_drained{flux_cluster=\"picl\"} 0"));
+        assert!(
+            text.contains("flux_node_online{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 1")
+        );
+    }
+}

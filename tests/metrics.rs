@@ -1,0 +1,229 @@
+//! The `prometheus` sink: scrape `/metrics` of a real `fluxpipe run` fed
+//! with the corpus and check exact values; `promtool check metrics` (from
+//! the Debian package `prometheus`, installed by `.ci/run`) accepts it.
+
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// Sample values by series (name plus labels, as printed).
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Lines for stdin: instance B's journals (cluster B, from the source's
+/// default) and instance A's resource journal up to a point where rank 1 is
+/// drained, as envelopes naming cluster A.
+fn input() -> Vec<u8> {
+    let mut out = Vec::new();
+    let b = corpus().join("instances/B/journals");
+    for f in [
+        "incarnation1.job-manager.events-journal.jsonl",
+        "incarnation1.resource.journal.jsonl",
+        "incarnation2.job-manager.events-journal.jsonl",
+        "incarnation2.resource.journal.jsonl",
+    ] {
+        out.extend(std::fs::read(b.join(f)).expect("journal"));
+    }
+    let a =
+        std::fs::read_to_string(corpus().join("instances/A-incarnation1/resource.journal.jsonl"))
+            .expect("A journal");
+    for line in a.lines() {
+        let msg: Value = serde_json::from_str(line).expect("json");
+        for ev in msg["events"].as_array().expect("events") {
+            let env = json!({"cluster": "A", "stream": "resource", "event": ev});
+            out.extend(format!("{env}\n").as_bytes());
+        }
+        if line.contains("forced reason and timestamp") {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn scrape_after_the_corpus_gives_exact_values() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"B\"\n\
+             [sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{port}\"\n",
+            dir.path().join("state")
+        ),
+    )
+    .expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&input()).expect("write");
+    stdin.flush().expect("flush");
+
+    // Poll until every B job is counted.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (text, values) = loop {
+        if let Some((200, body)) = http_get(port, "/metrics") {
+            let v = samples(&body);
+            let done: f64 = v
+                .iter()
+                .filter(|(k, _)| k.starts_with("flux_jobs_inactive_total{flux_cluster=\"B\""))
+                .map(|(_, n)| n)
+                .sum();
+            if done >= 16.0 {
+                break (body, v);
+            }
+        }
+        assert!(Instant::now() < deadline, "metrics never showed the corpus");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    let get = |s: &str| {
+        *values
+            .get(s)
+            .unwrap_or_else(|| panic!("no series {s} in\n{text}"))
+    };
+    // flux-core's own answers for instance B: 18 jobs, 16 inactive.
+    let fj: Value = serde_json::from_str(
+        &std::fs::read_to_string(corpus().join("instances/B/flux-jobs-a.json")).expect("answers"),
+    )
+    .expect("json");
+    let mut by_result: BTreeMap<String, f64> = BTreeMap::new();
+    let mut active: BTreeMap<String, f64> = BTreeMap::new();
+    for j in fj["jobs"].as_array().expect("jobs") {
+        let state = j["state"].as_str().expect("state");
+        if state == "INACTIVE" {
+            *by_result
+                .entry(j["result"].as_str().expect("result").into())
+                .or_default() += 1.0;
+        } else {
+            *active.entry(state.into()).or_default() += 1.0;
+        }
+    }
+    for result in ["COMPLETED", "FAILED", "CANCELED", "TIMEOUT"] {
+        let want = by_result.get(result).copied().unwrap_or(0.0);
+        assert_eq!(
+            get(&format!(
+                "flux_jobs_inactive_total{{flux_cluster=\"B\",result=\"{result}\"}}"
+            )),
+            want,
+            "{result}"
+        );
+    }
+    for state in ["NEW", "DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP"] {
+        let want = active.get(state).copied().unwrap_or(0.0);
+        assert_eq!(
+            get(&format!(
+                "flux_jobs{{flux_cluster=\"B\",state=\"{state}\"}}"
+            )),
+            want,
+            "{state}"
+        );
+    }
+    // Nodes: B has 4 online ranks, none drained; A has rank 1 drained.
+    assert_eq!(get("flux_nodes{flux_cluster=\"B\"}"), 4.0);
+    assert_eq!(get("flux_nodes_online{flux_cluster=\"B\"}"), 4.0);
+    assert_eq!(get("flux_nodes_drained{flux_cluster=\"B\"}"), 0.0);
+    assert_eq!(get("flux_nodes_drained{flux_cluster=\"A\"}"), 1.0);
+    assert_eq!(
+        get(
+            "flux_node_drain_info{flux_cluster=\"A\",node=\"node1\",rank=\"1\",reason=\"forced reason and timestamp\"}"
+        ),
+        1.0
+    );
+    assert!(
+        values
+            .keys()
+            .filter(|k| k.starts_with("flux_node_drain_info{"))
+            .count()
+            == 1,
+        "only rank 1 of A is drained"
+    );
+    assert_eq!(
+        get("flux_node_online{flux_cluster=\"A\",node=\"node2\",rank=\"2\"}"),
+        1.0
+    );
+    assert!(
+        get("flux_job_transitions_total{flux_cluster=\"B\",from=\"RUN\",to=\"CLEANUP\"}") >= 1.0
+    );
+    assert!(
+        values
+            .keys()
+            .any(|k| k.starts_with("flux_job_queue_wait_seconds_bucket"))
+    );
+
+    assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(200));
+
+    // promtool checks the exposition format and the naming conventions.
+    if let Ok(mut promtool) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        promtool
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write");
+        let out = promtool.wait_with_output().expect("promtool");
+        assert!(
+            out.status.success(),
+            "promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "promtool must be installed in CI"
+        );
+    }
+
+    drop(stdin);
+    let status = child.wait().expect("wait");
+    assert!(status.success());
+}
