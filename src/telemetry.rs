@@ -137,7 +137,8 @@ impl NodeBoard {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} gauge");
         };
-        let totals: [(&str, &str, fn(&RankState) -> bool); 5] = [
+        type Count = (&'static str, &'static str, fn(&RankState) -> bool);
+        let totals: [Count; 5] = [
             ("flux_nodes", "Nodes (broker ranks) known.", |_| true),
             ("flux_nodes_online", "Nodes online.", |r| r.online),
             ("flux_nodes_offline", "Nodes offline.", |r| !r.online),
