@@ -5,7 +5,9 @@
 //! A new sink is one new file here plus one line in [`run`].
 
 pub mod file;
+pub mod http;
 pub mod prometheus;
+pub mod socket;
 pub mod stdout;
 
 use crate::output::OutputRecord;
@@ -143,9 +145,8 @@ pub async fn run(
         SinkConfig::Stdout(_) => stdout::run(&name, rx).await,
         SinkConfig::File(c) => file::run(&name, c, rx).await,
         SinkConfig::Prometheus(c) => prometheus::run(&name, c, rx, ctx).await,
-        SinkConfig::Socket(_) | SinkConfig::Http(_) => {
-            anyhow::bail!("sinks.{name}: this sink type is not built into this version")
-        }
+        SinkConfig::Socket(c) => socket::run(&name, c, rx).await,
+        SinkConfig::Http(c) => http::run(&name, c, rx).await,
     }
 }
 

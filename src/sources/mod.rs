@@ -6,6 +6,7 @@
 //! A new source is one new file here plus one line in [`run`].
 
 pub mod lines;
+pub mod socket;
 pub mod stdin;
 
 use crate::decode::{self, Origin};
@@ -142,7 +143,8 @@ impl SourceContext {
 pub async fn run(config: SourceConfig, ctx: SourceContext) -> anyhow::Result<()> {
     match config {
         SourceConfig::Stdin(_) => stdin::run(ctx).await,
-        SourceConfig::File(_) | SourceConfig::Socket(_) => {
+        SourceConfig::Socket(c) => socket::run(c, ctx).await,
+        SourceConfig::File(_) => {
             anyhow::bail!(
                 "sources.{}: this source type is not built into this version",
                 ctx.name

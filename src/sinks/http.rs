@@ -1,0 +1,211 @@
+//! `type = "http"`: records POSTed as JSON arrays to a webhook.
+//!
+//! A batch is sent when it holds `batch_max_records` records, or
+//! `batch_timeout_ms` after its first record arrived, whichever comes
+//! first. One batch is in flight at a time, so while the endpoint is slow
+//! or down the sink's buffer fills and `when_full` applies.
+//!
+//! A 2xx answer delivers the batch. A 5xx or 429 answer, or no answer at
+//! all (connection refused, reset, timeout), is retried with exponential
+//! backoff (100 ms doubling to 10 s, or the server's `Retry-After` when it
+//! asks for longer) for up to `retry_max_secs`; then the batch is dropped,
+//! logged and counted in `fluxpipe_sink_errors_total` and
+//! `fluxpipe_records_dropped_total`. Any other answer (a 4xx: the request
+//! itself is wrong) drops the batch at once, counted the same way.
+//!
+//! TLS is rustls with the `ring` provider and the platform's trust store;
+//! no OpenSSL.
+//!
+//! At shutdown the batch being built is sent at once; retries of a batch
+//! in hand are cut to [`SHUTDOWN_GRACE`] after the channel closed.
+
+use super::{SinkRx, count_sent};
+use crate::pipeline::config::HttpSinkConfig;
+use anyhow::Context;
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use std::time::Duration;
+use tokio::time::Instant;
+
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// Longest one request may take, answer included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a batch still failing at shutdown keeps being retried.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// What became of one attempt.
+enum Attempt {
+    Delivered,
+    /// Worth trying again; with the delay the server asked for, if any.
+    Retry(String, Option<Duration>),
+    /// Not worth trying again.
+    Rejected(String),
+}
+
+struct Sender {
+    name: String,
+    client: reqwest::Client,
+    url: reqwest::Url,
+    headers: HeaderMap,
+    retry_max: Duration,
+}
+
+impl Sender {
+    fn new(name: &str, config: &HttpSinkConfig) -> anyhow::Result<Self> {
+        let url = reqwest::Url::parse(&config.uri)
+            .with_context(|| format!("uri `{}` is not a valid URL", config.uri))?;
+        // The client wants a TLS provider even for http:// URLs: ring, not
+        // the default aws-lc (whose build needs cmake). Installing fails
+        // only when a provider is already installed, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        for (k, v) in &config.headers {
+            let key = HeaderName::from_bytes(k.as_bytes())
+                .with_context(|| format!("headers: `{k}` is not a valid header name"))?;
+            let value = HeaderValue::from_str(v)
+                .with_context(|| format!("headers.{k}: not a valid header value"))?;
+            headers.insert(key, value);
+        }
+        let client = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Sender {
+            name: name.to_string(),
+            client,
+            url,
+            headers,
+            retry_max: Duration::from_secs_f64(config.retry_max_secs.clamp(0.0, 1e9)),
+        })
+    }
+
+    async fn attempt(&self, body: &[u8]) -> Attempt {
+        let sent = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers.clone())
+            .body(body.to_vec())
+            .send()
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => return Attempt::Retry(error_chain(&e), None),
+        };
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        // Read the body so the connection can be reused, and keep its start
+        // for the log.
+        let text = response.text().await.unwrap_or_default();
+        let detail = || {
+            let mut t: String = text.chars().take(200).collect();
+            if t.is_empty() {
+                t = "(empty body)".into();
+            }
+            format!("HTTP {status}: {t}")
+        };
+        if status.is_success() {
+            Attempt::Delivered
+        } else if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+            Attempt::Retry(detail(), retry_after)
+        } else {
+            Attempt::Rejected(detail())
+        }
+    }
+
+    /// Deliver one batch, retrying as configured; a batch that cannot be
+    /// delivered is dropped and counted.
+    async fn deliver(&self, records: usize, body: &[u8], rx: &SinkRx) {
+        let mut deadline = Instant::now() + self.retry_max;
+        let mut shortened = false;
+        let mut backoff = BACKOFF_START;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let (error, asked) = match self.attempt(body).await {
+                Attempt::Delivered => {
+                    count_sent(&self.name, records as u64);
+                    return;
+                }
+                Attempt::Rejected(e) => {
+                    self.drop_batch(records, tries, &e, "rejected");
+                    return;
+                }
+                Attempt::Retry(e, asked) => (e, asked),
+            };
+            if !shortened && rx.is_closed() {
+                shortened = true;
+                deadline = deadline.min(Instant::now() + SHUTDOWN_GRACE);
+            }
+            let pause = asked.map_or(backoff, |a| a.max(backoff));
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            if Instant::now() + pause > deadline {
+                self.drop_batch(records, tries, &error, "retries exhausted");
+                return;
+            }
+            tracing::debug!(sink = %self.name, url = %self.url, tries, retry_in = ?pause, "POST failed: {error}");
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    fn drop_batch(&self, records: usize, tries: u32, error: &str, why: &str) {
+        metrics::counter!("fluxpipe_sink_errors_total", "sink" => self.name.clone()).increment(1);
+        metrics::counter!("fluxpipe_records_dropped_total", "sink" => self.name.clone(), "reason" => "undeliverable")
+            .increment(records as u64);
+        tracing::error!(sink = %self.name, url = %self.url, records, tries, "batch dropped ({why}): {error}");
+    }
+}
+
+/// The message of an error and of its causes.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
+
+pub async fn run(name: &str, config: HttpSinkConfig, mut rx: SinkRx) -> anyhow::Result<()> {
+    let sender = Sender::new(name, &config)?;
+    let max = config.batch_max_records.max(1);
+    let timeout = Duration::from_millis(config.batch_timeout_ms);
+    let mut batch = Vec::with_capacity(max.min(4096));
+    let mut body: Vec<u8> = Vec::new();
+    loop {
+        // Wait as long as it takes for a batch's first record, then at
+        // most `timeout` for the rest.
+        if rx.recv_many(&mut batch, max).await == 0 {
+            return Ok(());
+        }
+        let until = Instant::now() + timeout;
+        while batch.len() < max {
+            let room = max - batch.len();
+            match tokio::time::timeout_at(until, rx.recv_many(&mut batch, room)).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        body.clear();
+        body.push(b'[');
+        for (i, rec) in batch.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(rec.line.as_bytes());
+        }
+        body.push(b']');
+        sender.deliver(batch.len(), &body, &rx).await;
+        batch.clear();
+    }
+}
