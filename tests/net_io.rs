@@ -442,7 +442,7 @@ fn start_sink(
 ) {
     let config = sink_config(keys);
     let (tx, rx) = mpsc::channel(64);
-    let task = tokio::spawn(sinks::run("out".into(), config, rx));
+    let task = tokio::spawn(sinks::run("out".into(), config, rx, Default::default()));
     (tx, task)
 }
 
