@@ -505,7 +505,12 @@ fn load_checkpoint(path: &Path) -> Result<CheckpointFile> {
                 ..Default::default()
             });
         }
-        Err(e) => return Err(anyhow!("cannot read checkpoint file {}: {e}", path.display())),
+        Err(e) => {
+            return Err(anyhow!(
+                "cannot read checkpoint file {}: {e}",
+                path.display()
+            ));
+        }
     };
     let corrupt = |why: String| {
         anyhow!(
@@ -522,7 +527,8 @@ fn load_checkpoint(path: &Path) -> Result<CheckpointFile> {
         )));
     }
     for f in &file.files {
-        parse_hex(&f.fingerprint).ok_or_else(|| corrupt(format!("bad fingerprint `{}`", f.fingerprint)))?;
+        parse_hex(&f.fingerprint)
+            .ok_or_else(|| corrupt(format!("bad fingerprint `{}`", f.fingerprint)))?;
     }
     for d in &file.documents {
         parse_hex(&d.hash).ok_or_else(|| corrupt(format!("bad hash `{}`", d.hash)))?;

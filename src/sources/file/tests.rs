@@ -26,27 +26,40 @@ struct Running {
     task: tokio::task::JoinHandle<Result<()>>,
 }
 
-/// Start a file source whose state lives in `dir/state`.
-fn start(dir: &Path, keys: &str, tuning: Tuning) -> Running {
+/// A source config and context whose state lives in `dir/state`.
+fn context(
+    dir: &Path,
+    keys: &str,
+) -> (
+    FileSourceConfig,
+    SourceContext,
+    mpsc::Receiver<Routed>,
+    SinkRx,
+) {
     let config: FileSourceConfig =
         toml::from_str(&format!("poll_interval_ms = 20\n{keys}")).expect("source config");
     let (tx, records) = mpsc::channel(4096);
     let sink: SinkConfig =
         toml::from_str("type = \"stdout\"\ninputs = [\"dead_letter\"]").expect("sink config");
     let (outputs, mut rxs) = Outputs::new([("dead", &sink)]);
-    let token = CancellationToken::new();
     let ctx = SourceContext::new(
         "files",
         config.decode(),
         Router::new(vec![tx]),
         outputs,
-        token.clone(),
+        CancellationToken::new(),
         dir.join("state"),
     );
+    (config, ctx, records, rxs.remove(0))
+}
+
+/// Start a file source whose state lives in `dir/state`.
+fn start(dir: &Path, keys: &str, tuning: Tuning) -> Running {
+    let (config, ctx, records, dead) = context(dir, keys);
     Running {
         records,
-        dead: rxs.remove(0),
-        token,
+        dead,
+        token: ctx.shutdown.clone(),
         task: tokio::spawn(run_tuned(config, ctx, tuning)),
     }
 }
@@ -246,7 +259,10 @@ async fn a_growing_dump_tree_is_followed_with_ids_from_paths() {
     let got = src.take(1).await;
     assert_eq!(name(&got[0]), "e1");
     assert_eq!(got[0].record.stream, EventStream::Job);
-    assert_eq!(got[0].record.id, Some(JobId::parse("0000.000a.0000.0000").unwrap()));
+    assert_eq!(
+        got[0].record.id,
+        Some(JobId::parse("0000.000a.0000.0000").unwrap())
+    );
     src.quiet(100).await;
 
     // A new job appears later, with its R and its exec eventlog.
@@ -255,7 +271,11 @@ async fn a_growing_dump_tree_is_followed_with_ids_from_paths() {
     std::fs::create_dir_all(job_b.join("guest/exec")).unwrap();
     append(&job_b.join("eventlog"), &ev(2));
     append(&job_b.join("guest/exec/eventlog"), &ev(3));
-    std::fs::write(job_b.join("R"), r#"{"version":1,"execution":{"expiration":100.0}}"#).unwrap();
+    std::fs::write(
+        job_b.join("R"),
+        r#"{"version":1,"execution":{"expiration":100.0}}"#,
+    )
+    .unwrap();
     let mut got: Vec<(String, EventStream, Option<JobId>)> = src
         .take(3)
         .await
@@ -273,9 +293,17 @@ async fn a_growing_dump_tree_is_followed_with_ids_from_paths() {
     );
 
     // R rewritten with the same content: not sent again; changed: sent.
-    std::fs::write(job_b.join("R"), r#"{"version":1,"execution":{"expiration":100.0}}"#).unwrap();
+    std::fs::write(
+        job_b.join("R"),
+        r#"{"version":1,"execution":{"expiration":100.0}}"#,
+    )
+    .unwrap();
     src.quiet(200).await;
-    std::fs::write(job_b.join("R"), r#"{"version":1,"execution":{"expiration":200.0}}"#).unwrap();
+    std::fs::write(
+        job_b.join("R"),
+        r#"{"version":1,"execution":{"expiration":200.0}}"#,
+    )
+    .unwrap();
     let got = src.take(1).await;
     match &got[0].record.body {
         Body::R(v) => assert_eq!(v["execution"]["expiration"], 200.0),
@@ -358,7 +386,10 @@ async fn long_and_bad_lines_are_dead_letters_and_reading_goes_on() {
     assert_eq!(src.names(2).await, ["e1", "e2"]);
     let long = src.dead_letter().await;
     assert_eq!(long["location"], format!("{}:2", a.display()));
-    assert!(long["error"].as_str().unwrap().contains("max_line_bytes"), "{long}");
+    assert!(
+        long["error"].as_str().unwrap().contains("max_line_bytes"),
+        "{long}"
+    );
     assert_eq!(long["line"].as_str().unwrap().len(), 64);
     let bad = src.dead_letter().await;
     assert_eq!(bad["location"], format!("{}:3", a.display()));
@@ -379,7 +410,10 @@ async fn a_corrupt_checkpoint_is_an_error_naming_the_file() {
         .unwrap()
         .expect_err("a corrupt checkpoint must be an error");
     let msg = format!("{err:#}");
-    assert!(msg.contains(&state.join(CHECKPOINT_FILE).display().to_string()), "{msg}");
+    assert!(
+        msg.contains(&state.join(CHECKPOINT_FILE).display().to_string()),
+        "{msg}"
+    );
     assert!(msg.contains("corrupt"), "{msg}");
     src.quiet(50).await;
 }
@@ -420,12 +454,48 @@ async fn many_files_with_few_descriptors_lose_and_repeat_nothing() {
     src.stop().await.unwrap();
 }
 
+#[tokio::test]
+async fn open_files_stay_under_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..10 {
+        append(&dir.path().join(format!("f{i}.log")), &evs([i, 100 + i]));
+    }
+    let (config, ctx, mut records, _dead) = context(dir.path(), &logs(dir.path()));
+    let tuning = Tuning {
+        max_open: 3,
+        ..fast()
+    };
+    let scanner = Scanner::new(&config, true, 1024).unwrap();
+    let mut src = FileSource::new(
+        ctx,
+        tuning,
+        ReadFrom::Beginning,
+        scanner,
+        CheckpointFile::default(),
+    );
+    let found = src.scan().await.unwrap();
+    assert!(src.reconcile(found, true).await.is_ok());
+    assert_eq!(src.tracked.len(), 10);
+    assert!(matches!(src.read_pass().await, Ok(false)));
+    let open = src.tracked.values().filter(|t| t.reader.is_some()).count();
+    assert_eq!(open, src.open_count);
+    assert!(open <= 3, "{open} files open");
+    let mut n = 0;
+    while records.try_recv().is_ok() {
+        n += 1;
+    }
+    assert_eq!(n, 20);
+}
+
 #[test]
 fn patterns_walk_their_fixed_folder_and_match_any_depth() {
     assert_eq!(base_of("/a/b/**/eventlog"), PathBuf::from("/a/b"));
     assert_eq!(base_of("dump/job/*/x"), PathBuf::from("dump/job"));
     assert_eq!(base_of("*.jsonl"), PathBuf::new());
-    assert_eq!(base_of("/a/resource.eventlog"), PathBuf::from("/a/resource.eventlog"));
+    assert_eq!(
+        base_of("/a/resource.eventlog"),
+        PathBuf::from("/a/resource.eventlog")
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -472,9 +542,16 @@ fn fingerprints_wait_for_a_whole_first_line() {
     std::fs::write(&p, "{\"timestamp\":1}\n").unwrap();
     let one = fingerprint(&p).unwrap().unwrap();
     std::fs::write(&p, "{\"timestamp\":1}\nmore\n").unwrap();
-    assert_eq!(fingerprint(&p).unwrap(), Some(one), "appends keep the fingerprint");
+    assert_eq!(
+        fingerprint(&p).unwrap(),
+        Some(one),
+        "appends keep the fingerprint"
+    );
     std::fs::write(&p, "x".repeat(FINGERPRINT_BYTES + 10)).unwrap();
-    assert!(fingerprint(&p).unwrap().is_some(), "a long first line is cut");
+    assert!(
+        fingerprint(&p).unwrap().is_some(),
+        "a long first line is cut"
+    );
     // Stable across builds: FNV-1a test vector.
     assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
 }
