@@ -178,6 +178,30 @@ async fn appended_lines_are_tailed_and_partial_lines_held() {
 }
 
 #[tokio::test]
+async fn between_walks_appends_are_read_and_rewrites_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    append(&a, &ev(1));
+    // Walk once, then (practically) never again: only the checks of known
+    // files between walks see anything.
+    let tuning = Tuning {
+        walk_cost_factor: 1_000_000,
+        ..fast()
+    };
+    let mut src = start(dir.path(), &logs(dir.path()), tuning);
+    assert_eq!(src.names(1).await, ["e1"]);
+    append(&a, &evs(2..=3));
+    assert_eq!(src.names(2).await, ["e2", "e3"]);
+    // A new file waits for a walk.
+    append(&dir.path().join("b.log"), &ev(9));
+    // Rewritten in place, longer, another beginning: not read as the rest
+    // of the old file.
+    std::fs::write(&a, evs(20..=25)).unwrap();
+    src.quiet(300).await;
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn rotation_reads_the_old_file_to_its_end_then_the_new_one() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a.log");
