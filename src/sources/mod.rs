@@ -5,11 +5,12 @@
 //!
 //! A new source is one new file here plus one line in [`run`].
 
+pub mod file;
 pub mod lines;
 pub mod socket;
 pub mod stdin;
 
-use crate::decode::{self, Origin};
+use crate::decode::{self, Origin, Record};
 use crate::operators::{Closed, Routed, Router};
 use crate::output::{self, OutputRecord};
 use crate::pipeline::config::{DecodeConfig, OutputStream, SourceConfig};
@@ -105,19 +106,25 @@ impl SourceContext {
             if record.body == decode::Body::Sentinel {
                 continue;
             }
-            let cluster = match &record.cluster {
-                Some(c) => Arc::from(c.as_str()),
-                None => self.cluster.clone(),
-            };
-            self.router
-                .send(Routed {
-                    cluster,
-                    source: self.name.clone(),
-                    record,
-                })
-                .await?;
+            self.record(record).await?;
         }
         Ok(())
+    }
+
+    /// Route one ready-made record (an R document read whole, say): its
+    /// own cluster, or this source's.
+    pub async fn record(&self, record: Record) -> Result<(), Closed> {
+        let cluster = match &record.cluster {
+            Some(c) => Arc::from(c.as_str()),
+            None => self.cluster.clone(),
+        };
+        self.router
+            .send(Routed {
+                cluster,
+                source: self.name.clone(),
+                record,
+            })
+            .await
     }
 
     /// Count, log (sparingly) and forward input that could not be decoded.
@@ -144,11 +151,6 @@ pub async fn run(config: SourceConfig, ctx: SourceContext) -> anyhow::Result<()>
     match config {
         SourceConfig::Stdin(_) => stdin::run(ctx).await,
         SourceConfig::Socket(c) => socket::run(c, ctx).await,
-        SourceConfig::File(_) => {
-            anyhow::bail!(
-                "sources.{}: this source type is not built into this version",
-                ctx.name
-            )
-        }
+        SourceConfig::File(c) => file::run(c, ctx).await,
     }
 }

@@ -1,0 +1,1251 @@
+//! `type = "file"`: eventlogs, journals and R documents on disk, tailed.
+//!
+//! Every `poll_interval_ms` the fixed folder in front of each `include`
+//! pattern is walked and the files that match (and match no `exclude`) are
+//! looked at. A tree so big that walking it takes more than a tenth of the
+//! poll interval is walked less often (every ten walk-durations: a 15,000
+//! file dump tree, ~200 ms to walk, every ~2 s); in between, every poll
+//! stats the files already tracked, so appends are seen as fast as ever and
+//! only new files, renames and replacements wait for the next walk.
+//! Symbolic links to files are read; links to folders are not walked. What a file is comes from its path ([`decode::classify_path`]):
+//! eventlogs and `*.jsonl` journals are tailed line by line; a job's `R` or
+//! the instance's `resource/R` is read whole as one JSON document and sent
+//! again only when its content changes; anything else (jobspecs, output
+//! eventlogs) is skipped, unless the source sets `stream` or a pattern
+//! names the file exactly.
+//!
+//! **Identity.** A tailed file is known by a fingerprint of its beginning:
+//! a 64-bit FNV-1a hash of its first line (newline included), or of its
+//! first [`FINGERPRINT_BYTES`] bytes when the first line is longer. A Flux
+//! eventlog starts with a timestamped event, so the first line is unique per
+//! log, survives renames, copies (`rsync` replaces files with new inodes)
+//! and re-created dump trees. A file whose first line is not complete yet
+//! is not read until it is (its lines could not be emitted anyway). Device
+//! and inode only break ties: the same fingerprint at two paths is one file
+//! seen twice (hard link, or a copy: read once, warned about); a path whose
+//! inode is unchanged but whose beginning changed was rewritten in place.
+//!
+//! **Rotation.** When a tracked file's path disappears or holds another file
+//! (rename + create), the old file is read on through the descriptor already
+//! open until it has been quiet at its end for a grace period, then retired;
+//! the new file is a new fingerprint, read from its start. A renamed file
+//! that still matches a pattern is simply followed to its new path.
+//!
+//! **Truncation.** A file shorter than what was read of it is read again
+//! from the start (logged): truncated in place, or replaced by a shorter
+//! file with the same first line. A file replaced by one with another first
+//! line is a new file, read from its start.
+//!
+//! **Checkpoints.** `checkpoints.json` in the source's state folder holds,
+//! per fingerprint, the offset just past the last line handed on and the
+//! number of lines before it (for dead-letter locations), and, per R path,
+//! a hash of the document last sent. It is written (temporary file, fsync,
+//! rename, fsync of the folder) at most every second when something moved,
+//! and at shutdown. Checkpoints of files that disappeared are kept for a day
+//! (a dump tree that is deleted and dumped again is not read twice). A
+//! checkpoint file that cannot be read is an error naming it: the source
+//! does not silently start over.
+//!
+//! **Open files.** A file is open while it is being read; a file quiet for
+//! [`Tuning::idle_close`] is closed and reopened (by path, checked against
+//! its inode) when the walk sees it grow. At most [`Tuning::max_open`] are
+//! open; the oldest-opened is closed to make room.
+//!
+//! Backpressure: a line is handed on with [`SourceContext::line`], which
+//! waits while the pipeline is full; nothing is buffered meanwhile.
+
+use super::SourceContext;
+use super::lines::LineReader;
+use crate::decode::{self, Body, EventStream, Origin, PathKind, Record};
+use crate::flux::jobid::JobId;
+use crate::pipeline::config::{FileSourceConfig, ReadFrom};
+use anyhow::{Context, Result, anyhow};
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncSeekExt, BufReader};
+
+/// Most bytes of a file's beginning that its fingerprint covers.
+pub const FINGERPRINT_BYTES: usize = 4096;
+
+/// The checkpoint file's name in the source's state folder.
+pub const CHECKPOINT_FILE: &str = "checkpoints.json";
+
+const CHECKPOINT_VERSION: u32 = 1;
+
+/// Internal limits; [`run`] uses the defaults, tests shorten them.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Most files open at once.
+    pub max_open: usize,
+    /// A file with no new line for this long is closed.
+    pub idle_close: Duration,
+    /// A file renamed away or deleted while open is read until it has been
+    /// quiet at its end this long.
+    pub rotate_grace: Duration,
+    /// Checkpoints are written at most this often (and at shutdown).
+    pub checkpoint_every: Duration,
+    /// Lines read from one file before the next gets its turn.
+    pub lines_per_turn: usize,
+    /// How long the checkpoint of a file that disappeared is kept.
+    pub forget_after: Duration,
+    /// The full walk is repeated no sooner than this many times its own
+    /// duration (so walking a huge tree takes at most about 1/factor of a
+    /// core); known files are still looked at every poll in between.
+    pub walk_cost_factor: u32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            max_open: 128,
+            idle_close: Duration::from_secs(30),
+            rotate_grace: Duration::from_secs(2),
+            checkpoint_every: Duration::from_secs(1),
+            lines_per_turn: 1024,
+            forget_after: Duration::from_secs(24 * 3600),
+            walk_cost_factor: 10,
+        }
+    }
+}
+
+pub async fn run(config: FileSourceConfig, ctx: SourceContext) -> Result<()> {
+    run_tuned(config, ctx, Tuning::default()).await
+}
+
+/// [`run`] with explicit limits.
+pub async fn run_tuned(config: FileSourceConfig, ctx: SourceContext, tuning: Tuning) -> Result<()> {
+    let checkpoint_path = ctx.state_dir.join(CHECKPOINT_FILE);
+    let loaded = {
+        let path = checkpoint_path.clone();
+        tokio::task::spawn_blocking(move || load_checkpoint(&path)).await??
+    };
+    let scanner = Scanner::new(
+        &config,
+        ctx.decode.stream.is_some(),
+        ctx.decode.max_line_bytes,
+    )?;
+    let poll = Duration::from_millis(config.poll_interval_ms.max(1));
+    let mut src = FileSource::new(ctx.clone(), tuning, config.read_from, scanner, loaded);
+
+    let mut first = true;
+    let mut last_scan: Option<Instant> = None;
+    let mut last_walk: Option<Instant> = None;
+    let mut walk_every = poll;
+    let mut last_checkpoint = Instant::now();
+    loop {
+        if ctx.shutdown.is_cancelled() {
+            break;
+        }
+        if last_walk.is_none_or(|t| t.elapsed() >= walk_every) {
+            let started = Instant::now();
+            (last_walk, last_scan) = (Some(started), Some(started));
+            let found = src.scan().await?;
+            // A big tree is walked less often, so walking takes at most
+            // about a tenth of the time; known files are still looked at
+            // every poll.
+            walk_every = poll.max(started.elapsed() * src.tuning.walk_cost_factor.max(1));
+            if src.reconcile(found, first).await.is_err() {
+                break;
+            }
+            first = false;
+        } else if last_scan.is_none_or(|t| t.elapsed() >= poll) {
+            last_scan = Some(Instant::now());
+            src.check_known().await?;
+        }
+        let more = match src.read_pass().await {
+            Ok(more) => more,
+            Err(Stop) => break,
+        };
+        src.housekeeping();
+        if src.dirty && last_checkpoint.elapsed() >= src.tuning.checkpoint_every {
+            last_checkpoint = Instant::now();
+            if let Err(e) = src.write_checkpoint().await {
+                tracing::warn!(source = %ctx.name, "cannot write checkpoint: {e:#}");
+            }
+        }
+        if !more {
+            let wait = poll.saturating_sub(last_scan.map_or(poll, |t| t.elapsed()));
+            let wait = wait.min(walk_every.saturating_sub(last_walk.map_or(poll, |t| t.elapsed())));
+            tokio::select! {
+                _ = tokio::time::sleep(wait.max(Duration::from_millis(1))) => {}
+                _ = ctx.shutdown.cancelled() => break,
+            }
+        }
+    }
+    src.write_checkpoint()
+        .await
+        .with_context(|| format!("cannot write checkpoint {}", checkpoint_path.display()))
+}
+
+/// The source stops: shutdown, or the pipeline is gone.
+struct Stop;
+
+/// Device and inode.
+type FileId = (u64, u64);
+
+/// What a stat says, enough to tell that a file changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stat {
+    id: FileId,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stat {
+    fn of(m: &std::fs::Metadata) -> Self {
+        Stat {
+            id: (m.dev(), m.ino()),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// A file the walk found.
+#[derive(Debug)]
+struct Found {
+    path: PathBuf,
+    stat: Stat,
+    kind: FoundKind,
+}
+
+#[derive(Debug)]
+enum FoundKind {
+    /// Read line by line. `fp` is `None` while its first line is incomplete
+    /// (or it cannot be read).
+    Lines { origin: Origin, fp: Option<u64> },
+    /// An R document; `content` only when it changed since the last walk.
+    Doc {
+        stream: EventStream,
+        id: Option<JobId>,
+        content: Option<Vec<u8>>,
+    },
+}
+
+/// The blocking half: walks, stats and fingerprints. Moved to a blocking
+/// thread for each walk.
+struct Scanner {
+    roots: Vec<PathBuf>,
+    include: GlobSet,
+    exclude: GlobSet,
+    /// Patterns without wildcards: the user named these files.
+    literal: HashSet<PathBuf>,
+    /// `stream` is configured: files whose path says nothing are read too.
+    read_other: bool,
+    max_doc: usize,
+    /// Last stat and fingerprint of every path, so an unchanged file is not
+    /// opened again.
+    cache: HashMap<PathBuf, (Stat, Option<u64>)>,
+    /// Paths already warned about (one warning each, not one per walk).
+    warned: HashSet<PathBuf>,
+}
+
+fn has_wildcard(s: &str) -> bool {
+    s.contains(['*', '?', '[', '{'])
+}
+
+/// The fixed folder (or file) in front of a pattern's first wildcard.
+fn base_of(pattern: &str) -> PathBuf {
+    Path::new(pattern)
+        .components()
+        .take_while(|c| !has_wildcard(&c.as_os_str().to_string_lossy()))
+        .collect()
+}
+
+fn glob_set(patterns: &[String]) -> Result<GlobSet> {
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        let glob = GlobBuilder::new(p)
+            .literal_separator(true)
+            .build()
+            .with_context(|| format!("bad pattern `{p}`"))?;
+        b.add(glob);
+    }
+    Ok(b.build()?)
+}
+
+impl Scanner {
+    fn new(config: &FileSourceConfig, read_other: bool, max_doc: usize) -> Result<Self> {
+        let mut roots: Vec<PathBuf> = config.include.iter().map(|p| base_of(p)).collect();
+        roots.sort();
+        roots.dedup();
+        // A root inside another root is walked by that one already (the
+        // empty root, the current folder, holds every relative root).
+        let all = roots.clone();
+        let inside = |r: &PathBuf, o: &PathBuf| {
+            if o.as_os_str().is_empty() {
+                r.is_relative()
+            } else {
+                r.starts_with(o)
+            }
+        };
+        roots.retain(|r| !all.iter().any(|o| o != r && inside(r, o)));
+        Ok(Scanner {
+            roots,
+            include: glob_set(&config.include)?,
+            exclude: glob_set(&config.exclude)?,
+            literal: config
+                .include
+                .iter()
+                .filter(|p| !has_wildcard(p))
+                .map(PathBuf::from)
+                .collect(),
+            read_other,
+            max_doc,
+            cache: HashMap::new(),
+            warned: HashSet::new(),
+        })
+    }
+
+    fn warn_once(&mut self, path: &Path, what: &str, e: &dyn std::fmt::Display) {
+        if self.warned.len() > 10_000 {
+            self.warned.clear();
+        }
+        if self.warned.insert(path.to_path_buf()) {
+            tracing::warn!(path = %path.display(), "{what}: {e}");
+        }
+    }
+
+    /// Every matching path, sorted.
+    fn walk(&mut self) -> BTreeSet<PathBuf> {
+        let mut paths = BTreeSet::new();
+        for root in self.roots.clone() {
+            let here = root.as_os_str().is_empty();
+            let start = if here { Path::new(".") } else { root.as_path() };
+            // Not following links spares a stat per entry (readdir tells
+            // the type); links to files are taken below, links to folders
+            // are not walked.
+            for entry in walkdir::WalkDir::new(start) {
+                let entry = match entry {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let not_found = e
+                            .io_error()
+                            .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound);
+                        if !not_found {
+                            let p = e.path().unwrap_or(start).to_path_buf();
+                            self.warn_once(&p, "cannot walk", &e);
+                        }
+                        continue;
+                    }
+                };
+                let file_type = entry.file_type();
+                if !(file_type.is_file() || (file_type.is_symlink() && entry.path().is_file())) {
+                    continue;
+                }
+                let path = if here {
+                    entry.path().strip_prefix(".").unwrap_or(entry.path())
+                } else {
+                    entry.path()
+                };
+                if self.include.is_match(path) && !self.exclude.is_match(path) {
+                    paths.insert(path.to_path_buf());
+                }
+            }
+        }
+        paths
+    }
+
+    /// Between walks: stat known files, fingerprint those that changed, and
+    /// return the stats of those that still begin the same. Anything else
+    /// (gone, replaced, rewritten) waits for the next walk.
+    fn check(&mut self, known: Vec<(u64, PathBuf)>) -> Vec<(u64, Stat)> {
+        let mut out = Vec::with_capacity(known.len());
+        for (fp, path) in known {
+            let Ok(m) = std::fs::metadata(&path) else {
+                continue;
+            };
+            let stat = Stat::of(&m);
+            let same = match self.cache.get(&path) {
+                Some((s, Some(cached))) if *s == stat => *cached == fp,
+                _ => match fingerprint(&path) {
+                    Ok(now) => {
+                        self.cache.insert(path, (stat, now));
+                        now == Some(fp)
+                    }
+                    Err(_) => false,
+                },
+            };
+            if same {
+                out.push((fp, stat));
+            }
+        }
+        out
+    }
+
+    /// Walk, stat, and fingerprint what changed.
+    fn scan(&mut self) -> Vec<Found> {
+        let paths = self.walk();
+        let mut found = Vec::with_capacity(paths.len());
+        let mut cache = HashMap::with_capacity(paths.len());
+        for path in paths {
+            let kind = match decode::classify_path(&path) {
+                PathKind::Eventlog(origin) => Some(origin),
+                PathKind::Lines => Some(Origin::default()),
+                PathKind::Other if self.read_other || self.literal.contains(&path) => {
+                    Some(Origin::default())
+                }
+                PathKind::Other => continue,
+                PathKind::JobR(_) | PathKind::ResourceR => None,
+            };
+            let stat = match std::fs::metadata(&path) {
+                Ok(m) => Stat::of(&m),
+                Err(e) => {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        self.warn_once(&path, "cannot stat", &e);
+                    }
+                    continue;
+                }
+            };
+            let previous = self.cache.remove(&path);
+            let unchanged = previous.filter(|(s, _)| *s == stat);
+            let kind = match kind {
+                Some(origin) => {
+                    let fp = match unchanged {
+                        Some((_, fp)) => fp,
+                        None => match fingerprint(&path) {
+                            Ok(fp) => fp,
+                            Err(e) => {
+                                self.warn_once(&path, "cannot read", &e);
+                                None
+                            }
+                        },
+                    };
+                    cache.insert(path.clone(), (stat, fp));
+                    FoundKind::Lines { origin, fp }
+                }
+                None => {
+                    let (stream, id) = match decode::classify_path(&path) {
+                        PathKind::JobR(id) => (EventStream::Job, Some(id)),
+                        _ => (EventStream::Resource, None),
+                    };
+                    let content = if unchanged.is_some() {
+                        None
+                    } else {
+                        match read_prefix(&path, self.max_doc + 1) {
+                            Ok(c) => Some(c),
+                            Err(e) => {
+                                self.warn_once(&path, "cannot read", &e);
+                                None
+                            }
+                        }
+                    };
+                    cache.insert(path.clone(), (stat, None));
+                    FoundKind::Doc {
+                        stream,
+                        id,
+                        content,
+                    }
+                }
+            };
+            found.push(Found { path, stat, kind });
+        }
+        self.cache = cache;
+        found
+    }
+}
+
+/// FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn read_prefix(path: &Path, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(max as u64)
+        .read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// The fingerprint of a file's beginning, or `None` while its first line is
+/// incomplete and shorter than [`FINGERPRINT_BYTES`].
+fn fingerprint(path: &Path) -> std::io::Result<Option<u64>> {
+    let head = read_prefix(path, FINGERPRINT_BYTES)?;
+    Ok(match head.iter().position(|b| *b == b'\n') {
+        Some(i) => Some(fnv1a(&head[..=i])),
+        None if head.len() == FINGERPRINT_BYTES => Some(fnv1a(&head)),
+        None => None,
+    })
+}
+
+/// Offset just past the last newline, and the number of lines before it:
+/// where `read_from = "end"` starts.
+fn end_of_last_line(path: &Path) -> std::io::Result<(u64, u64)> {
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut offset, mut end, mut lines) = (0u64, 0u64, 0u64);
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok((end, lines));
+        }
+        for (i, b) in buf[..n].iter().enumerate() {
+            if *b == b'\n' {
+                lines += 1;
+                end = offset + i as u64 + 1;
+            }
+        }
+        offset += n as u64;
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+// ---- checkpoints ----------------------------------------------------------
+
+/// `checkpoints.json`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckpointFile {
+    version: u32,
+    /// Tailed files, by fingerprint.
+    files: Vec<FileEntry>,
+    /// R documents, by path.
+    documents: Vec<DocEntry>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileEntry {
+    /// 16 hex digits.
+    fingerprint: String,
+    /// Where the file was last seen (for people; files are matched by
+    /// fingerprint).
+    path: PathBuf,
+    /// Offset just past the last line handed on.
+    position: u64,
+    /// Lines before `position`.
+    lines: u64,
+    /// Unix time the file was last seen missing, if it is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gone_at: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DocEntry {
+    path: PathBuf,
+    /// 16 hex digits: FNV-1a of the document last sent.
+    hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gone_at: Option<u64>,
+}
+
+fn load_checkpoint(path: &Path) -> Result<CheckpointFile> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(CheckpointFile {
+                version: CHECKPOINT_VERSION,
+                ..Default::default()
+            });
+        }
+        Err(e) => {
+            return Err(anyhow!(
+                "cannot read checkpoint file {}: {e}",
+                path.display()
+            ));
+        }
+    };
+    let corrupt = |why: String| {
+        anyhow!(
+            "checkpoint file {} is corrupt: {why}; move it away to read every file again from the start",
+            path.display()
+        )
+    };
+    let file: CheckpointFile =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    if file.version != CHECKPOINT_VERSION {
+        return Err(corrupt(format!(
+            "version {} (this fluxpipe writes version {CHECKPOINT_VERSION})",
+            file.version
+        )));
+    }
+    for f in &file.files {
+        parse_hex(&f.fingerprint)
+            .ok_or_else(|| corrupt(format!("bad fingerprint `{}`", f.fingerprint)))?;
+    }
+    for d in &file.documents {
+        parse_hex(&d.hash).ok_or_else(|| corrupt(format!("bad hash `{}`", d.hash)))?;
+    }
+    Ok(file)
+}
+
+fn parse_hex(s: &str) -> Option<u64> {
+    (s.len() == 16)
+        .then(|| u64::from_str_radix(s, 16).ok())
+        .flatten()
+}
+
+/// Write `bytes` to `dir/CHECKPOINT_FILE` atomically and durably.
+fn write_atomic(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(CHECKPOINT_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+// ---- the async half -------------------------------------------------------
+
+type Reader = LineReader<BufReader<tokio::fs::File>>;
+
+/// A tailed file.
+struct Tracked {
+    path: PathBuf,
+    id: FileId,
+    origin: Origin,
+    /// Offset just past the last line handed on.
+    position: u64,
+    /// Lines before `position`.
+    lines: u64,
+    /// Length at the last walk.
+    seen_len: u64,
+    /// Seen at `path` by the last walk.
+    findable: bool,
+    reader: Option<Reader>,
+    /// Last line read (or opened).
+    last_active: Instant,
+    /// The last read reached the end.
+    at_eof: bool,
+    /// To be retired.
+    done: bool,
+}
+
+impl Tracked {
+    /// Bytes read so far, including a held unfinished line.
+    fn consumed(&self) -> u64 {
+        match &self.reader {
+            Some(r) => r.position() + r.pending() as u64,
+            None => self.position,
+        }
+    }
+}
+
+/// A checkpoint of a file not (or no longer) tracked.
+struct Saved {
+    path: PathBuf,
+    position: u64,
+    lines: u64,
+    gone_at: Option<u64>,
+}
+
+/// An R document last sent.
+struct Doc {
+    hash: u64,
+    gone_at: Option<u64>,
+}
+
+struct FileSource {
+    ctx: SourceContext,
+    tuning: Tuning,
+    read_from: ReadFrom,
+    scanner: Option<Scanner>,
+    tracked: HashMap<u64, Tracked>,
+    saved: HashMap<u64, Saved>,
+    docs: HashMap<PathBuf, Doc>,
+    /// Fingerprints in the order their files were opened (may hold stale
+    /// entries; `open_count` is exact).
+    open: VecDeque<u64>,
+    open_count: usize,
+    duplicates: HashSet<PathBuf>,
+    dirty: bool,
+}
+
+impl FileSource {
+    fn new(
+        ctx: SourceContext,
+        tuning: Tuning,
+        read_from: ReadFrom,
+        scanner: Scanner,
+        loaded: CheckpointFile,
+    ) -> Self {
+        let saved = loaded
+            .files
+            .into_iter()
+            .filter_map(|f| {
+                let fp = parse_hex(&f.fingerprint)?;
+                Some((
+                    fp,
+                    Saved {
+                        path: f.path,
+                        position: f.position,
+                        lines: f.lines,
+                        gone_at: f.gone_at,
+                    },
+                ))
+            })
+            .collect();
+        let docs = loaded
+            .documents
+            .into_iter()
+            .filter_map(|d| {
+                let hash = parse_hex(&d.hash)?;
+                Some((
+                    d.path,
+                    Doc {
+                        hash,
+                        gone_at: d.gone_at,
+                    },
+                ))
+            })
+            .collect();
+        FileSource {
+            ctx,
+            tuning,
+            read_from,
+            scanner: Some(scanner),
+            tracked: HashMap::new(),
+            saved,
+            docs,
+            open: VecDeque::new(),
+            open_count: 0,
+            duplicates: HashSet::new(),
+            dirty: false,
+        }
+    }
+
+    async fn scan(&mut self) -> Result<Vec<Found>> {
+        let mut scanner = self.scanner.take().context("scanner lost")?;
+        let (scanner, found) = tokio::task::spawn_blocking(move || {
+            let found = scanner.scan();
+            (scanner, found)
+        })
+        .await
+        .context("file walk failed")?;
+        self.scanner = Some(scanner);
+        Ok(found)
+    }
+
+    /// Between walks: see which known files grew (or shrank).
+    async fn check_known(&mut self) -> Result<()> {
+        let known: Vec<(u64, PathBuf)> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.findable)
+            .map(|(fp, t)| (*fp, t.path.clone()))
+            .collect();
+        let mut scanner = self.scanner.take().context("scanner lost")?;
+        let (scanner, stats) = tokio::task::spawn_blocking(move || {
+            let stats = scanner.check(known);
+            (scanner, stats)
+        })
+        .await
+        .context("file check failed")?;
+        self.scanner = Some(scanner);
+        for (fp, stat) in stats {
+            if let Some(t) = self.tracked.get_mut(&fp)
+                && t.id == stat.id
+            {
+                t.seen_len = stat.len;
+            }
+        }
+        Ok(())
+    }
+
+    /// Match what the walk found with what is tracked: new files, renamed
+    /// files, files gone or replaced; send changed R documents.
+    async fn reconcile(&mut self, found: Vec<Found>, first: bool) -> Result<(), Stop> {
+        let now_unix = unix_now();
+        let mut by_fp: BTreeMap<u64, Vec<&Found>> = BTreeMap::new();
+        let mut ids_at: HashMap<&Path, FileId> = HashMap::new();
+        for f in &found {
+            if let FoundKind::Lines { fp, .. } = &f.kind {
+                ids_at.insert(&f.path, f.stat.id);
+                if let Some(fp) = fp {
+                    by_fp.entry(*fp).or_default().push(f);
+                }
+            }
+        }
+        for t in self.tracked.values_mut() {
+            t.findable = false;
+        }
+        for (&fp, paths) in &by_fp {
+            let chosen: &Found = if let Some(t) = self.tracked.get_mut(&fp) {
+                let c = paths
+                    .iter()
+                    .find(|f| f.path == t.path)
+                    .or_else(|| paths.iter().find(|f| f.stat.id == t.id))
+                    .unwrap_or(&paths[0]);
+                if c.path != t.path {
+                    tracing::info!(source = %self.ctx.name, from = %t.path.display(), to = %c.path.display(), "file renamed: following it");
+                    t.path = c.path.clone();
+                }
+                if c.stat.id != t.id {
+                    // Replaced by a file with the same beginning (a copy):
+                    // go on from the same offset in the new file.
+                    if t.reader.take().is_some() {
+                        self.open_count -= 1;
+                    }
+                    t.id = c.stat.id;
+                }
+                t.findable = true;
+                t.seen_len = c.stat.len;
+                c
+            } else {
+                let c = paths[0];
+                let t = self.new_tracked(c, fp, first).await;
+                self.tracked.insert(fp, t);
+                c
+            };
+            for other in paths.iter().filter(|f| f.path != chosen.path) {
+                if self.duplicates.len() > 10_000 {
+                    self.duplicates.clear();
+                }
+                if self.duplicates.insert(other.path.clone()) {
+                    tracing::warn!(source = %self.ctx.name, path = %other.path.display(), same_as = %chosen.path.display(), "file begins like another file: read only once");
+                }
+            }
+        }
+        for t in self.tracked.values_mut().filter(|t| !t.findable) {
+            // The same inode at the same path but another beginning: it was
+            // rewritten in place, and the open descriptor would read the new
+            // content as the old file's. Otherwise it was renamed away or
+            // deleted: finish it through the open descriptor, if any.
+            let rewritten = ids_at.get(t.path.as_path()) == Some(&t.id);
+            if rewritten || t.reader.is_none() {
+                if rewritten {
+                    tracing::info!(source = %self.ctx.name, path = %t.path.display(), "file rewritten in place: reading it as a new file");
+                }
+                t.done = true;
+            }
+        }
+        if first {
+            for s in self.saved.values_mut() {
+                s.gone_at.get_or_insert(now_unix);
+            }
+        }
+        self.retire_done(now_unix);
+
+        // R documents.
+        let mut seen_docs = HashSet::new();
+        for f in &found {
+            let FoundKind::Doc {
+                stream,
+                id,
+                content,
+            } = &f.kind
+            else {
+                continue;
+            };
+            seen_docs.insert(f.path.as_path());
+            // An empty R is being written: wait for its content.
+            let Some(content) = content.as_ref().filter(|c| !c.is_empty()) else {
+                continue;
+            };
+            let hash = fnv1a(content);
+            if self.docs.get(&f.path).is_some_and(|d| d.hash == hash) {
+                continue;
+            }
+            self.send_doc(f, *stream, *id, content).await?;
+            self.docs.insert(
+                f.path.clone(),
+                Doc {
+                    hash,
+                    gone_at: None,
+                },
+            );
+            self.dirty = true;
+        }
+        for (path, d) in self.docs.iter_mut() {
+            if seen_docs.contains(path.as_path()) {
+                d.gone_at = None;
+            } else if d.gone_at.is_none() {
+                d.gone_at = Some(now_unix);
+                self.dirty = true;
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_doc(
+        &mut self,
+        f: &Found,
+        stream: EventStream,
+        id: Option<JobId>,
+        content: &[u8],
+    ) -> Result<(), Stop> {
+        let ctx = &self.ctx;
+        let location = format!("{}:1", f.path.display());
+        if content.len() > ctx.decode.max_line_bytes {
+            let error = format!(
+                "R document of {} bytes is longer than max_line_bytes ({})",
+                f.stat.len, ctx.decode.max_line_bytes
+            );
+            let prefix = &content[..ctx.decode.max_line_bytes];
+            ctx.dead_letter(&location, &error, prefix).await;
+            return Ok(());
+        }
+        metrics::counter!("fluxpipe_events_received_total", "source" => ctx.name.to_string())
+            .increment(1);
+        match serde_json::from_slice::<serde_json::Value>(content) {
+            Ok(value) => {
+                let record = Record {
+                    cluster: None,
+                    stream,
+                    id,
+                    body: Body::R(value),
+                };
+                ctx.record(record).await.map_err(|_| Stop)
+            }
+            Err(e) => {
+                ctx.dead_letter(&location, &format!("R is not valid JSON: {e}"), content)
+                    .await;
+                Ok(())
+            }
+        }
+    }
+
+    async fn new_tracked(&mut self, f: &Found, fp: u64, first: bool) -> Tracked {
+        let FoundKind::Lines { origin, .. } = &f.kind else {
+            unreachable!("only line files are tracked")
+        };
+        let (mut position, mut lines) = (0, 0);
+        if let Some(s) = self.saved.remove(&fp) {
+            if s.position > f.stat.len {
+                tracing::warn!(source = %self.ctx.name, path = %f.path.display(), checkpoint = s.position, len = f.stat.len, "file is shorter than its checkpoint: reading it again from the start");
+            } else {
+                (position, lines) = (s.position, s.lines);
+            }
+            if s.path != f.path {
+                tracing::info!(source = %self.ctx.name, from = %s.path.display(), to = %f.path.display(), "file moved since its checkpoint");
+            }
+        } else if first && self.read_from == ReadFrom::End {
+            let path = f.path.clone();
+            match tokio::task::spawn_blocking(move || end_of_last_line(&path)).await {
+                Ok(Ok(end)) => (position, lines) = end,
+                Ok(Err(e)) => {
+                    tracing::warn!(source = %self.ctx.name, path = %f.path.display(), "cannot read: {e}")
+                }
+                Err(e) => tracing::warn!(source = %self.ctx.name, "{e}"),
+            }
+        }
+        self.dirty = true;
+        Tracked {
+            path: f.path.clone(),
+            id: f.stat.id,
+            origin: self.ctx.origin_with(origin.clone()),
+            position,
+            lines,
+            seen_len: f.stat.len,
+            findable: true,
+            reader: None,
+            last_active: Instant::now(),
+            at_eof: false,
+            done: false,
+        }
+    }
+
+    fn retire_done(&mut self, now_unix: u64) {
+        let done: Vec<u64> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.done)
+            .map(|(fp, _)| *fp)
+            .collect();
+        for fp in done {
+            let Some(t) = self.tracked.remove(&fp) else {
+                continue;
+            };
+            if t.reader.is_some() {
+                self.open_count -= 1;
+            }
+            tracing::debug!(source = %self.ctx.name, path = %t.path.display(), "file gone");
+            self.saved.insert(
+                fp,
+                Saved {
+                    path: t.path,
+                    position: t.position,
+                    lines: t.lines,
+                    gone_at: Some(now_unix),
+                },
+            );
+            self.dirty = true;
+        }
+    }
+
+    /// Read every file with something new; `true` when some file has more
+    /// than its turn allowed.
+    async fn read_pass(&mut self) -> Result<bool, Stop> {
+        let mut todo: Vec<(&Path, u64)> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| {
+                !t.done
+                    && if t.findable {
+                        t.seen_len != t.consumed() || (t.reader.is_some() && !t.at_eof)
+                    } else {
+                        t.reader.is_some()
+                    }
+            })
+            .map(|(fp, t)| (t.path.as_path(), *fp))
+            .collect();
+        todo.sort();
+        let todo: Vec<u64> = todo.into_iter().map(|(_, fp)| fp).collect();
+        let mut more = false;
+        for fp in todo {
+            if self.ctx.shutdown.is_cancelled() {
+                return Err(Stop);
+            }
+            more |= self.read_file(fp).await?;
+        }
+        Ok(more)
+    }
+
+    /// Close the oldest-opened findable files until one more may open.
+    fn make_room(&mut self) {
+        if self.open.len() > 2 * self.open_count + 64 {
+            let tracked = &self.tracked;
+            let mut seen = HashSet::new();
+            self.open.retain(|fp| {
+                tracked.get(fp).is_some_and(|t| t.reader.is_some()) && seen.insert(*fp)
+            });
+        }
+        let mut tries = self.open.len();
+        while self.open_count >= self.tuning.max_open.max(1) && tries > 0 {
+            tries -= 1;
+            let Some(fp) = self.open.pop_front() else {
+                break;
+            };
+            if let Some(t) = self.tracked.get_mut(&fp)
+                && t.reader.is_some()
+            {
+                if t.findable {
+                    t.reader = None;
+                    self.open_count -= 1;
+                } else {
+                    // Renamed away: its descriptor is the only way to it.
+                    self.open.push_back(fp);
+                }
+            }
+        }
+    }
+
+    /// Open a tracked file at its position, if its path still holds it.
+    async fn open(&mut self, fp: u64) -> bool {
+        self.make_room();
+        let max = self.ctx.decode.max_line_bytes;
+        let Some(t) = self.tracked.get_mut(&fp) else {
+            return false;
+        };
+        let opened = async {
+            let mut file = tokio::fs::File::open(&t.path).await?;
+            let m = file.metadata().await?;
+            if (m.dev(), m.ino()) != t.id {
+                // Replaced since the walk: the next walk sorts it out.
+                return Ok(None);
+            }
+            file.seek(std::io::SeekFrom::Start(t.position)).await?;
+            Ok::<_, std::io::Error>(Some(LineReader::starting_at(
+                BufReader::new(file),
+                max,
+                t.position,
+            )))
+        }
+        .await;
+        match opened {
+            Ok(Some(reader)) => {
+                t.reader = Some(reader);
+                t.last_active = Instant::now();
+                t.at_eof = false;
+                self.open_count += 1;
+                self.open.push_back(fp);
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(source = %self.ctx.name, path = %t.path.display(), "cannot open: {e}");
+                }
+                if !t.findable {
+                    t.done = true;
+                }
+                false
+            }
+        }
+    }
+
+    /// Read one file for one turn; `true` if it has more.
+    async fn read_file(&mut self, fp: u64) -> Result<bool, Stop> {
+        if self.tracked.get(&fp).is_some_and(|t| t.reader.is_none()) && !self.open(fp).await {
+            return Ok(false);
+        }
+        let budget = self.tuning.lines_per_turn.max(1);
+        let ctx = &self.ctx;
+        let Some(t) = self.tracked.get_mut(&fp) else {
+            return Ok(false);
+        };
+        let Tracked {
+            path,
+            origin,
+            position,
+            lines,
+            reader: reader_slot,
+            last_active,
+            at_eof,
+            findable,
+            done,
+            ..
+        } = t;
+        let Some(reader) = reader_slot.as_mut() else {
+            return Ok(false);
+        };
+
+        // A file shorter than what was read of it was truncated or replaced.
+        let len = match reader.get_ref().get_ref().metadata().await {
+            Ok(m) => m.len(),
+            Err(e) => {
+                tracing::warn!(source = %ctx.name, path = %path.display(), "cannot stat: {e}");
+                *reader_slot = None;
+                self.open_count -= 1;
+                return Ok(false);
+            }
+        };
+        if len < reader.position() + reader.pending() as u64 {
+            *reader_slot = None;
+            self.open_count -= 1;
+            if *findable {
+                tracing::warn!(source = %ctx.name, path = %path.display(), len, position = *position, "file shrank below the read position: reading it again from the start");
+                *position = 0;
+                *lines = 0;
+                self.dirty = true;
+                return Ok(true);
+            }
+            *done = true;
+            return Ok(false);
+        }
+
+        let mut n = 0;
+        loop {
+            if n >= budget {
+                return Ok(true);
+            }
+            let line = match reader.next(false).await {
+                Ok(Some(line)) => line,
+                Ok(None) => {
+                    *at_eof = true;
+                    return Ok(false);
+                }
+                Err(e) => {
+                    tracing::warn!(source = %ctx.name, path = %path.display(), "cannot read: {e}");
+                    *reader_slot = None;
+                    self.open_count -= 1;
+                    return Ok(false);
+                }
+            };
+            let lineno = *lines + 1;
+            let here: &Path = path;
+            let location = || format!("{}:{lineno}", here.display());
+            tokio::select! {
+                biased;
+                sent = ctx.line(line, origin, &location) => sent.map_err(|_| Stop)?,
+                // Shutdown while the pipeline is full: the line is not
+                // counted as read, so a restart sends it again.
+                _ = ctx.shutdown.cancelled() => return Err(Stop),
+            }
+            *position = reader.position();
+            *lines = lineno;
+            *last_active = Instant::now();
+            *at_eof = false;
+            self.dirty = true;
+            n += 1;
+        }
+    }
+
+    /// Close idle files; retire files renamed away once quiet at their end.
+    fn housekeeping(&mut self) {
+        let mut closed = 0;
+        for t in self.tracked.values_mut() {
+            if t.reader.is_none() {
+                continue;
+            }
+            let quiet = t.last_active.elapsed();
+            if !t.findable {
+                if t.at_eof && quiet >= self.tuning.rotate_grace {
+                    t.done = true;
+                }
+            } else if quiet >= self.tuning.idle_close && t.at_eof {
+                t.reader = None;
+                closed += 1;
+            }
+        }
+        self.open_count -= closed;
+        self.retire_done(unix_now());
+    }
+
+    fn checkpoint_bytes(&mut self) -> Vec<u8> {
+        let forget = self.tuning.forget_after.as_secs();
+        let now = unix_now();
+        let keep = |gone: Option<u64>| gone.is_none_or(|g| now.saturating_sub(g) < forget);
+        self.saved.retain(|_, s| keep(s.gone_at));
+        self.docs.retain(|_, d| keep(d.gone_at));
+        let mut files: Vec<FileEntry> = self
+            .tracked
+            .iter()
+            .map(|(fp, t)| FileEntry {
+                fingerprint: format!("{fp:016x}"),
+                path: t.path.clone(),
+                position: t.position,
+                lines: t.lines,
+                gone_at: None,
+            })
+            .chain(self.saved.iter().map(|(fp, s)| FileEntry {
+                fingerprint: format!("{fp:016x}"),
+                path: s.path.clone(),
+                position: s.position,
+                lines: s.lines,
+                gone_at: s.gone_at,
+            }))
+            .collect();
+        files.sort_by(|a, b| (&a.path, &a.fingerprint).cmp(&(&b.path, &b.fingerprint)));
+        let mut documents: Vec<DocEntry> = self
+            .docs
+            .iter()
+            .map(|(path, d)| DocEntry {
+                path: path.clone(),
+                hash: format!("{:016x}", d.hash),
+                gone_at: d.gone_at,
+            })
+            .collect();
+        documents.sort_by(|a, b| a.path.cmp(&b.path));
+        let file = CheckpointFile {
+            version: CHECKPOINT_VERSION,
+            files,
+            documents,
+        };
+        let mut bytes = serde_json::to_vec_pretty(&file).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+
+    async fn write_checkpoint(&mut self) -> Result<()> {
+        let bytes = self.checkpoint_bytes();
+        let dir = self.ctx.state_dir.clone();
+        tokio::task::spawn_blocking(move || write_atomic(&dir, &bytes)).await??;
+        self.dirty = false;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

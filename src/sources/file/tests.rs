@@ -1,0 +1,581 @@
+//! The file source against real files in a temporary folder: the source
+//! runs as a task, a test writes, renames and truncates files meanwhile and
+//! reads what reached the router (and the dead-letter stream).
+
+use super::*;
+use crate::operators::{Routed, Router};
+use crate::pipeline::config::SinkConfig;
+use crate::sinks::{Outputs, SinkRx};
+use std::collections::BTreeSet;
+use tokio::sync::mpsc;
+use tokio::time::{sleep, timeout};
+use tokio_util::sync::CancellationToken;
+
+fn fast() -> Tuning {
+    Tuning {
+        rotate_grace: Duration::from_millis(300),
+        checkpoint_every: Duration::from_millis(50),
+        ..Tuning::default()
+    }
+}
+
+struct Running {
+    records: mpsc::Receiver<Routed>,
+    dead: SinkRx,
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+/// A source config and context whose state lives in `dir/state`.
+fn context(
+    dir: &Path,
+    keys: &str,
+) -> (
+    FileSourceConfig,
+    SourceContext,
+    mpsc::Receiver<Routed>,
+    SinkRx,
+) {
+    let config: FileSourceConfig =
+        toml::from_str(&format!("poll_interval_ms = 20\n{keys}")).expect("source config");
+    let (tx, records) = mpsc::channel(4096);
+    let sink: SinkConfig =
+        toml::from_str("type = \"stdout\"\ninputs = [\"dead_letter\"]").expect("sink config");
+    let (outputs, mut rxs) = Outputs::new([("dead", &sink)]);
+    let ctx = SourceContext::new(
+        "files",
+        config.decode(),
+        Router::new(vec![tx]),
+        outputs,
+        CancellationToken::new(),
+        dir.join("state"),
+    );
+    (config, ctx, records, rxs.remove(0))
+}
+
+/// Start a file source whose state lives in `dir/state`.
+fn start(dir: &Path, keys: &str, tuning: Tuning) -> Running {
+    let (config, ctx, records, dead) = context(dir, keys);
+    Running {
+        records,
+        dead,
+        token: ctx.shutdown.clone(),
+        task: tokio::spawn(run_tuned(config, ctx, tuning)),
+    }
+}
+
+fn name(r: &Routed) -> String {
+    match &r.record.body {
+        Body::Event(e) => e.name.clone(),
+        Body::R(_) => "R".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl Running {
+    /// The next `n` records (fails after 5 s).
+    async fn take(&mut self, n: usize) -> Vec<Routed> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            let names: Vec<String> = out.iter().map(name).collect();
+            let r = timeout(Duration::from_secs(5), self.records.recv())
+                .await
+                .unwrap_or_else(|_| panic!("waited 5 s for {n} records, got {names:?}"))
+                .expect("router closed");
+            out.push(r);
+        }
+        out
+    }
+
+    async fn names(&mut self, n: usize) -> Vec<String> {
+        self.take(n).await.iter().map(name).collect()
+    }
+
+    async fn name_set(&mut self, n: usize) -> BTreeSet<String> {
+        self.names(n).await.into_iter().collect()
+    }
+
+    /// Nothing more arrives for `ms`.
+    async fn quiet(&mut self, ms: u64) {
+        if let Ok(Some(r)) = timeout(Duration::from_millis(ms), self.records.recv()).await {
+            panic!("unexpected record {} ({:?})", name(&r), r.record);
+        }
+    }
+
+    async fn dead_letter(&mut self) -> serde_json::Value {
+        let rec = timeout(Duration::from_secs(5), self.dead.recv())
+            .await
+            .expect("no dead letter within 5 s")
+            .expect("dead letters closed");
+        serde_json::from_str(&rec.line).expect("dead letter JSON")
+    }
+
+    async fn stop(self) -> Result<()> {
+        self.token.cancel();
+        timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("source did not stop within 5 s")
+            .expect("source task panicked")
+    }
+}
+
+fn ev(n: u32) -> String {
+    format!("{{\"timestamp\":{n}.5,\"name\":\"e{n}\"}}\n")
+}
+
+fn evs(ns: impl IntoIterator<Item = u32>) -> String {
+    ns.into_iter().map(ev).collect()
+}
+
+fn set(ns: impl IntoIterator<Item = u32>) -> BTreeSet<String> {
+    ns.into_iter().map(|n| format!("e{n}")).collect()
+}
+
+fn append(path: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+/// Keys for plain `*.log` files in `dir`, read as resource eventlogs.
+fn logs(dir: &Path) -> String {
+    format!(
+        "include = [\"{}/*.log\"]\nstream = \"resource\"\n",
+        dir.display()
+    )
+}
+
+#[tokio::test]
+async fn appended_lines_are_tailed_and_partial_lines_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    append(&a, &evs(1..=2));
+    let mut src = start(dir.path(), &logs(dir.path()), fast());
+    assert_eq!(src.names(2).await, ["e1", "e2"]);
+
+    let writer = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            for n in 3..=5 {
+                append(&a, &ev(n));
+                sleep(Duration::from_millis(30)).await;
+            }
+        })
+    };
+    assert_eq!(src.names(3).await, ["e3", "e4", "e5"]);
+    writer.await.unwrap();
+
+    // Half a line: nothing until its newline comes.
+    append(&a, "{\"timestamp\":6.5,");
+    src.quiet(200).await;
+    append(&a, "\"name\":\"e6\"}\n");
+    assert_eq!(src.names(1).await, ["e6"]);
+    src.quiet(100).await;
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn between_walks_appends_are_read_and_rewrites_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    append(&a, &ev(1));
+    // Walk once, then (practically) never again: only the checks of known
+    // files between walks see anything.
+    let tuning = Tuning {
+        walk_cost_factor: 1_000_000,
+        ..fast()
+    };
+    let mut src = start(dir.path(), &logs(dir.path()), tuning);
+    assert_eq!(src.names(1).await, ["e1"]);
+    append(&a, &evs(2..=3));
+    assert_eq!(src.names(2).await, ["e2", "e3"]);
+    // A new file waits for a walk.
+    append(&dir.path().join("b.log"), &ev(9));
+    // Rewritten in place, longer, another beginning: not read as the rest
+    // of the old file.
+    std::fs::write(&a, evs(20..=25)).unwrap();
+    src.quiet(300).await;
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn rotation_reads_the_old_file_to_its_end_then_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    let rotated = dir.path().join("a.log.1"); // not matched by *.log
+    append(&a, &evs(1..=3));
+    let mut src = start(dir.path(), &logs(dir.path()), fast());
+    assert_eq!(src.names(3).await, ["e1", "e2", "e3"]);
+
+    append(&a, &evs(4..=5));
+    std::fs::rename(&a, &rotated).unwrap();
+    append(&a, &evs(6..=7));
+    // The writer still holds the old file for a moment.
+    append(&rotated, &ev(8));
+    assert_eq!(src.name_set(5).await, set(4..=8));
+    // Past the rotation grace: the old file is retired, nothing is read twice.
+    src.quiet(600).await;
+    append(&a, &ev(9));
+    assert_eq!(src.names(1).await, ["e9"]);
+    src.quiet(100).await;
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_file_renamed_within_the_pattern_is_followed_not_reread() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    let b = dir.path().join("b.log");
+    append(&a, &evs(1..=2));
+    let mut src = start(dir.path(), &logs(dir.path()), fast());
+    assert_eq!(src.names(2).await, ["e1", "e2"]);
+    std::fs::rename(&a, &b).unwrap();
+    src.quiet(200).await;
+    append(&b, &ev(3));
+    assert_eq!(src.names(1).await, ["e3"]);
+    // A copy of the same file elsewhere is the same file: not read again.
+    std::fs::copy(&b, dir.path().join("copy.log")).unwrap();
+    src.quiet(200).await;
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn truncated_or_replaced_files_are_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    append(&a, &evs(1..=3));
+    let mut src = start(dir.path(), &logs(dir.path()), fast());
+    assert_eq!(src.names(3).await, ["e1", "e2", "e3"]);
+
+    // Replaced (new file renamed over it) by a shorter one.
+    let tmp = dir.path().join("a.tmp");
+    std::fs::write(&tmp, evs(10..=11)).unwrap();
+    std::fs::rename(&tmp, &a).unwrap();
+    assert_eq!(src.names(2).await, ["e10", "e11"]);
+    src.quiet(100).await;
+
+    // Truncated in place to a shorter content with the same first line.
+    std::fs::write(&a, ev(10)).unwrap();
+    assert_eq!(src.names(1).await, ["e10"]);
+    src.quiet(100).await;
+
+    // Rewritten in place, longer, with another first line.
+    std::fs::write(&a, evs(20..=23)).unwrap();
+    assert_eq!(src.names(4).await, ["e20", "e21", "e22", "e23"]);
+    src.quiet(200).await;
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_growing_dump_tree_is_followed_with_ids_from_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("dump");
+    let job_a = dump.join("job/0000/000a/0000/0000");
+    std::fs::create_dir_all(&job_a).unwrap();
+    append(&job_a.join("eventlog"), &ev(1));
+    // Not an eventlog: never read.
+    append(&job_a.join("jobspec.json"), &ev(99));
+    let keys = format!("include = [\"{}/**\"]\n", dump.display());
+    let mut src = start(dir.path(), &keys, fast());
+    let got = src.take(1).await;
+    assert_eq!(name(&got[0]), "e1");
+    assert_eq!(got[0].record.stream, EventStream::Job);
+    assert_eq!(
+        got[0].record.id,
+        Some(JobId::parse("0000.000a.0000.0000").unwrap())
+    );
+    src.quiet(100).await;
+
+    // A new job appears later, with its R and its exec eventlog.
+    let job_b = dump.join("job/0000/000b/4100/0000");
+    let id_b = JobId::parse("job/0000/000b/4100/0000").unwrap();
+    std::fs::create_dir_all(job_b.join("guest/exec")).unwrap();
+    append(&job_b.join("eventlog"), &ev(2));
+    append(&job_b.join("guest/exec/eventlog"), &ev(3));
+    std::fs::write(
+        job_b.join("R"),
+        r#"{"version":1,"execution":{"expiration":100.0}}"#,
+    )
+    .unwrap();
+    let mut got: Vec<(String, EventStream, Option<JobId>)> = src
+        .take(3)
+        .await
+        .iter()
+        .map(|r| (name(r), r.record.stream, r.record.id))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("R".to_string(), EventStream::Job, Some(id_b)),
+            ("e2".to_string(), EventStream::Job, Some(id_b)),
+            ("e3".to_string(), EventStream::Exec, Some(id_b)),
+        ]
+    );
+
+    // R rewritten with the same content: not sent again; changed: sent.
+    std::fs::write(
+        job_b.join("R"),
+        r#"{"version":1,"execution":{"expiration":100.0}}"#,
+    )
+    .unwrap();
+    src.quiet(200).await;
+    std::fs::write(
+        job_b.join("R"),
+        r#"{"version":1,"execution":{"expiration":200.0}}"#,
+    )
+    .unwrap();
+    let got = src.take(1).await;
+    match &got[0].record.body {
+        Body::R(v) => assert_eq!(v["execution"]["expiration"], 200.0),
+        other => panic!("expected R, got {other:?}"),
+    }
+    src.quiet(100).await;
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restart_resumes_from_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    let b = dir.path().join("b.log");
+    append(&a, &evs(1..=3));
+    let mut src = start(dir.path(), &logs(dir.path()), fast());
+    assert_eq!(src.names(3).await, ["e1", "e2", "e3"]);
+    // Stopped in the middle of a line.
+    append(&a, "{\"timestamp\":4.5,");
+    src.quiet(100).await;
+    src.stop().await.unwrap();
+
+    let text = std::fs::read_to_string(dir.path().join("state").join(CHECKPOINT_FILE)).unwrap();
+    let cp: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(cp["files"][0]["position"], evs(1..=3).len());
+    assert_eq!(cp["files"][0]["lines"], 3);
+
+    append(&a, "\"name\":\"e4\"}\n");
+    append(&a, &ev(5));
+    append(&b, &ev(6));
+    let mut src = start(dir.path(), &logs(dir.path()), fast());
+    assert_eq!(src.name_set(3).await, set(4..=6));
+    src.quiet(200).await;
+    src.stop().await.unwrap();
+
+    // And once more with nothing new: nothing at all.
+    let mut src = start(dir.path(), &logs(dir.path()), fast());
+    src.quiet(200).await;
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn read_from_end_skips_only_files_without_a_checkpoint_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (
+        dir.path().join("a.log"),
+        dir.path().join("b.log"),
+        dir.path().join("c.log"),
+    );
+    append(&a, &evs(1..=2));
+    let keys = format!("{}read_from = \"end\"\n", logs(dir.path()));
+    let mut src = start(dir.path(), &keys, fast());
+    src.quiet(200).await;
+    append(&a, &ev(3));
+    assert_eq!(src.names(1).await, ["e3"]);
+    // Discovered later: a new file, read from its start.
+    append(&b, &evs(4..=5));
+    assert_eq!(src.names(2).await, ["e4", "e5"]);
+    src.stop().await.unwrap();
+
+    append(&a, &ev(6));
+    append(&b, &ev(7));
+    append(&c, &ev(8)); // exists at startup without a checkpoint: skipped
+    let mut src = start(dir.path(), &keys, fast());
+    assert_eq!(src.name_set(2).await, set(6..=7));
+    src.quiet(200).await;
+    append(&c, &ev(9));
+    assert_eq!(src.names(1).await, ["e9"]);
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn long_and_bad_lines_are_dead_letters_and_reading_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    let text = format!("{}{}\nnot json\n{}", ev(1), "x".repeat(200), ev(2));
+    append(&a, &text);
+    let keys = format!("{}max_line_bytes = 64\n", logs(dir.path()));
+    let mut src = start(dir.path(), &keys, fast());
+    assert_eq!(src.names(2).await, ["e1", "e2"]);
+    let long = src.dead_letter().await;
+    assert_eq!(long["location"], format!("{}:2", a.display()));
+    assert!(
+        long["error"].as_str().unwrap().contains("max_line_bytes"),
+        "{long}"
+    );
+    assert_eq!(long["line"].as_str().unwrap().len(), 64);
+    let bad = src.dead_letter().await;
+    assert_eq!(bad["location"], format!("{}:3", a.display()));
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_corrupt_checkpoint_is_an_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    append(&dir.path().join("a.log"), &ev(1));
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join(CHECKPOINT_FILE), "{\"version\":1,\"files\":[{").unwrap();
+    let mut src = start(dir.path(), &logs(dir.path()), fast());
+    let err = timeout(Duration::from_secs(5), &mut src.task)
+        .await
+        .expect("source should fail at once")
+        .unwrap()
+        .expect_err("a corrupt checkpoint must be an error");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains(&state.join(CHECKPOINT_FILE).display().to_string()),
+        "{msg}"
+    );
+    assert!(msg.contains("corrupt"), "{msg}");
+    src.quiet(50).await;
+}
+
+#[tokio::test]
+async fn many_files_with_few_descriptors_lose_and_repeat_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<PathBuf> = (0..8)
+        .map(|i| dir.path().join(format!("f{i}.log")))
+        .collect();
+    for (i, f) in files.iter().enumerate() {
+        append(f, &ev(i as u32));
+    }
+    let tuning = Tuning {
+        max_open: 2,
+        idle_close: Duration::from_millis(40),
+        lines_per_turn: 3,
+        ..fast()
+    };
+    let mut src = start(dir.path(), &logs(dir.path()), tuning);
+    assert_eq!(src.name_set(8).await, set(0..8));
+    for round in 1..=3u32 {
+        for (i, f) in files.iter().enumerate() {
+            // Several lines per file, more than one turn's worth.
+            let base = round * 1000 + i as u32 * 10;
+            append(f, &evs(base..base + 5));
+        }
+        let want: BTreeSet<String> = (0..8u32)
+            .flat_map(|i| {
+                let base = round * 1000 + i * 10;
+                set(base..base + 5)
+            })
+            .collect();
+        assert_eq!(src.name_set(40).await, want);
+        sleep(Duration::from_millis(60)).await; // let files go idle and close
+    }
+    src.quiet(200).await;
+    src.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn open_files_stay_under_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..10 {
+        append(&dir.path().join(format!("f{i}.log")), &evs([i, 100 + i]));
+    }
+    let (config, ctx, mut records, _dead) = context(dir.path(), &logs(dir.path()));
+    let tuning = Tuning {
+        max_open: 3,
+        ..fast()
+    };
+    let scanner = Scanner::new(&config, true, 1024).unwrap();
+    let mut src = FileSource::new(
+        ctx,
+        tuning,
+        ReadFrom::Beginning,
+        scanner,
+        CheckpointFile::default(),
+    );
+    let found = src.scan().await.unwrap();
+    assert!(src.reconcile(found, true).await.is_ok());
+    assert_eq!(src.tracked.len(), 10);
+    assert!(matches!(src.read_pass().await, Ok(false)));
+    let open = src.tracked.values().filter(|t| t.reader.is_some()).count();
+    assert_eq!(open, src.open_count);
+    assert!(open <= 3, "{open} files open");
+    let mut n = 0;
+    while records.try_recv().is_ok() {
+        n += 1;
+    }
+    assert_eq!(n, 20);
+}
+
+#[test]
+fn patterns_walk_their_fixed_folder_and_match_any_depth() {
+    assert_eq!(base_of("/a/b/**/eventlog"), PathBuf::from("/a/b"));
+    assert_eq!(base_of("dump/job/*/x"), PathBuf::from("dump/job"));
+    assert_eq!(base_of("*.jsonl"), PathBuf::new());
+    assert_eq!(
+        base_of("/a/resource.eventlog"),
+        PathBuf::from("/a/resource.eventlog")
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for p in [
+        "dump/job/0000/000a/0000/0000/eventlog",
+        "dump/job/0000/000a/0000/0000/guest/exec/eventlog",
+        "dump/job/0000/000a/0000/0000/jobspec.json",
+        "dump/skip/job.0000.000b.0000.0000.eventlog",
+        "other/x.jsonl",
+    ] {
+        std::fs::create_dir_all(d.join(p).parent().unwrap()).unwrap();
+        std::fs::write(d.join(p), ev(1)).unwrap();
+    }
+    let config: FileSourceConfig = toml::from_str(&format!(
+        "include = [\"{0}/dump/**/eventlog\", \"{0}/dump/**/*.eventlog\", \"{0}/dump/job/**\"]\nexclude = [\"{0}/dump/skip/**\"]\n",
+        d.display()
+    ))
+    .unwrap();
+    let mut scanner = Scanner::new(&config, false, 1024).unwrap();
+    assert_eq!(scanner.roots, [d.join("dump")]);
+    let found: Vec<String> = scanner
+        .scan()
+        .iter()
+        .map(|f| f.path.strip_prefix(d).unwrap().display().to_string())
+        .collect();
+    // jobspec.json matches but is not an eventlog; skip/ is excluded.
+    assert_eq!(
+        found,
+        [
+            "dump/job/0000/000a/0000/0000/eventlog",
+            "dump/job/0000/000a/0000/0000/guest/exec/eventlog",
+        ]
+    );
+}
+
+#[test]
+fn fingerprints_wait_for_a_whole_first_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("f");
+    std::fs::write(&p, "").unwrap();
+    assert_eq!(fingerprint(&p).unwrap(), None);
+    std::fs::write(&p, "{\"timestamp\":1").unwrap();
+    assert_eq!(fingerprint(&p).unwrap(), None);
+    std::fs::write(&p, "{\"timestamp\":1}\n").unwrap();
+    let one = fingerprint(&p).unwrap().unwrap();
+    std::fs::write(&p, "{\"timestamp\":1}\nmore\n").unwrap();
+    assert_eq!(
+        fingerprint(&p).unwrap(),
+        Some(one),
+        "appends keep the fingerprint"
+    );
+    std::fs::write(&p, "x".repeat(FINGERPRINT_BYTES + 10)).unwrap();
+    assert!(
+        fingerprint(&p).unwrap().is_some(),
+        "a long first line is cut"
+    );
+    // Stable across builds: FNV-1a test vector.
+    assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+}
