@@ -34,8 +34,8 @@ fn main() -> ExitCode {
         Some(Command::Id(a)) => cli::id::run(a),
         Some(Command::Run(a)) => cli::run::run(a),
         Some(Command::Validate(a)) => cli::run::validate(a),
-        // The embedded default: replay the sample corpus shipped with fluxpipe.
-        None => cli::replay::run(cli::replay::ReplayArgs::embedded_default()),
+        // The embedded default: the default pipeline over the sample corpus.
+        None => cli::run::run(cli::run::RunArgs::embedded_default()),
     };
     match result {
         Ok(code) => code,

@@ -43,21 +43,6 @@ fn parse_format(s: &str) -> Result<Format> {
     Format::parse(s).with_context(|| format!("unknown input format `{s}`"))
 }
 
-impl ReplayArgs {
-    /// What `fluxpipe` with no command does: replay the sample corpus
-    /// shipped in the repository (every job folder and instance B's two
-    /// journal lives).
-    pub fn embedded_default() -> Self {
-        let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
-        ReplayArgs {
-            format: OutputFormat::Table,
-            cluster: "default".into(),
-            input_format: Format::Auto,
-            paths: vec![corpus.join("jobs"), corpus.join("instances/B/journals")],
-        }
-    }
-}
-
 /// Replay state plus what went wrong while reading.
 struct Replay {
     state: State,

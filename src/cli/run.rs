@@ -17,6 +17,9 @@ pub struct RunArgs {
     /// and print transitions, job summaries and anomalies as JSON Lines.
     #[arg(long, short)]
     pub config: Option<PathBuf>,
+    /// Checkpoints and state here instead of the config's `data_dir`.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
     /// Files or folders for the built-in default (ignored with --config).
     pub paths: Vec<PathBuf>,
 }
@@ -78,6 +81,23 @@ fn init_logging(config: &Config) {
     };
 }
 
+impl RunArgs {
+    /// What `fluxpipe` with no command runs: the built-in default pipeline
+    /// over the sample corpus shipped in the repository (every job folder
+    /// and instance B's journals), tailing it until SIGINT/SIGTERM.
+    pub fn embedded_default() -> Self {
+        let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+        RunArgs {
+            config: None,
+            // A fresh folder each time: the demo always starts from the top.
+            data_dir: Some(
+                std::env::temp_dir().join(format!("fluxpipe-demo-{}", std::process::id())),
+            ),
+            paths: vec![corpus.join("jobs"), corpus.join("instances/B/journals")],
+        }
+    }
+}
+
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let (config, label) = match &args.config {
         Some(path) => match config::load(path) {
@@ -95,6 +115,10 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             }
         },
     };
+    let mut config = config;
+    if let Some(dir) = args.data_dir {
+        config.data_dir = dir;
+    }
     init_logging(&config);
     tracing::info!(config = %label, "starting");
     let runtime = tokio::runtime::Builder::new_multi_thread()
