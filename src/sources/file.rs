@@ -25,6 +25,21 @@
 //! seen twice (hard link, or a copy: read once, warned about); a path whose
 //! inode is unchanged but whose beginning changed was rewritten in place.
 //!
+//! **Rewrites in place.** A file truncated and written again keeps its
+//! inode and its open descriptors, and may be rewritten at any moment,
+//! between any check and any read. So bytes read from a tailed file are
+//! handed on only if, *after* they were read, the file still begins as its
+//! fingerprint says (one positioned read of its beginning per read that
+//! returned bytes; an idle file costs nothing more). Otherwise they belong to
+//! the new content and are dropped with the old entry: the new content is
+//! read from its start when the next walk finds it under its own
+//! fingerprint. A file caught with no whole first line (truncated, or in the
+//! middle of a rewrite) is not read on either: it is read again from the
+//! start once its beginning is whole and still the same. Between walks,
+//! the stat of a known file is checked every poll and its beginning only
+//! when the stat changed; a file that grew but begins otherwise waits for
+//! the walk.
+//!
 //! **Rotation.** When a tracked file's path disappears or holds another file
 //! (rename + create), the old file is read on through the descriptor already
 //! open until it has been quiet at its end for a grace period, then retired;
@@ -34,7 +49,9 @@
 //! **Truncation.** A file shorter than what was read of it is read again
 //! from the start (logged): truncated in place, or replaced by a shorter
 //! file with the same first line. A file replaced by one with another first
-//! line is a new file, read from its start.
+//! line is a new file, read from its start. (A file rewritten in place with
+//! the same first line and at least as long as what was read of it cannot
+//! be told from an append: it is read on.)
 //!
 //! **Checkpoints.** `checkpoints.json` in the source's state folder holds,
 //! per fingerprint, the offset just past the last line handed on and the
@@ -48,7 +65,8 @@
 //!
 //! **Open files.** A file is open while it is being read; a file quiet for
 //! [`Tuning::idle_close`] is closed and reopened (by path, checked against
-//! its inode) when the walk sees it grow. At most [`Tuning::max_open`] are
+//! its inode, and what is read through it against its fingerprint as
+//! always) when a check or walk sees it grow. At most [`Tuning::max_open`] are
 //! open; the oldest-opened is closed to make room.
 //!
 //! Backpressure: a line is handed on with [`SourceContext::line`], which
@@ -64,10 +82,13 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll, ready};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncSeekExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
 
 /// Most bytes of a file's beginning that its fingerprint covers.
 pub const FINGERPRINT_BYTES: usize = 4096;
@@ -473,11 +494,54 @@ fn read_prefix(path: &Path, max: usize) -> std::io::Result<Vec<u8>> {
 /// The fingerprint of a file's beginning, or `None` while its first line is
 /// incomplete and shorter than [`FINGERPRINT_BYTES`].
 fn fingerprint(path: &Path) -> std::io::Result<Option<u64>> {
-    let head = read_prefix(path, FINGERPRINT_BYTES)?;
-    Ok(match head.iter().position(|b| *b == b'\n') {
+    Ok(fingerprint_of(&read_prefix(path, FINGERPRINT_BYTES)?))
+}
+
+/// The fingerprint of `head`, a file's first (at most [`FINGERPRINT_BYTES`])
+/// bytes; `None` while its first line is incomplete and shorter than that.
+fn fingerprint_of(head: &[u8]) -> Option<u64> {
+    let head = &head[..head.len().min(FINGERPRINT_BYTES)];
+    match head.iter().position(|b| *b == b'\n') {
         Some(i) => Some(fnv1a(&head[..=i])),
-        None if head.len() == FINGERPRINT_BYTES => Some(fnv1a(&head)),
+        None if head.len() == FINGERPRINT_BYTES => Some(fnv1a(head)),
         None => None,
+    }
+}
+
+/// `buf.len()` bytes at `offset`, fewer only at the end of the file.
+fn read_full_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// How an open file begins now, against the fingerprint it is tracked by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Head {
+    /// As the fingerprint says.
+    Same,
+    /// A whole first line (or [`FINGERPRINT_BYTES`]) that is another one:
+    /// rewritten in place.
+    Other,
+    /// Not even a whole first line: truncated, perhaps being rewritten.
+    Short,
+}
+
+/// Compare an open file's beginning with `fp` (one positioned read).
+fn check_head(file: &std::fs::File, fp: u64) -> std::io::Result<Head> {
+    let mut head = [0u8; FINGERPRINT_BYTES];
+    let n = read_full_at(file, &mut head, 0)?;
+    Ok(match fingerprint_of(&head[..n]) {
+        Some(now) if now == fp => Head::Same,
+        Some(_) => Head::Other,
+        None => Head::Short,
     })
 }
 
@@ -608,7 +672,141 @@ fn write_atomic(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 // ---- the async half -------------------------------------------------------
 
-type Reader = LineReader<BufReader<tokio::fs::File>>;
+type Reader = LineReader<Tail>;
+
+/// Most bytes read from a tailed file at once.
+const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Why bytes read from a tailed file were thrown away: when they were read,
+/// the file no longer began as its fingerprint says ([`Head::Other`] or
+/// [`Head::Short`]), so they are not the rest of the file that was tracked.
+#[derive(Debug)]
+struct Changed(Head);
+
+impl std::fmt::Display for Changed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Head::Short => f.write_str("truncated below its first line"),
+            _ => f.write_str("rewritten in place with another first line"),
+        }
+    }
+}
+
+impl std::error::Error for Changed {}
+
+/// An open tailed file, read by positioned reads on a blocking thread.
+///
+/// A file rewritten in place (same inode: truncated, then written again)
+/// can be rewritten at any moment, between a check of its fingerprint and a
+/// read as well as during a read. So the check comes after the read: every
+/// read that returns bytes is followed, in the same blocking call, by a read
+/// of the file's beginning, and the bytes are handed on only if the file
+/// still begins as its fingerprint says. Had a rewrite begun before the read,
+/// the beginning would be another (or incomplete) by then, and the read
+/// fails with [`Changed`] instead. An idle file costs nothing more: a read
+/// at the end returns no bytes and checks nothing.
+struct Tail {
+    file: Arc<std::fs::File>,
+    fp: u64,
+    /// Offset of the next read.
+    offset: u64,
+    buf: Vec<u8>,
+    /// Bytes of `buf` already consumed.
+    used: usize,
+    job: Option<tokio::task::JoinHandle<std::io::Result<Vec<u8>>>>,
+}
+
+impl Tail {
+    fn new(file: std::fs::File, fp: u64, offset: u64) -> Self {
+        Tail {
+            file: Arc::new(file),
+            fp,
+            offset,
+            buf: Vec::new(),
+            used: 0,
+            job: None,
+        }
+    }
+
+    async fn len(&self) -> std::io::Result<u64> {
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || file.metadata().map(|m| m.len()))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+}
+
+/// Read a chunk at `offset`, then check that the file still begins as `fp`.
+fn read_checked(
+    file: &std::fs::File,
+    offset: u64,
+    fp: u64,
+    mut buf: Vec<u8>,
+) -> std::io::Result<Vec<u8>> {
+    buf.resize(CHUNK_BYTES, 0);
+    let n = loop {
+        match file.read_at(&mut buf, offset) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    if n == 0 {
+        // At the end: an idle file keeps no buffer.
+        return Ok(Vec::new());
+    }
+    buf.truncate(n);
+    match check_head(file, fp)? {
+        Head::Same => Ok(buf),
+        head => Err(std::io::Error::other(Changed(head))),
+    }
+}
+
+impl AsyncBufRead for Tail {
+    fn poll_fill_buf(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<&[u8]>> {
+        let this = self.get_mut();
+        if this.used >= this.buf.len() {
+            if this.job.is_none() {
+                let (file, offset, fp) = (this.file.clone(), this.offset, this.fp);
+                let buf = std::mem::take(&mut this.buf);
+                this.used = 0;
+                this.job = Some(tokio::task::spawn_blocking(move || {
+                    read_checked(&file, offset, fp, buf)
+                }));
+            }
+            let job = this.job.as_mut().expect("a read is under way");
+            let done = ready!(Pin::new(job).poll(cx));
+            this.job = None;
+            let chunk = done.map_err(std::io::Error::other)??;
+            this.offset += chunk.len() as u64;
+            this.buf = chunk;
+            this.used = 0;
+        }
+        Poll::Ready(Ok(&this.buf[this.used..]))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this = self.get_mut();
+        this.used = (this.used + amt).min(this.buf.len());
+    }
+}
+
+impl AsyncRead for Tail {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let chunk = ready!(self.as_mut().poll_fill_buf(cx))?;
+        let n = chunk.len().min(out.remaining());
+        out.put_slice(&chunk[..n]);
+        self.consume(n);
+        Poll::Ready(Ok(()))
+    }
+}
 
 /// A tailed file.
 struct Tracked {
@@ -1048,24 +1246,20 @@ impl FileSource {
         let Some(t) = self.tracked.get_mut(&fp) else {
             return false;
         };
-        let opened = async {
-            let mut file = tokio::fs::File::open(&t.path).await?;
-            let m = file.metadata().await?;
-            if (m.dev(), m.ino()) != t.id {
-                // Replaced since the walk: the next walk sorts it out.
-                return Ok(None);
-            }
-            file.seek(std::io::SeekFrom::Start(t.position)).await?;
-            Ok::<_, std::io::Error>(Some(LineReader::starting_at(
-                BufReader::new(file),
-                max,
-                t.position,
-            )))
-        }
-        .await;
+        let (path, id) = (t.path.clone(), t.id);
+        let opened = tokio::task::spawn_blocking(move || {
+            let file = std::fs::File::open(&path)?;
+            let m = file.metadata()?;
+            // Replaced since the walk: the next walk sorts it out. (Its
+            // beginning is checked after every read, see [`Tail`].)
+            Ok(((m.dev(), m.ino()) == id).then_some(file))
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         match opened {
-            Ok(Some(reader)) => {
-                t.reader = Some(reader);
+            Ok(Some(file)) => {
+                let tail = Tail::new(file, fp, t.position);
+                t.reader = Some(LineReader::starting_at(tail, max, t.position));
                 t.last_active = Instant::now();
                 t.at_eof = false;
                 self.open_count += 1;
@@ -1100,6 +1294,7 @@ impl FileSource {
             origin,
             position,
             lines,
+            seen_len,
             reader: reader_slot,
             last_active,
             at_eof,
@@ -1112,8 +1307,8 @@ impl FileSource {
         };
 
         // A file shorter than what was read of it was truncated or replaced.
-        let len = match reader.get_ref().get_ref().metadata().await {
-            Ok(m) => m.len(),
+        let len = match reader.get_ref().len().await {
+            Ok(len) => len,
             Err(e) => {
                 tracing::warn!(source = %ctx.name, path = %path.display(), "cannot stat: {e}");
                 *reader_slot = None;
@@ -1147,9 +1342,35 @@ impl FileSource {
                     return Ok(false);
                 }
                 Err(e) => {
-                    tracing::warn!(source = %ctx.name, path = %path.display(), "cannot read: {e}");
                     *reader_slot = None;
                     self.open_count -= 1;
+                    match e.get_ref().and_then(|e| e.downcast_ref::<Changed>()) {
+                        // Same inode, another beginning: what was just read
+                        // is the new content, not the rest of this file.
+                        // The old entry goes; the next walk finds the new
+                        // content under its own fingerprint and reads it
+                        // from the start.
+                        Some(Changed(Head::Other)) => {
+                            tracing::info!(source = %ctx.name, path = %path.display(), "file rewritten in place: reading it as a new file");
+                            *done = true;
+                        }
+                        // Truncated below its first line (or caught in the
+                        // middle of a rewrite): read it again from the start
+                        // once a check or walk sees its beginning whole
+                        // again; if that is another one, the walk reads it
+                        // as a new file.
+                        Some(Changed(_)) if *findable => {
+                            tracing::warn!(source = %ctx.name, path = %path.display(), position = *position, "file truncated below its first line: reading it again from the start");
+                            *position = 0;
+                            *lines = 0;
+                            *seen_len = 0;
+                            self.dirty = true;
+                        }
+                        Some(Changed(_)) => *done = true,
+                        None => {
+                            tracing::warn!(source = %ctx.name, path = %path.display(), "cannot read: {e}");
+                        }
+                    }
                     return Ok(false);
                 }
             };

@@ -201,6 +201,231 @@ async fn between_walks_appends_are_read_and_rewrites_wait() {
     src.stop().await.unwrap();
 }
 
+/// The original race, many times over: each file is appended to, and
+/// rewritten in place (longer, another beginning) the moment its new lines
+/// arrive, while the source may be reading on. Walks are off, so nothing
+/// may be read at all after a rewrite.
+#[tokio::test]
+async fn between_walks_rewrites_racing_reads_are_never_read_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<PathBuf> = (0..40)
+        .map(|i| dir.path().join(format!("f{i:02}.log")))
+        .collect();
+    for (i, f) in files.iter().enumerate() {
+        append(f, &ev(i as u32 * 100 + 1));
+    }
+    let tuning = Tuning {
+        walk_cost_factor: 1_000_000,
+        ..fast()
+    };
+    let mut src = start(dir.path(), &logs(dir.path()), tuning);
+    assert_eq!(
+        src.name_set(files.len()).await,
+        (0..files.len() as u32)
+            .map(|i| format!("e{}", i * 100 + 1))
+            .collect()
+    );
+    for (i, f) in files.iter().enumerate() {
+        let base = i as u32 * 100;
+        append(f, &evs(base + 2..=base + 3));
+        assert_eq!(
+            src.names(2).await,
+            [format!("e{}", base + 2), format!("e{}", base + 3)]
+        );
+        std::fs::write(f, evs(base + 20..=base + 29)).unwrap();
+    }
+    src.quiet(300).await;
+    src.stop().await.unwrap();
+}
+
+/// A file source driven step by step: walk, check known files, read.
+struct Steps {
+    src: FileSource,
+    records: mpsc::Receiver<Routed>,
+    first: bool,
+}
+
+impl Steps {
+    fn new(dir: &Path, tuning: Tuning) -> Self {
+        let (config, ctx, records, _dead) = context(dir, &logs(dir));
+        let scanner = Scanner::new(&config, true, 1024).unwrap();
+        let src = FileSource::new(
+            ctx,
+            tuning,
+            ReadFrom::Beginning,
+            scanner,
+            CheckpointFile::default(),
+        );
+        Steps {
+            src,
+            records,
+            first: true,
+        }
+    }
+
+    async fn walk(&mut self) {
+        let found = self.src.scan().await.unwrap();
+        assert!(self.src.reconcile(found, self.first).await.is_ok());
+        self.first = false;
+    }
+
+    async fn check(&mut self) {
+        self.src.check_known().await.unwrap();
+    }
+
+    /// Read passes until nothing is left; the names of what was read.
+    async fn read(&mut self) -> Vec<String> {
+        for _ in 0..100 {
+            match self.src.read_pass().await {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(Stop) => panic!("source stopped"),
+            }
+        }
+        self.src.housekeeping();
+        let mut out = Vec::new();
+        while let Ok(r) = self.records.try_recv() {
+            out.push(name(&r));
+        }
+        out
+    }
+
+    /// One read pass; the names of what was read.
+    async fn read_once(&mut self) -> Vec<String> {
+        assert!(self.src.read_pass().await.is_ok());
+        self.src.housekeeping();
+        let mut out = Vec::new();
+        while let Ok(r) = self.records.try_recv() {
+            out.push(name(&r));
+        }
+        out
+    }
+}
+
+fn names_of(ns: impl IntoIterator<Item = u32>) -> Vec<String> {
+    ns.into_iter().map(|n| format!("e{n}")).collect()
+}
+
+/// The race forced: the check between walks sees the file grown with its
+/// beginning unchanged, then the file is rewritten in place (longer, another
+/// beginning) before the read. Open, idle-closed, and mid-turn readers.
+#[tokio::test]
+async fn a_rewrite_after_the_check_is_not_read_as_the_rest_of_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Steps::new(
+        dir.path(),
+        Tuning {
+            lines_per_turn: 1,
+            ..fast()
+        },
+    );
+    for i in 0..30u32 {
+        let base = i * 100;
+        let f = dir.path().join(format!("f{i:02}.log"));
+        append(&f, &ev(base + 1));
+        s.walk().await;
+        assert_eq!(s.read().await, names_of([base + 1]));
+        append(&f, &evs(base + 2..=base + 3));
+        s.check().await;
+        match i % 3 {
+            // The reader is open at the old end.
+            0 => {}
+            // Closed as idle: reopened by path, same inode.
+            1 => {
+                s.src.tuning.idle_close = Duration::ZERO;
+                s.src.housekeeping();
+                s.src.tuning.idle_close = fast().idle_close;
+                assert!(s.src.tracked.values().all(|t| t.reader.is_none()));
+            }
+            // In the middle of a turn: e(base+2) handed on, e(base+3) read
+            // (before the rewrite) and not yet handed on.
+            _ => assert_eq!(s.read_once().await, names_of([base + 2])),
+        }
+        std::fs::write(&f, evs(base + 20..=base + 25)).unwrap();
+        let got = s.read().await;
+        let want = if i % 3 == 2 {
+            names_of([base + 3])
+        } else {
+            vec![]
+        };
+        assert_eq!(got, want, "round {i}");
+        // The old entry is gone; the next walk reads the new content once.
+        s.check().await;
+        assert_eq!(s.read().await, Vec::<String>::new(), "round {i}");
+        s.walk().await;
+        assert_eq!(s.read().await, names_of(base + 20..=base + 25), "round {i}");
+        s.walk().await;
+        assert_eq!(s.read().await, Vec::<String>::new(), "round {i}");
+    }
+}
+
+/// Caught in the middle of a rewrite: no whole first line yet, but longer
+/// than what was read. Nothing is read on; once whole, another beginning is
+/// a new file (at the next walk), the same beginning is read again.
+#[tokio::test]
+async fn a_file_caught_mid_rewrite_is_not_read_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    let mut s = Steps::new(dir.path(), fast());
+    append(&a, &ev(1));
+    s.walk().await;
+    assert_eq!(s.read().await, names_of([1]));
+    append(&a, &evs(2..=3));
+    s.check().await;
+    // Truncated and half written: a first line with no end yet.
+    let head = format!(
+        "{{\"timestamp\":20.5,\"name\":\"e20\",\"pad\":\"{}",
+        "x".repeat(200)
+    );
+    std::fs::write(&a, &head).unwrap();
+    assert_eq!(s.read().await, Vec::<String>::new());
+    append(&a, &format!("\"}}\n{}", evs(21..=22)));
+    s.check().await;
+    assert_eq!(s.read().await, Vec::<String>::new());
+    s.walk().await;
+    assert_eq!(s.read().await, names_of(20..=22));
+
+    // The same again, but the rewrite keeps the first line: read again
+    // from the start, as a truncation.
+    let b = dir.path().join("b.log");
+    append(&b, &ev(30));
+    s.walk().await;
+    assert_eq!(s.read().await, names_of([30]));
+    append(&b, &evs(31..=33));
+    s.check().await;
+    let long = format!("{}{}", ev(30), evs(40..=45));
+    std::fs::write(&b, &long[..20]).unwrap();
+    assert_eq!(s.read().await, Vec::<String>::new());
+    std::fs::write(&b, &long).unwrap();
+    s.check().await;
+    let mut want = names_of([30]);
+    want.extend(names_of(40..=45));
+    assert_eq!(s.read().await, want);
+    s.walk().await;
+    assert_eq!(s.read().await, Vec::<String>::new());
+}
+
+/// Shrunk below the read position with the same beginning (read again
+/// from the start), then rewritten with another beginning before that
+/// read: not read under the old fingerprint, so not read twice.
+#[tokio::test]
+async fn a_truncated_file_rewritten_before_it_is_read_again_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    let mut s = Steps::new(dir.path(), fast());
+    append(&a, &evs(1..=3));
+    s.walk().await;
+    assert_eq!(s.read().await, names_of(1..=3));
+    std::fs::write(&a, ev(1)).unwrap();
+    s.check().await;
+    std::fs::write(&a, ev(20)).unwrap();
+    assert_eq!(s.read().await, Vec::<String>::new());
+    s.walk().await;
+    assert_eq!(s.read().await, names_of([20]));
+    s.walk().await;
+    assert_eq!(s.read().await, Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn rotation_reads_the_old_file_to_its_end_then_the_new_one() {
     let dir = tempfile::tempdir().unwrap();
