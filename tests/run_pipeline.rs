@@ -322,3 +322,49 @@ fn sigterm_mid_stream_flushes_and_exits_zero() {
             .all(|r| r["kind"] == "job" && r["result"] == "COMPLETED")
     );
 }
+
+#[test]
+fn file_sink_reopens_on_sighup_for_logrotate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_path = dir.path().join("records.jsonl");
+    let rotated = dir.path().join("records.jsonl.1");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\n\
+             [sinks.out]\ntype = \"file\"\npath = {:?}\ninputs = [\"jobs\"]\n",
+            dir.path().join("state"),
+            out_path
+        ),
+    );
+    let mut child = spawn_run(&config);
+    let mut stdin = child.stdin.take().expect("stdin");
+    let count = |p: &Path| std::fs::read_to_string(p).map_or(0, |s| s.lines().count());
+    let wait_for = |p: &Path, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count(p) < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        count(p)
+    };
+    stdin.write_all(&job_lines(1, 10)).expect("write");
+    stdin.flush().expect("flush");
+    assert_eq!(wait_for(&out_path, 10), 10);
+    // logrotate: move the file away, then SIGHUP.
+    std::fs::rename(&out_path, &rotated).expect("rename");
+    let kill = |sig: &str| {
+        Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .expect("kill")
+    };
+    assert!(kill("-HUP").success());
+    // The reopen happens when the signal is handled; give it a moment.
+    std::thread::sleep(Duration::from_millis(300));
+    stdin.write_all(&job_lines(100, 5)).expect("write");
+    stdin.flush().expect("flush");
+    assert_eq!(wait_for(&out_path, 5), 5, "new records go to the new file");
+    assert_eq!(count(&rotated), 10, "the rotated file keeps the old ones");
+    drop(stdin);
+    assert!(child.wait().expect("wait").success());
+}
