@@ -183,6 +183,26 @@ fn context_anomaly(ev: &Event, err: ContextError) -> Anomaly {
     anomaly(kind, ev, format!("{} event: {err}", ev.name))
 }
 
+/// A `prolog-finish` or `epilog-finish`: it needs a description and a
+/// status, and closes one started action.
+fn finish_action(ev: &Event, active: &mut u32, what: &str, anomalies: &mut Vec<Anomaly>) {
+    for err in [ev.str("description").err(), ev.int("status").err()]
+        .into_iter()
+        .flatten()
+    {
+        anomalies.push(context_anomaly(ev, err));
+    }
+    if *active == 0 {
+        anomalies.push(anomaly(
+            AnomalyKind::UnexpectedEvent,
+            ev,
+            format!("{what}-finish with no {what} started"),
+        ));
+    } else {
+        *active -= 1;
+    }
+}
+
 impl Job {
     pub fn new() -> Self {
         Job::default()
@@ -423,17 +443,8 @@ impl Job {
                 }
             }
             "prolog-finish" => {
-                self.check_description(ev, anomalies);
-                self.check_status(ev, anomalies);
-                if self.prologs_active == 0 {
-                    anomalies.push(anomaly(
-                        AnomalyKind::UnexpectedEvent,
-                        ev,
-                        "prolog-finish with no prolog started",
-                    ));
-                } else {
-                    self.prologs_active -= 1;
-                }
+                let active = &mut self.prologs_active;
+                finish_action(ev, active, "prolog", anomalies);
             }
             "epilog-start" => {
                 self.check_description(ev, anomalies);
@@ -442,17 +453,8 @@ impl Job {
                 }
             }
             "epilog-finish" => {
-                self.check_description(ev, anomalies);
-                self.check_status(ev, anomalies);
-                if self.epilogs_active == 0 {
-                    anomalies.push(anomaly(
-                        AnomalyKind::UnexpectedEvent,
-                        ev,
-                        "epilog-finish with no epilog started",
-                    ));
-                } else {
-                    self.epilogs_active -= 1;
-                }
+                let active = &mut self.epilogs_active;
+                finish_action(ev, active, "epilog", anomalies);
             }
             "start" => {
                 if self.expect_state(ev, &[JobState::Run], anomalies) {
@@ -659,12 +661,6 @@ impl Job {
 
     fn check_description(&self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
         if let Err(e) = ev.str("description") {
-            anomalies.push(context_anomaly(ev, e));
-        }
-    }
-
-    fn check_status(&self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
-        if let Err(e) = ev.int("status") {
             anomalies.push(context_anomaly(ev, e));
         }
     }
