@@ -7,6 +7,7 @@
 //!   streaming pipeline (`fluxpipe run`).
 //! - [`cli`]: the subcommands.
 
+pub mod alerts;
 pub mod cli;
 pub mod decode;
 pub mod flux;

@@ -2,6 +2,8 @@
 //! `fluxpipe replay --format json` and every sink of the pipeline so both
 //! use the same field names.
 
+use crate::alerts::engine::{AlertEvent, Detail, Subject};
+use crate::alerts::rule::{Rule, RuleKind};
 use crate::decode::EventStream;
 use crate::flux::event::Event;
 use crate::flux::jobid::JobId;
@@ -199,6 +201,108 @@ pub fn event(
             &id_bytes(id),
             ev.name.as_bytes(),
             &ev.timestamp.to_bits().to_le_bytes(),
+        ])),
+    );
+    Value::Object(map)
+}
+
+/// RFC 3339 text of a time in seconds since the epoch, to the
+/// microsecond (what an f64 of today's epoch seconds holds exactly).
+pub fn rfc3339(ts: f64) -> String {
+    let micros = (ts * 1e6).round();
+    let t = if micros.is_finite() {
+        jiff::Timestamp::from_nanosecond(micros as i128 * 1000).ok()
+    } else {
+        None
+    };
+    t.unwrap_or(jiff::Timestamp::UNIX_EPOCH).to_string()
+}
+
+/// `"kind":"alert"`: an alert firing or resolving, with the labels that
+/// identify it to Alertmanager and a human summary. `reason` is a drained
+/// node's drain reason.
+pub fn alert(rule: &Rule, a: &AlertEvent, reason: Option<&str>) -> Value {
+    let mut labels = Map::new();
+    labels.insert("alertname".into(), json!(rule.name));
+    labels.insert("flux_cluster".into(), json!(a.subject.cluster()));
+    labels.insert("severity".into(), json!(rule.severity));
+    let hold = &rule.hold_text;
+    let mut map = Map::new();
+    map.insert("kind".into(), json!("alert"));
+    map.insert("status".into(), json!(a.status.as_str()));
+    map.insert("alertname".into(), json!(rule.name));
+    map.insert("rule_kind".into(), json!(rule.kind.name()));
+    map.insert("severity".into(), json!(rule.severity));
+    map.insert("cluster".into(), json!(a.subject.cluster()));
+    let (summary, subject_bytes) = match (&a.subject, &a.detail) {
+        (Subject::Job(k), detail) => {
+            let f58 = k.id.to_f58();
+            labels.insert("jobid".into(), json!(f58));
+            let state = match (rule.kind, detail) {
+                (RuleKind::JobState(s), _) | (_, &Detail::State(s)) => s.as_str(),
+                _ => "",
+            };
+            if !state.is_empty() {
+                labels.insert("state".into(), json!(state));
+                map.insert("state".into(), json!(state));
+            }
+            map.insert("id".into(), json!(k.id.0));
+            let summary = match rule.kind {
+                RuleKind::JobState(s) => format!("job {f58} in {s} for more than {hold}"),
+                RuleKind::Prolog => format!("prolog of job {f58} running for more than {hold}"),
+                RuleKind::Epilog => format!("epilog of job {f58} running for more than {hold}"),
+                RuleKind::Overrun => {
+                    format!("job {f58} still running more than {hold} past its expiration")
+                }
+                RuleKind::ExecIncomplete => format!(
+                    "exec of job {f58} complete but its eventlog has no `done` after {hold}"
+                ),
+                _ => format!("job {f58}: {}", rule.name),
+            };
+            (summary, k.id.0.to_le_bytes())
+        }
+        (Subject::Node(n), detail) => {
+            let host = match detail {
+                Detail::Host(Some(h)) => h.clone(),
+                _ => format!("rank{}", n.rank),
+            };
+            labels.insert("node".into(), json!(host));
+            labels.insert("rank".into(), json!(n.rank.to_string()));
+            map.insert("node".into(), json!(host));
+            map.insert("rank".into(), json!(n.rank));
+            let what = match rule.kind {
+                RuleKind::NodeDrained => "drained",
+                RuleKind::NodeOffline => "offline",
+                RuleKind::NodeTorpid => "torpid (not heard from)",
+                _ => rule.name.as_str(),
+            };
+            let summary = format!("node {host} (rank {}) {what} for more than {hold}", n.rank);
+            (summary, u64::from(n.rank).to_le_bytes())
+        }
+    };
+    let mut annotations = Map::new();
+    annotations.insert("summary".into(), json!(summary));
+    if let Some(r) = reason.filter(|r| !r.is_empty()) {
+        annotations.insert("reason".into(), json!(r));
+    }
+    annotations.insert("since".into(), json!(rfc3339(a.since)));
+    map.insert("labels".into(), Value::Object(labels));
+    map.insert("annotations".into(), Value::Object(annotations));
+    map.insert("since".into(), json!(a.since));
+    map.insert("starts_at".into(), json!(rfc3339(a.starts_at)));
+    map.insert("ends_at".into(), json!(a.ends_at.map(rfc3339)));
+    let ends = a.ends_at.unwrap_or(f64::NAN).to_bits().to_le_bytes();
+    map.insert(
+        "record_id".into(),
+        json!(record_id(&[
+            b"alert",
+            rule.name.as_bytes(),
+            a.subject.cluster().as_bytes(),
+            &[matches!(a.subject, Subject::Job(_)) as u8],
+            &subject_bytes,
+            a.status.as_str().as_bytes(),
+            &a.starts_at.to_bits().to_le_bytes(),
+            &ends,
         ])),
     );
     Value::Object(map)

@@ -1,14 +1,18 @@
 //! `fluxpipe replay`: read eventlogs and journals from files and folders,
 //! replay them through the Flux model and print jobs, ranks and anomalies.
 
+use crate::alerts::engine::{AlertEvent, Engine, Subject};
+use crate::alerts::rule::default_rules;
+use crate::alerts::{self};
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::output;
-use crate::state::{KeyedAnomaly, State};
+use crate::state::{Effects, JobKey, KeyedAnomaly, State};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -34,6 +38,13 @@ pub struct ReplayArgs {
     /// Line format; `auto` tells the forms apart per line.
     #[arg(long, default_value = "auto", value_parser = parse_format)]
     pub input_format: Format,
+    /// Alert rules from this pipeline config's `[alerts]` table (default:
+    /// the built-in rules). Replay measures them against event time.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Report no alerts.
+    #[arg(long)]
+    pub no_alerts: bool,
     /// Files and folders (read recursively, in sorted path order).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
@@ -50,26 +61,61 @@ struct Replay {
     format: Format,
     anomalies: Vec<KeyedAnomaly>,
     lines: u64,
+    alerts: Engine,
+    /// Newest event time per cluster: the alerts' clock.
+    clock: HashMap<String, f64>,
+    fired: Vec<AlertEvent>,
 }
 
 pub fn run(args: ReplayArgs) -> Result<ExitCode> {
+    let rules = match (&args.config, args.no_alerts) {
+        (_, true) => Vec::new(),
+        (None, false) => default_rules(),
+        (Some(path), false) => {
+            let config = crate::pipeline::config::load(path).map_err(|errors| {
+                let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                anyhow::anyhow!("{}: {}", path.display(), text.join("; "))
+            })?;
+            config
+                .alerts
+                .rules()
+                .map_err(|(rule, key, e)| anyhow::anyhow!("alerts.rules.{rule}.{key}: {e}"))?
+        }
+    };
     let mut replay = Replay {
         state: State::new(),
         cluster: args.cluster.clone(),
         format: args.input_format,
         anomalies: Vec::new(),
         lines: 0,
+        alerts: Engine::new(rules),
+        clock: HashMap::new(),
+        fired: Vec::new(),
     };
     for path in &args.paths {
         replay.path(path)?;
     }
+    let clock = &replay.clock;
+    replay
+        .alerts
+        .flush(|c| clock.get(c).copied(), &mut replay.fired);
+    let alerts: Vec<Value> = replay
+        .fired
+        .iter()
+        .filter_map(|a| {
+            let rule = replay.alerts.rules().get(a.rule)?;
+            Some(output::alert(rule, a, drain_reason(&replay.state, a)))
+        })
+        .collect();
     let mut anomalies = replay.anomalies;
     anomalies.extend(replay.state.finish());
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     match args.format {
-        OutputFormat::Json => print_json(&mut out, &replay.state, &anomalies)?,
-        OutputFormat::Table => print_table(&mut out, &replay.state, &anomalies, replay.lines)?,
+        OutputFormat::Json => print_json(&mut out, &replay.state, &anomalies, &alerts)?,
+        OutputFormat::Table => {
+            print_table(&mut out, &replay.state, &anomalies, &alerts, replay.lines)?
+        }
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
@@ -167,8 +213,46 @@ impl Replay {
     }
 
     fn apply(&mut self, rec: Record) {
+        let cluster = rec.cluster.clone().unwrap_or_else(|| self.cluster.clone());
+        let key = rec.id.map(|id| JobKey {
+            cluster: cluster.clone(),
+            id,
+        });
+        let at = match &rec.body {
+            Body::Event(ev) if ev.timestamp.is_finite() => Some(ev.timestamp),
+            _ => None,
+        };
         let fx = self.state.apply(&self.cluster, rec);
+        if !self.alerts.rules().is_empty() && !fx.duplicate {
+            self.alert_on(&cluster, key.as_ref(), at, &fx);
+        }
         self.anomalies.extend(fx.anomalies);
+    }
+
+    /// Alerts measured against event time: the newest event per cluster.
+    fn alert_on(&mut self, cluster: &str, key: Option<&JobKey>, at: Option<f64>, fx: &Effects) {
+        let now = self.clock.get(cluster).copied();
+        let lag = match (now, at) {
+            (Some(now), Some(at)) => (now - at).max(0.0),
+            _ => 0.0,
+        };
+        if let Some(t) = at {
+            let c = self.clock.entry(cluster.to_string()).or_insert(t);
+            *c = c.max(t);
+        }
+        // What came due before this record goes first, in time order.
+        let clock = &self.clock;
+        self.alerts
+            .advance(|c| clock.get(c).copied(), usize::MAX, &mut self.fired);
+        let Some(at) = at.or(now) else {
+            return;
+        };
+        if let Some(key) = key {
+            alerts::observe_job(&mut self.alerts, &self.state, key, at, lag, &mut self.fired);
+        }
+        for (c, change) in &fx.rank_changes {
+            alerts::observe_rank(&mut self.alerts, c, change, at, lag, &mut self.fired);
+        }
     }
 
     fn input_anomaly(&mut self, path: &Path, lineno: u64, message: String) {
@@ -191,7 +275,25 @@ fn read_json(path: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
-fn print_json(out: &mut impl Write, state: &State, anomalies: &[KeyedAnomaly]) -> Result<()> {
+/// A drained node's reason, for an alert's annotations.
+fn drain_reason<'s>(state: &'s State, a: &AlertEvent) -> Option<&'s str> {
+    match &a.subject {
+        Subject::Node(n) => state
+            .resources
+            .get(&n.cluster)?
+            .rank(n.rank)?
+            .drain_reason
+            .as_deref(),
+        Subject::Job(_) => None,
+    }
+}
+
+fn print_json(
+    out: &mut impl Write,
+    state: &State,
+    anomalies: &[KeyedAnomaly],
+    alerts: &[Value],
+) -> Result<()> {
     for (key, entry) in state.listed_jobs() {
         writeln!(out, "{}", output::job(key, entry))?;
     }
@@ -202,6 +304,9 @@ fn print_json(out: &mut impl Write, state: &State, anomalies: &[KeyedAnomaly]) -
     }
     for a in anomalies {
         writeln!(out, "{}", output::anomaly(a))?;
+    }
+    for a in alerts {
+        writeln!(out, "{a}")?;
     }
     Ok(())
 }
@@ -236,6 +341,7 @@ fn print_table(
     out: &mut impl Write,
     state: &State,
     anomalies: &[KeyedAnomaly],
+    alerts: &[Value],
     lines: u64,
 ) -> Result<()> {
     let jobs = state.listed_jobs();
@@ -310,6 +416,28 @@ fn print_table(
             writeln!(out, "{} {} {}", a.cluster, who, a.anomaly)?;
         }
     }
+    if !alerts.is_empty() {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "ALERTS (event time)\n{:<9} {:<20} {:<20} {:<20}  SUMMARY",
+            "STATUS", "ALERT", "STARTS", "ENDS"
+        )?;
+        let text = |v: &Value, k: &str| v[k].as_str().unwrap_or("-").to_string();
+        for a in alerts {
+            writeln!(
+                out,
+                "{:<9} {:<20} {:<20} {:<20}  {}",
+                text(a, "status"),
+                text(a, "alertname"),
+                text(a, "starts_at").get(..19).unwrap_or("-"),
+                text(a, "ends_at").get(..19).unwrap_or("-"),
+                a["annotations"]["summary"].as_str().unwrap_or("")
+            )?;
+        }
+    }
+    let firing = alerts.iter().filter(|a| a["status"] == "firing").count()
+        - alerts.iter().filter(|a| a["status"] == "resolved").count();
     let mut states = [0usize; 7];
     for (_, e) in &jobs {
         states[JobState::ALL
@@ -326,13 +454,14 @@ fn print_table(
     writeln!(out)?;
     writeln!(
         out,
-        "{} lines, {} jobs ({}), {} ranks, {} anomalies, {} repeats skipped",
+        "{} lines, {} jobs ({}), {} ranks, {} anomalies, {} repeats skipped, {} alerts still firing",
         lines,
         jobs.len(),
         by_state.join(", "),
         nranks,
         anomalies.len(),
-        state.counts.duplicates
+        state.counts.duplicates,
+        firing
     )?;
     Ok(())
 }

@@ -43,6 +43,7 @@ pub struct ExecLog {
     reattach_count: u32,
     restarted: bool,
     complete_status: Option<i64>,
+    complete_timestamp: Option<f64>,
     shell_exit: Option<ShellExit>,
     done: bool,
     shell_events: u64,
@@ -94,6 +95,11 @@ impl ExecLog {
     }
 
     /// (rank, wait status) of the leader shell's exit.
+    /// When the (first) `complete` event was written.
+    pub fn complete_timestamp(&self) -> Option<f64> {
+        self.complete_timestamp
+    }
+
     pub fn shell_exit(&self) -> Option<(u32, i64)> {
         self.shell_exit.as_ref().map(|s| (s.rank, s.wait_status))
     }
@@ -208,6 +214,7 @@ impl ExecLog {
                         flag(AnomalyKind::Repeated, "second `complete` event".into());
                     } else {
                         self.complete_status = Some(status);
+                        self.complete_timestamp = Some(ev.timestamp);
                     }
                 }
                 Err(e) => flag(context_kind(&e), e.to_string()),

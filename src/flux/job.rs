@@ -161,6 +161,9 @@ pub struct Job {
     /// Prolog and epilog actions started and not yet finished.
     pub prologs_active: u32,
     pub epilogs_active: u32,
+    /// When the oldest prolog (epilog) still running started.
+    pub prolog_since: Option<f64>,
+    pub epilog_since: Option<f64>,
     pub started: bool,
     pub released_final: bool,
     pub freed: bool,
@@ -439,22 +442,34 @@ impl Job {
             "prolog-start" => {
                 self.check_description(ev, anomalies);
                 if self.expect_state(ev, &[JobState::Run, JobState::Cleanup], anomalies) {
+                    if self.prologs_active == 0 {
+                        self.prolog_since = Some(ts);
+                    }
                     self.prologs_active += 1;
                 }
             }
             "prolog-finish" => {
                 let active = &mut self.prologs_active;
                 finish_action(ev, active, "prolog", anomalies);
+                if self.prologs_active == 0 {
+                    self.prolog_since = None;
+                }
             }
             "epilog-start" => {
                 self.check_description(ev, anomalies);
                 if self.expect_state(ev, &[JobState::Cleanup], anomalies) {
+                    if self.epilogs_active == 0 {
+                        self.epilog_since = Some(ts);
+                    }
                     self.epilogs_active += 1;
                 }
             }
             "epilog-finish" => {
                 let active = &mut self.epilogs_active;
                 finish_action(ev, active, "epilog", anomalies);
+                if self.epilogs_active == 0 {
+                    self.epilog_since = None;
+                }
             }
             "start" => {
                 if self.expect_state(ev, &[JobState::Run], anomalies) {

@@ -7,6 +7,9 @@
 //! dropped with an anomaly after `orphan_ttl`.
 
 use super::Routed;
+use crate::alerts::engine::{AlertEvent, Engine, Status, Subject};
+use crate::alerts::rule::Rule;
+use crate::alerts::{self, Clock};
 use crate::decode::Body;
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
@@ -15,8 +18,9 @@ use crate::pipeline::config::OutputStream;
 use crate::sinks::Outputs;
 use crate::state::{JobKey, KeyedAnomaly, State};
 use crate::telemetry::NodeBoard;
-use std::collections::HashSet;
 use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -28,8 +32,50 @@ pub struct Retention {
     pub orphan_ttl: Duration,
 }
 
+/// What the shards' alert engines need: the rules, the clock, and the
+/// event clock they share.
+#[derive(Debug, Clone, Default)]
+pub struct AlertSetup {
+    pub rules: Vec<Rule>,
+    pub clock: Clock,
+    pub shared: SharedEventClock,
+}
+
+/// The newest event timestamp per cluster over all shards, for
+/// `alerts.clock = "event"`. Shards keep their own view and merge it here
+/// on every tick, so the hot path takes no lock.
+#[derive(Debug, Clone, Default)]
+pub struct SharedEventClock(Arc<Mutex<HashMap<String, f64>>>);
+
+impl SharedEventClock {
+    /// Merge a shard's clocks in and take everyone's back.
+    fn sync(&self, local: &mut HashMap<String, f64>) {
+        let Ok(mut shared) = self.0.lock() else {
+            return;
+        };
+        for (c, t) in local.iter() {
+            let e = shared.entry(c.clone()).or_insert(*t);
+            *e = e.max(*t);
+        }
+        for (c, t) in shared.iter() {
+            local.insert(c.clone(), *t);
+        }
+    }
+}
+
+/// Most alerts fired in one go; more wait for the next turn of the loop,
+/// so input keeps flowing while a million timers come due.
+const FIRE_BATCH: usize = 1024;
+
 pub struct Shard {
     state: State,
+    alerts: Engine,
+    clock: Clock,
+    shared_clock: SharedEventClock,
+    /// Newest event timestamp per cluster, as this shard knows it.
+    event_clock: HashMap<String, f64>,
+    /// More alerts are due than the last batch fired.
+    alerts_due: bool,
     outputs: Outputs,
     retention: Retention,
     /// Jobs that became INACTIVE, oldest first, with when to drop them.
@@ -45,9 +91,19 @@ pub struct Shard {
 }
 
 impl Shard {
-    pub fn new(outputs: Outputs, retention: Retention, nodes: NodeBoard) -> Self {
+    pub fn new(
+        outputs: Outputs,
+        retention: Retention,
+        nodes: NodeBoard,
+        alerts: AlertSetup,
+    ) -> Self {
         Shard {
             state: State::new(),
+            alerts: Engine::new(alerts.rules),
+            clock: alerts.clock,
+            shared_clock: alerts.shared,
+            event_clock: HashMap::new(),
+            alerts_due: false,
             outputs,
             retention,
             inactive: VecDeque::new(),
@@ -72,6 +128,10 @@ impl Shard {
         }
         for result in ["COMPLETED", "FAILED", "CANCELED", "TIMEOUT"] {
             metrics::counter!("flux_jobs_inactive_total", "flux_cluster" => c.clone(), "result" => result).increment(0);
+        }
+        for (_, rule) in self.alerts.rules_for(true) {
+            metrics::gauge!("flux_jobs_stuck", "flux_cluster" => c.clone(), "rule" => rule.name.clone())
+                .increment(0.0);
         }
     }
 
@@ -98,6 +158,7 @@ impl Shard {
                     None => break,
                 },
                 _ = tick.tick() => self.expire(Instant::now()).await,
+                _ = std::future::ready(()), if self.alerts_due => self.fire_due().await,
             }
         }
     }
@@ -151,7 +212,14 @@ impl Shard {
             _ => None,
         };
         self.first_sight(&cluster);
+        let event_ts = match &record.body {
+            Body::Event(ev) => Some(ev.timestamp),
+            _ => None,
+        };
         let fx = self.state.apply(&cluster, record);
+        if !fx.duplicate {
+            self.alert_on(&cluster, key.as_ref(), event_ts, &fx).await;
+        }
         if !fx.duplicate {
             self.job_metrics(&cluster, key.as_ref(), before, &fx);
             if let Some((kind, severity)) = exception {
@@ -213,6 +281,98 @@ impl Shard {
                 .await;
         }
         self.emit_anomalies(&fx.anomalies).await;
+    }
+
+    /// Feed the alert engine what this record changed, then fire what is
+    /// due.
+    async fn alert_on(
+        &mut self,
+        cluster: &str,
+        key: Option<&JobKey>,
+        event_ts: Option<f64>,
+        fx: &crate::state::Effects,
+    ) {
+        if self.alerts.rules().is_empty() {
+            return;
+        }
+        // How far this record runs behind the cluster's event clock.
+        let lag = match (self.clock, event_ts, self.event_clock.get(cluster)) {
+            (Clock::Event, Some(ts), Some(now)) => (now - ts).max(0.0),
+            _ => 0.0,
+        };
+        if let (Clock::Event, Some(ts)) = (self.clock, event_ts)
+            && ts.is_finite()
+        {
+            match self.event_clock.get_mut(cluster) {
+                Some(t) => *t = t.max(ts),
+                None => {
+                    self.event_clock.insert(cluster.to_string(), ts);
+                }
+            }
+        }
+        // What came due before this record goes first, in time order.
+        if self.clock == Clock::Event {
+            self.fire_due().await;
+        }
+        let at = event_ts
+            .or_else(|| self.event_clock.get(cluster).copied())
+            .unwrap_or_else(alerts::wall_now);
+        let mut out = Vec::new();
+        if let Some(key) = key {
+            alerts::observe_job(&mut self.alerts, &self.state, key, at, lag, &mut out);
+        }
+        for (c, change) in &fx.rank_changes {
+            alerts::observe_rank(&mut self.alerts, c, change, at, lag, &mut out);
+        }
+        self.emit_alerts(&out).await;
+    }
+
+    /// Fire a batch of the alerts that are due.
+    async fn fire_due(&mut self) {
+        let mut out = Vec::new();
+        self.alerts_due = match self.clock {
+            Clock::Wall => {
+                let now = alerts::wall_now();
+                self.alerts.advance(|_| Some(now), FIRE_BATCH, &mut out)
+            }
+            Clock::Event => {
+                let clocks = &self.event_clock;
+                self.alerts
+                    .advance(|c| clocks.get(c).copied(), FIRE_BATCH, &mut out)
+            }
+        };
+        self.emit_alerts(&out).await;
+    }
+
+    async fn emit_alerts(&self, events: &[AlertEvent]) {
+        for a in events {
+            let Some(rule) = self.alerts.rules().get(a.rule) else {
+                continue;
+            };
+            if rule.kind.is_job() {
+                let g = metrics::gauge!("flux_jobs_stuck", "flux_cluster" => a.subject.cluster().to_string(), "rule" => rule.name.clone());
+                match a.status {
+                    Status::Firing => g.increment(1.0),
+                    Status::Resolved => g.decrement(1.0),
+                }
+            }
+            metrics::counter!("fluxpipe_alerts_total", "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
+            let reason = match &a.subject {
+                Subject::Node(n) => self
+                    .state
+                    .resources
+                    .get(&n.cluster)
+                    .and_then(|r| r.rank(n.rank))
+                    .and_then(|r| r.drain_reason.as_deref()),
+                Subject::Job(_) => None,
+            };
+            self.outputs
+                .emit(OutputRecord::new(
+                    OutputStream::Alerts,
+                    &output::alert(rule, a, reason),
+                ))
+                .await;
+        }
     }
 
     /// Job series: active jobs per state, transitions, results, exceptions
@@ -311,13 +471,21 @@ impl Shard {
             }
         }
         let mut orphans = Vec::new();
+        let mut gone_alerts = Vec::new();
         while let Some((at, _)) = self.unsubmitted.front()
             && *at <= now
         {
             if let Some((_, key)) = self.unsubmitted.pop_front()
                 && self.state.jobs.get(&key).is_some_and(|e| !e.job.submitted)
             {
+                let at = self
+                    .state
+                    .jobs
+                    .get(&key)
+                    .map_or(0.0, |e| e.job.last_timestamp().unwrap_or(0.0));
                 self.state.jobs.remove(&key);
+                self.alerts
+                    .forget(&Subject::Job(key.clone()), at, &mut gone_alerts);
                 metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "orphan").increment(1);
                 orphans.push(KeyedAnomaly {
                     cluster: key.cluster.clone(),
@@ -331,7 +499,14 @@ impl Shard {
             }
         }
         self.emit_anomalies(&orphans).await;
+        self.emit_alerts(&gone_alerts).await;
         self.report_tracked();
+        if !self.alerts.rules().is_empty() {
+            if self.clock == Clock::Event {
+                self.shared_clock.sync(&mut self.event_clock);
+            }
+            self.fire_due().await;
+        }
     }
 
     /// Jobs currently held.
@@ -395,7 +570,7 @@ mod tests {
     #[tokio::test]
     async fn inactive_jobs_are_summarized_then_dropped_after_the_grace() {
         let (outputs, mut rx) = sink(r#"["jobs", "transitions", "events"]"#);
-        let mut shard = Shard::new(outputs, RETAIN, NodeBoard::default());
+        let mut shard = Shard::new(outputs, RETAIN, NodeBoard::default(), AlertSetup::default());
         for ev in job_events() {
             shard.apply(routed(7, EventStream::Job, ev)).await;
         }
@@ -420,7 +595,7 @@ mod tests {
     #[tokio::test]
     async fn exec_events_before_submit_are_held_and_orphans_expire() {
         let (outputs, mut rx) = sink(r#"["anomalies"]"#);
-        let mut shard = Shard::new(outputs, RETAIN, NodeBoard::default());
+        let mut shard = Shard::new(outputs, RETAIN, NodeBoard::default(), AlertSetup::default());
         // exec eventlog first, then the job's own eventlog: no anomaly
         shard
             .apply(routed(8, EventStream::Exec, Event::new(5.5, "init")))

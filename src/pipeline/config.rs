@@ -6,6 +6,8 @@
 //! listeners share an address, paths can be read or written. Every error
 //! names the key and the line.
 
+use crate::alerts::Clock;
+use crate::alerts::rule::{Rule, RuleError, RuleKind, default_rules};
 use crate::decode::{EventStream, Format};
 use crate::flux::jobid::JobId;
 use serde::{Deserialize, Deserializer};
@@ -80,6 +82,8 @@ pub struct Config {
     #[serde(default)]
     pub operators: OperatorConfig,
     #[serde(default)]
+    pub alerts: AlertsConfig,
+    #[serde(default)]
     pub sources: BTreeMap<String, SourceConfig>,
     #[serde(default)]
     pub sinks: BTreeMap<String, SinkConfig>,
@@ -152,6 +156,58 @@ fn default_inactive_grace() -> f64 {
 
 fn default_orphan_ttl() -> f64 {
     3600.0
+}
+
+/// `[alerts]`: the clock and the rules.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsConfig {
+    #[serde(default)]
+    pub clock: Clock,
+    /// `[alerts.rules.NAME]`; when absent, the built-in default rules.
+    #[serde(default)]
+    pub rules: Option<BTreeMap<String, RuleConfig>>,
+}
+
+/// `[alerts.rules.NAME]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub kind: String,
+    /// The job state, for `kind = "job_state"`.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// How long the condition must hold (`90s`, `10m`, `24h`, `7d`).
+    #[serde(rename = "for")]
+    pub hold: String,
+    #[serde(default = "default_severity")]
+    pub severity: String,
+}
+
+fn default_severity() -> String {
+    "warning".into()
+}
+
+impl AlertsConfig {
+    /// The rules in force, or the first problem: (rule name, key, error).
+    pub fn rules(&self) -> Result<Vec<Rule>, (String, &'static str, RuleError)> {
+        let Some(rules) = &self.rules else {
+            return Ok(default_rules());
+        };
+        rules
+            .iter()
+            .map(|(name, r)| {
+                let kind = RuleKind::from_parts(&r.kind, r.state.as_deref()).map_err(|e| {
+                    let key = match e {
+                        RuleError::UnknownKind(_) => "kind",
+                        _ => "state",
+                    };
+                    (name.clone(), key, e)
+                })?;
+                Rule::new(name, kind, &r.hold, &r.severity).map_err(|e| (name.clone(), "for", e))
+            })
+            .collect()
+    }
 }
 
 /// How a source's lines are read: every source type has these keys.
@@ -398,6 +454,7 @@ pub enum SinkConfig {
     Socket(SocketSinkConfig),
     Http(HttpSinkConfig),
     Prometheus(PrometheusSinkConfig),
+    Alertmanager(AlertmanagerSinkConfig),
 }
 
 impl SinkConfig {
@@ -407,6 +464,7 @@ impl SinkConfig {
             SinkConfig::File(c) => c.common(),
             SinkConfig::Socket(c) => c.common(),
             SinkConfig::Http(c) => c.common(),
+            SinkConfig::Alertmanager(c) => c.common(),
             SinkConfig::Prometheus(_) => SinkCommon {
                 inputs: &[],
                 when_full: WhenFull::DropNewest,
@@ -454,6 +512,31 @@ sink_config! {
         #[serde(default = "default_retry_max")]
         retry_max_secs: f64,
     }
+}
+
+sink_config! {
+    /// `type = "alertmanager"`: alerts to Alertmanager's API v2.
+    AlertmanagerSinkConfig {
+        /// Alertmanager's base URL, e.g. `http://127.0.0.1:9093`.
+        url: String,
+        /// Seconds between re-sends of every firing alert.
+        #[serde(default = "default_resend_interval")]
+        resend_interval_secs: f64,
+        /// Seconds a resolved alert keeps being re-sent.
+        #[serde(default = "default_resolved_resend")]
+        resolved_resend_secs: f64,
+        /// Extra request headers (authentication, say).
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+    }
+}
+
+fn default_resend_interval() -> f64 {
+    60.0
+}
+
+fn default_resolved_resend() -> f64 {
+    900.0
 }
 
 /// `type = "prometheus"`: `/metrics`, `/healthz` and `/readyz` over HTTP.
@@ -801,8 +884,41 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
                     ));
                 }
             }
+            SinkConfig::Alertmanager(a) => {
+                let url = &a.url;
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    errors.push(loc.error(
+                        &key("url"),
+                        None,
+                        format!("sinks.{name}.url `{url}`: must start with http:// or https://"),
+                    ));
+                }
+                for (i, input) in a.inputs.iter().enumerate() {
+                    if input != OutputStream::Alerts.as_str() {
+                        errors.push(loc.error(
+                            &key("inputs"),
+                            Some(i),
+                            format!("sinks.{name}.inputs: `{input}`: an alertmanager sink takes only `alerts`"),
+                        ));
+                    }
+                }
+                if !a.resend_interval_secs.is_finite() || a.resend_interval_secs < 1.0 {
+                    errors.push(loc.error(
+                        &key("resend_interval_secs"),
+                        None,
+                        format!("sinks.{name}.resend_interval_secs: must be at least 1"),
+                    ));
+                }
+            }
             SinkConfig::Stdout(_) | SinkConfig::Prometheus(_) => {}
         }
+    }
+    if let Err((rule, k, e)) = config.alerts.rules() {
+        errors.push(loc.error(
+            &["alerts", "rules", rule.as_str(), k],
+            None,
+            format!("alerts.rules.{rule}.{k}: {e}"),
+        ));
     }
     errors
 }

@@ -8,7 +8,7 @@
 
 use super::config::{Config, OperatorConfig, SinkConfig};
 use crate::operators::Router;
-use crate::operators::shard::{Retention, Shard};
+use crate::operators::shard::{AlertSetup, Retention, Shard};
 use crate::sinks::{self, Outputs, SinkContext};
 use crate::sources::{self, SourceContext};
 use crate::telemetry;
@@ -60,6 +60,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
+    let alert_setup = AlertSetup {
+        rules: config
+            .alerts
+            .rules()
+            .map_err(|(rule, key, e)| anyhow::anyhow!("alerts.rules.{rule}.{key}: {e}"))?,
+        clock: config.alerts.clock,
+        shared: Default::default(),
+    };
     let mut shard_tasks = JoinSet::new();
     let mut shard_txs = Vec::with_capacity(workers);
     for _ in 0..workers {
@@ -69,6 +77,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             outputs.clone(),
             retention(&config.operators),
             sink_ctx.nodes.clone(),
+            alert_setup.clone(),
         );
         shard_tasks.spawn(shard.run(rx));
     }

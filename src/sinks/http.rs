@@ -56,24 +56,8 @@ impl Sender {
     fn new(name: &str, config: &HttpSinkConfig) -> anyhow::Result<Self> {
         let url = reqwest::Url::parse(&config.uri)
             .with_context(|| format!("uri `{}` is not a valid URL", config.uri))?;
-        // The client wants a TLS provider even for http:// URLs: ring, not
-        // the default aws-lc (whose build needs cmake). Installing fails
-        // only when a provider is already installed, which is as good.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        for (k, v) in &config.headers {
-            let key = HeaderName::from_bytes(k.as_bytes())
-                .with_context(|| format!("headers: `{k}` is not a valid header name"))?;
-            let value = HeaderValue::from_str(v)
-                .with_context(|| format!("headers.{k}: not a valid header value"))?;
-            headers.insert(key, value);
-        }
-        let client = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .build()
-            .context("cannot build the HTTP client")?;
+        let headers = request_headers(&config.headers)?;
+        let client = client()?;
         Ok(Sender {
             name: name.to_string(),
             client,
@@ -164,8 +148,37 @@ impl Sender {
     }
 }
 
+/// An HTTP client for the sinks. It wants a TLS provider even for
+/// http:// URLs: ring, not the default aws-lc (whose build needs cmake).
+/// Installing fails only when a provider is already installed, which is
+/// as good.
+pub(super) fn client() -> anyhow::Result<reqwest::Client> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .build()
+        .context("cannot build the HTTP client")
+}
+
+/// `Content-Type: application/json` plus the configured headers.
+pub(super) fn request_headers(
+    extra: &std::collections::BTreeMap<String, String>,
+) -> anyhow::Result<HeaderMap> {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    for (k, v) in extra {
+        let key = HeaderName::from_bytes(k.as_bytes())
+            .with_context(|| format!("headers: `{k}` is not a valid header name"))?;
+        let value = HeaderValue::from_str(v)
+            .with_context(|| format!("headers.{k}: not a valid header value"))?;
+        headers.insert(key, value);
+    }
+    Ok(headers)
+}
+
 /// The message of an error and of its causes.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

@@ -4,6 +4,7 @@
 //!
 //! A new sink is one new file here plus one line in [`run`].
 
+pub mod alertmanager;
 pub mod file;
 pub mod http;
 pub mod prometheus;
@@ -147,6 +148,7 @@ pub async fn run(
         SinkConfig::Prometheus(c) => prometheus::run(&name, c, rx, ctx).await,
         SinkConfig::Socket(c) => socket::run(&name, c, rx).await,
         SinkConfig::Http(c) => http::run(&name, c, rx).await,
+        SinkConfig::Alertmanager(c) => alertmanager::run(&name, c, rx).await,
     }
 }
 

@@ -1,0 +1,286 @@
+//! Alert rules: what condition, held for how long, and when a condition
+//! began for a given job or node. Pure: reads the model, never changes it.
+
+use crate::flux::job::JobState;
+use crate::flux::resource::RankState;
+use crate::state::JobEntry;
+use thiserror::Error;
+
+/// What a rule watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleKind {
+    /// A job in this state.
+    JobState(JobState),
+    /// A prolog started and not finished.
+    Prolog,
+    /// An epilog started and not finished.
+    Epilog,
+    /// A job still in RUN past its expiration (`for` is the grace).
+    Overrun,
+    /// An exec eventlog with `complete` and no `done`.
+    ExecIncomplete,
+    NodeDrained,
+    /// Offline and not drained (a drained node is expected to be down).
+    NodeOffline,
+    NodeTorpid,
+}
+
+impl RuleKind {
+    pub const NAMES: [&'static str; 8] = [
+        "job_state",
+        "prolog",
+        "epilog",
+        "overrun",
+        "exec_incomplete",
+        "node_drained",
+        "node_offline",
+        "node_torpid",
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleKind::JobState(_) => "job_state",
+            RuleKind::Prolog => "prolog",
+            RuleKind::Epilog => "epilog",
+            RuleKind::Overrun => "overrun",
+            RuleKind::ExecIncomplete => "exec_incomplete",
+            RuleKind::NodeDrained => "node_drained",
+            RuleKind::NodeOffline => "node_offline",
+            RuleKind::NodeTorpid => "node_torpid",
+        }
+    }
+
+    /// Whether the rule concerns jobs (else nodes).
+    pub fn is_job(self) -> bool {
+        !matches!(
+            self,
+            RuleKind::NodeDrained | RuleKind::NodeOffline | RuleKind::NodeTorpid
+        )
+    }
+
+    /// Build a kind from its config name and the `state` key.
+    pub fn from_parts(kind: &str, state: Option<&str>) -> Result<Self, RuleError> {
+        let simple = match kind {
+            "job_state" => {
+                let s = state.ok_or(RuleError::StateMissing)?;
+                let st = JobState::ALL
+                    .into_iter()
+                    .find(|j| j.as_str().eq_ignore_ascii_case(s))
+                    .ok_or_else(|| RuleError::UnknownState(s.to_string()))?;
+                if !st.is_active() {
+                    return Err(RuleError::UnknownState(s.to_string()));
+                }
+                return Ok(RuleKind::JobState(st));
+            }
+            "prolog" => RuleKind::Prolog,
+            "epilog" => RuleKind::Epilog,
+            "overrun" => RuleKind::Overrun,
+            "exec_incomplete" => RuleKind::ExecIncomplete,
+            "node_drained" => RuleKind::NodeDrained,
+            "node_offline" => RuleKind::NodeOffline,
+            "node_torpid" => RuleKind::NodeTorpid,
+            other => return Err(RuleError::UnknownKind(other.to_string())),
+        };
+        if state.is_some() {
+            return Err(RuleError::StateNotAllowed(kind.to_string()));
+        }
+        Ok(simple)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RuleError {
+    #[error(
+        "unknown kind `{0}`; expected one of job_state, prolog, epilog, overrun, exec_incomplete, node_drained, node_offline, node_torpid"
+    )]
+    UnknownKind(String),
+    #[error("kind job_state needs a `state`")]
+    StateMissing,
+    #[error(
+        "state `{0}` is not an active job state; expected DEPEND, PRIORITY, SCHED, RUN or CLEANUP"
+    )]
+    UnknownState(String),
+    #[error("kind {0} takes no `state`")]
+    StateNotAllowed(String),
+    #[error("`{0}` is not a duration (examples: 90s, 10m, 24h, 7d, 1h30m)")]
+    Duration(String),
+}
+
+/// One alert rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// The alert's name (`alertname`).
+    pub name: String,
+    pub kind: RuleKind,
+    /// How long the condition must hold, in seconds.
+    pub hold_secs: f64,
+    /// The same, as written in the config, for messages.
+    pub hold_text: String,
+    pub severity: String,
+}
+
+impl Rule {
+    pub fn new(name: &str, kind: RuleKind, hold: &str, severity: &str) -> Result<Self, RuleError> {
+        Ok(Rule {
+            name: name.to_string(),
+            kind,
+            hold_secs: parse_duration(hold)?,
+            hold_text: hold.trim().to_string(),
+            severity: severity.to_string(),
+        })
+    }
+}
+
+/// Parse a duration like `90s`, `10m`, `24h`, `7d` or `1h30m` (a day is 24
+/// hours) into seconds.
+pub fn parse_duration(text: &str) -> Result<f64, RuleError> {
+    let err = || RuleError::Duration(text.to_string());
+    let span: jiff::Span = text.trim().parse().map_err(|_| err())?;
+    let secs = span
+        .total((
+            jiff::Unit::Second,
+            jiff::SpanRelativeTo::days_are_24_hours(),
+        ))
+        .map_err(|_| err())?;
+    if secs.is_finite() && secs >= 0.0 {
+        Ok(secs)
+    } else {
+        Err(err())
+    }
+}
+
+/// The rules a site starts with.
+pub fn default_rules() -> Vec<Rule> {
+    let table: [(&str, RuleKind, &str, &str); 11] = [
+        (
+            "depend_too_long",
+            RuleKind::JobState(JobState::Depend),
+            "7d",
+            "warning",
+        ),
+        (
+            "priority_too_long",
+            RuleKind::JobState(JobState::Priority),
+            "10m",
+            "warning",
+        ),
+        (
+            "sched_too_long",
+            RuleKind::JobState(JobState::Sched),
+            "24h",
+            "warning",
+        ),
+        (
+            "cleanup_too_long",
+            RuleKind::JobState(JobState::Cleanup),
+            "10m",
+            "warning",
+        ),
+        ("prolog_too_long", RuleKind::Prolog, "30m", "warning"),
+        ("epilog_too_long", RuleKind::Epilog, "30m", "warning"),
+        ("job_overrun", RuleKind::Overrun, "10m", "warning"),
+        (
+            "exec_incomplete",
+            RuleKind::ExecIncomplete,
+            "10m",
+            "warning",
+        ),
+        ("node_drained", RuleKind::NodeDrained, "24h", "info"),
+        ("node_offline", RuleKind::NodeOffline, "10m", "critical"),
+        ("node_torpid", RuleKind::NodeTorpid, "5m", "warning"),
+    ];
+    table
+        .into_iter()
+        .filter_map(|(name, kind, hold, sev)| Rule::new(name, kind, hold, sev).ok())
+        .collect()
+}
+
+/// When `kind`'s condition began for this job, if it holds now.
+pub fn job_condition(kind: RuleKind, entry: &JobEntry) -> Option<f64> {
+    let job = &entry.job;
+    if !job.submitted || job.invalidated || job.state == JobState::Inactive {
+        return None;
+    }
+    match kind {
+        RuleKind::JobState(s) if job.state == s => job.t_state(),
+        RuleKind::Prolog => job.prolog_since,
+        RuleKind::Epilog => job.epilog_since,
+        // The condition "running past the expiration" begins at the
+        // expiration; the rule's duration is the grace after it.
+        RuleKind::Overrun if job.state == JobState::Run => job.expiration,
+        RuleKind::ExecIncomplete if !entry.exec.done() => entry.exec.complete_timestamp(),
+        _ => None,
+    }
+}
+
+/// Whether `kind`'s condition holds for this rank, and since when if the
+/// rank says (a drain carries its time; online and torpid do not, so the
+/// caller uses the time of the event that changed them).
+pub fn node_condition(kind: RuleKind, rank: &RankState) -> Option<Option<f64>> {
+    match kind {
+        RuleKind::NodeDrained if rank.drained => Some(rank.drain_timestamp),
+        RuleKind::NodeOffline if !rank.online && !rank.drained && !rank.excluded => Some(None),
+        RuleKind::NodeTorpid if rank.torpid => Some(None),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(90.0));
+        assert_eq!(parse_duration("10m"), Ok(600.0));
+        assert_eq!(parse_duration(" 24h "), Ok(86400.0));
+        assert_eq!(parse_duration("7d"), Ok(7.0 * 86400.0));
+        assert_eq!(parse_duration("1h30m"), Ok(5400.0));
+        assert_eq!(parse_duration("1.5s"), Ok(1.5));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("-5m").is_err());
+    }
+
+    #[test]
+    fn kinds_from_config_names() {
+        assert_eq!(
+            RuleKind::from_parts("job_state", Some("sched")),
+            Ok(RuleKind::JobState(JobState::Sched))
+        );
+        assert_eq!(
+            RuleKind::from_parts("job_state", Some("INACTIVE")),
+            Err(RuleError::UnknownState("INACTIVE".into()))
+        );
+        assert_eq!(
+            RuleKind::from_parts("job_state", None),
+            Err(RuleError::StateMissing)
+        );
+        assert!(matches!(
+            RuleKind::from_parts("prolog", Some("RUN")),
+            Err(RuleError::StateNotAllowed(_))
+        ));
+        for name in RuleKind::NAMES {
+            let state = (name == "job_state").then_some("RUN");
+            assert_eq!(
+                RuleKind::from_parts(name, state).map(|k| k.name()),
+                Ok(name)
+            );
+        }
+        assert_eq!(default_rules().len(), 11);
+    }
+
+    proptest! {
+        #[test]
+        fn duration_parsing_never_panics(s in "\\PC{0,20}") {
+            let _ = parse_duration(&s);
+        }
+
+        #[test]
+        fn durations_round_trip(h in 0u32..1000, m in 0u32..60, sec in 0u32..60) {
+            let text = format!("{h}h{m}m{sec}s");
+            prop_assert_eq!(parse_duration(&text), Ok(f64::from(h * 3600 + m * 60 + sec)));
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Alerts end to end: a real Alertmanager (Debian package
+//! `prometheus-alertmanager`, installed by `.ci/run`, started here on
+//! loopback with clustering off) receives a stuck-job alert from
+//! `fluxpipe run`, then its resolution when the job moves on. And
+//! `fluxpipe replay` tells which alerts a journal would have raised.
+
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64()
+}
+
+/// Kills the child when dropped, so a failing test leaves nothing behind.
+struct Reaper(Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A real Alertmanager on loopback, or `None` where it is not installed
+/// (outside CI).
+fn alertmanager(dir: &Path) -> Option<(Reaper, u16)> {
+    let bin = ["prometheus-alertmanager", "alertmanager"]
+        .into_iter()
+        .find(|b| Command::new(b).arg("--version").output().is_ok());
+    let Some(bin) = bin else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "prometheus-alertmanager must be installed in CI"
+        );
+        return None;
+    };
+    let config = dir.join("alertmanager.yml");
+    std::fs::write(
+        &config,
+        "route:\n  receiver: blackhole\n  group_wait: 1s\nreceivers:\n  - name: blackhole\n",
+    )
+    .expect("write am config");
+    let port = free_port();
+    let child = Command::new(bin)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.path={}", dir.join("am-data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--cluster.listen-address=")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start alertmanager");
+    let am = Reaper(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http_get(port, "/-/ready").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "alertmanager did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some((am, port))
+}
+
+/// Alerts Alertmanager holds now (resolved ones are not listed).
+fn am_alerts(port: u16) -> Vec<Value> {
+    http_get(port, "/api/v2/alerts")
+        .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn envelope(id: u64, ts: f64, name: &str, context: Value) -> String {
+    let mut ev = json!({"timestamp": ts, "name": name});
+    if !context.is_null() {
+        ev["context"] = context;
+    }
+    format!(
+        "{}\n",
+        json!({"cluster": "t", "stream": "job", "id": id, "event": ev})
+    )
+}
+
+/// A job from submit to SCHED, its events starting at `t`.
+fn to_sched(id: u64, t: f64) -> String {
+    [
+        envelope(
+            id,
+            t,
+            "submit",
+            json!({"userid": 5, "urgency": 16, "flags": 0, "version": 1}),
+        ),
+        envelope(id, t + 0.01, "validate", Value::Null),
+        envelope(id, t + 0.02, "depend", Value::Null),
+        envelope(id, t + 0.03, "priority", json!({"priority": 16})),
+    ]
+    .concat()
+}
+
+fn append(path: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open");
+    f.write_all(text.as_bytes()).expect("append");
+}
+
+fn json_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[test]
+fn a_stuck_job_fires_in_alertmanager_then_resolves_when_it_moves_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((_am, am_port)) = alertmanager(dir.path()) else {
+        return;
+    };
+    let events = dir.path().join("events.jsonl");
+    let records = dir.path().join("alerts.jsonl");
+    let t0 = now();
+    // job 1 waits in SCHED; job 2 leaves SCHED at once and must not alert
+    append(&events, &to_sched(1, t0));
+    append(&events, &to_sched(2, t0));
+    append(&events, &envelope(2, t0 + 0.1, "alloc", Value::Null));
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+data_dir = "{d}/data"
+
+[alerts]
+clock = "wall"
+
+[alerts.rules.sched_stuck]
+kind = "job_state"
+state = "SCHED"
+for = "2s"
+severity = "critical"
+
+[sources.events]
+type = "file"
+include = ["{events}"]
+poll_interval_ms = 100
+
+[sinks.am]
+type = "alertmanager"
+url = "http://127.0.0.1:{am_port}"
+inputs = ["alerts"]
+resend_interval_secs = 60
+
+[sinks.log]
+type = "file"
+path = "{records}"
+inputs = ["alerts"]
+"#,
+            d = dir.path().display(),
+            events = events.display(),
+            records = records.display(),
+        ),
+    )
+    .expect("config");
+    let child = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn fluxpipe");
+    let mut fluxpipe = Reaper(child);
+
+    let ours = |a: &Value| a["labels"]["alertname"] == "sched_stuck";
+    wait_for("the alert in Alertmanager", 30, || {
+        am_alerts(am_port).iter().any(ours)
+    });
+    let held = am_alerts(am_port);
+    let alert = held.iter().find(|a| ours(a)).expect("alert");
+    let f58 = "ƒ2"; // job id 1 in F58
+    assert_eq!(alert["labels"]["jobid"], f58, "{alert}");
+    assert_eq!(alert["labels"]["flux_cluster"], "t");
+    assert_eq!(alert["labels"]["state"], "SCHED");
+    assert_eq!(alert["labels"]["severity"], "critical");
+    assert!(
+        alert["annotations"]["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("SCHED for more than 2s")),
+        "{alert}"
+    );
+    assert_eq!(alert["status"]["state"], "active");
+    assert_eq!(
+        held.iter().filter(|a| ours(a)).count(),
+        1,
+        "only job 1 is stuck: {held:?}"
+    );
+    // endsAt lies ahead (four resend intervals): only a resolution ends it
+    let ends = alert["endsAt"].as_str().expect("endsAt");
+    let ends: jiff::Timestamp = ends.parse().expect("rfc3339");
+    assert!(ends.as_second() as f64 > now() + 120.0, "{ends}");
+
+    // the job moves on: the alert resolves in Alertmanager
+    append(&events, &envelope(1, now(), "alloc", Value::Null));
+    wait_for("the resolution in Alertmanager", 30, || {
+        !am_alerts(am_port).iter().any(ours)
+    });
+
+    let _ = Command::new("kill")
+        .args(["-TERM", &fluxpipe.0.id().to_string()])
+        .status();
+    let status = fluxpipe.0.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let recs = json_lines(&records);
+    let statuses: Vec<(&str, &str)> = recs
+        .iter()
+        .map(|r| {
+            (
+                r["status"].as_str().unwrap_or(""),
+                r["labels"]["jobid"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(statuses, vec![("firing", f58), ("resolved", f58)]);
+    assert_eq!(recs[0]["labels"], recs[1]["labels"], "same identity");
+    assert_eq!(recs[0]["starts_at"], recs[1]["starts_at"]);
+    assert!(recs[1]["ends_at"].as_str() > recs[1]["starts_at"].as_str());
+    assert_ne!(recs[0]["record_id"], recs[1]["record_id"]);
+}
+
+fn replay_alerts(args: &[&str], input: &Path) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+        .arg("replay")
+        .args(args)
+        .args(["--format", "json"])
+        .arg(input)
+        .output()
+        .expect("replay");
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "alert")
+        .collect()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p
+}
+
+#[test]
+fn replay_tells_which_alerts_a_journal_would_have_raised() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = 1_700_000_000.0;
+    // Job 1 waits 2 h in SCHED, then runs; job 2 waits 10 min and runs;
+    // job 3's log ends while it waits (at the end, 3 h after it began).
+    let mut journal = String::new();
+    journal += &to_sched(1, t);
+    journal += &to_sched(2, t);
+    journal += &to_sched(3, t);
+    journal += &envelope(2, t + 600.0, "alloc", Value::Null);
+    journal += &envelope(1, t + 7200.0, "alloc", Value::Null);
+    journal += &envelope(1, t + 10800.0, "finish", json!({"status": 0}));
+    journal += &envelope(2, t + 20000.0, "finish", json!({"status": 0}));
+    let input = write(dir.path(), "journal.jsonl", &journal);
+    let config = write(
+        dir.path(),
+        "rules.toml",
+        r#"
+[alerts.rules.sched_1h]
+kind = "job_state"
+state = "SCHED"
+for = "1h"
+
+[sources.s]
+type = "stdin"
+
+[sinks.o]
+type = "stdout"
+inputs = ["alerts"]
+"#,
+    );
+    let alerts = replay_alerts(&["--config", config.to_str().expect("utf-8")], &input);
+    let got: Vec<(u64, &str, &str, Option<&str>)> = alerts
+        .iter()
+        .map(|a| {
+            (
+                a["id"].as_u64().unwrap_or(0),
+                a["status"].as_str().unwrap_or(""),
+                a["starts_at"].as_str().unwrap_or(""),
+                a["ends_at"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, "firing", "2023-11-14T23:13:20.03Z", None),
+            (3, "firing", "2023-11-14T23:13:20.03Z", None),
+            (
+                1,
+                "resolved",
+                "2023-11-14T23:13:20.03Z",
+                Some("2023-11-15T00:13:20Z")
+            ),
+        ],
+        "{alerts:#?}"
+    );
+    // The built-in rules apply without a config: job 1 sat in CLEANUP
+    // (10 min rule) from t+3h to the end of the journal. --no-alerts
+    // silences.
+    let builtin = replay_alerts(&[], &input);
+    assert_eq!(
+        builtin
+            .iter()
+            .map(|a| (a["alertname"].as_str(), a["id"].as_u64()))
+            .collect::<Vec<_>>(),
+        vec![(Some("cleanup_too_long"), Some(1))],
+        "{builtin:#?}"
+    );
+    assert!(replay_alerts(&["--no-alerts"], &input).is_empty());
+}
