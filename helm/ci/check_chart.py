@@ -265,7 +265,7 @@ def check_prometheus_rule(scenario: str, pr: dict, workdir: Path) -> list[str]:
         else:
             print(f"ok   [{scenario}] promtool check rules: {len(alerts)} alerts", flush=True)
         tests = CI / "rules-test.yaml"
-        if tests.exists() and scenario == "full":
+        if tests.exists() and scenario == "all-alerts":
             t = workdir / "rules-test.yaml"
             t.write_text(tests.read_text().replace("RULES_FILE", f.name))
             run = subprocess.run([promtool, "test", "rules", str(t)],
