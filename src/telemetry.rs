@@ -102,27 +102,91 @@ fn describe() {
         "fluxpipe_anomalies_total",
         "Rule violations found, by stream and kind."
     );
+    describe_gauge!(
+        "flux_jobs_stuck",
+        "Jobs for which a job alert rule fires now, by rule."
+    );
+    describe_counter!(
+        "fluxpipe_alerts_total",
+        "Alerts fired and resolved, by rule and status."
+    );
+}
+
+/// One node as the board knows it: its state, and the node-seconds it
+/// spent drained and offline, from event timestamps.
+#[derive(Debug, Clone)]
+struct Node {
+    state: RankState,
+    drained: Lost,
+    offline: Lost,
+}
+
+/// Seconds lost to one condition: closed intervals plus the open one.
+#[derive(Debug, Clone, Copy, Default)]
+struct Lost {
+    closed: f64,
+    since: Option<f64>,
+}
+
+impl Lost {
+    /// The condition holds (or not) as of `at`.
+    fn set(&mut self, holds: bool, at: f64) {
+        match (self.since, holds) {
+            (None, true) => self.since = Some(at),
+            (Some(since), false) => {
+                self.closed += (at - since).max(0.0);
+                self.since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// The total as of `now`.
+    fn total(&self, now: f64) -> f64 {
+        self.closed + self.since.map_or(0.0, |s| (now - s).max(0.0))
+    }
+}
+
+/// A cluster's nodes and the newest event time that changed one.
+#[derive(Debug, Clone, Default)]
+struct ClusterNodes {
+    ranks: BTreeMap<u32, Node>,
+    latest: f64,
 }
 
 /// Rank state per cluster, as the operator shards last saw it, for the
 /// per-node series. Written by the shard that owns the cluster's resource
 /// log; read at scrape.
 #[derive(Debug, Default, Clone)]
-pub struct NodeBoard(Arc<RwLock<BTreeMap<String, BTreeMap<u32, RankState>>>>);
+pub struct NodeBoard(Arc<RwLock<BTreeMap<String, ClusterNodes>>>);
 
 impl NodeBoard {
-    /// Record a rank's new state (`None`: the rank left the instance).
-    pub fn update(&self, cluster: &str, rank: u32, state: Option<&RankState>) {
+    /// Record a rank's new state (`None`: the rank left the instance) as of
+    /// event time `at`.
+    pub fn update(&self, cluster: &str, rank: u32, state: Option<&RankState>, at: f64) {
         let Ok(mut board) = self.0.write() else {
             return;
         };
-        let ranks = board.entry(cluster.to_string()).or_default();
+        let c = board.entry(cluster.to_string()).or_default();
+        // Counters never go back: an event older than one already seen
+        // counts as of the newest.
+        if at.is_finite() {
+            c.latest = c.latest.max(at);
+        }
+        let at = c.latest;
         match state {
             Some(s) => {
-                ranks.insert(rank, s.clone());
+                let node = c.ranks.entry(rank).or_insert_with(|| Node {
+                    state: s.clone(),
+                    drained: Lost::default(),
+                    offline: Lost::default(),
+                });
+                node.state = s.clone();
+                node.drained.set(s.drained, at);
+                node.offline.set(!s.online, at);
             }
             None => {
-                ranks.remove(&rank);
+                c.ranks.remove(&rank);
             }
         }
     }
@@ -147,8 +211,8 @@ impl NodeBoard {
         ];
         for (name, help, pred) in totals {
             header(&mut out, name, help);
-            for (cluster, ranks) in board.iter() {
-                let n = ranks.values().filter(|r| pred(r)).count();
+            for (cluster, c) in board.iter() {
+                let n = c.ranks.values().filter(|n| pred(&n.state)).count();
                 let _ = writeln!(out, "{name}{{flux_cluster=\"{}\"}} {n}", escape(cluster));
             }
         }
@@ -158,8 +222,8 @@ impl NodeBoard {
         ];
         for (i, (name, help)) in per_node.iter().enumerate() {
             header(&mut out, name, help);
-            for (cluster, ranks) in board.iter() {
-                for r in ranks.values() {
+            for (cluster, c) in board.iter() {
+                for r in c.ranks.values().map(|n| &n.state) {
                     let v = if i == 0 { r.online } else { r.torpid };
                     let _ = writeln!(out, "{name}{{{}}} {}", node_labels(cluster, r), u8::from(v));
                 }
@@ -170,8 +234,8 @@ impl NodeBoard {
             "flux_node_drain_info",
             "1 while the node is drained, with the reason.",
         );
-        for (cluster, ranks) in board.iter() {
-            for r in ranks.values().filter(|r| r.drained) {
+        for (cluster, c) in board.iter() {
+            for r in c.ranks.values().map(|n| &n.state).filter(|r| r.drained) {
                 let _ = writeln!(
                     out,
                     "flux_node_drain_info{{{},reason=\"{}\"}} 1",
@@ -185,13 +249,40 @@ impl NodeBoard {
             "flux_node_drain_timestamp_seconds",
             "When the node was drained (Unix time), while it is drained.",
         );
-        for (cluster, ranks) in board.iter() {
-            for r in ranks.values().filter(|r| r.drained) {
+        for (cluster, c) in board.iter() {
+            for r in c.ranks.values().map(|n| &n.state).filter(|r| r.drained) {
                 if let Some(ts) = r.drain_timestamp {
                     let _ = writeln!(
                         out,
                         "flux_node_drain_timestamp_seconds{{{}}} {ts}",
                         node_labels(cluster, r)
+                    );
+                }
+            }
+        }
+        type LostSeries = (&'static str, &'static str, fn(&Node) -> Lost);
+        let lost: [LostSeries; 2] = [
+            (
+                "flux_node_drained_seconds_total",
+                "Seconds the node spent drained, from event timestamps.",
+                |n| n.drained,
+            ),
+            (
+                "flux_node_offline_seconds_total",
+                "Seconds the node spent offline, from event timestamps.",
+                |n| n.offline,
+            ),
+        ];
+        for (name, help, get) in lost {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            for (cluster, c) in board.iter() {
+                for n in c.ranks.values() {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{{}}} {}",
+                        node_labels(cluster, &n.state),
+                        get(n).total(c.latest)
                     );
                 }
             }
@@ -243,7 +334,7 @@ mod tests {
         r.drained = true;
         r.drain_reason = Some("bad \"DIMM\"".into());
         r.drain_timestamp = Some(1700000000.5);
-        board.update("picl", 3, Some(&r));
+        board.update("picl", 3, Some(&r), 1700000000.5);
         let text = board.render();
         assert!(text.contains(
             "flux_node_drain_info{flux_cluster=\"picl\",node=\"node3\",rank=\"3\",reason=\"bad \\\"DIMM\\\"\"} 1"
@@ -254,12 +345,25 @@ mod tests {
         r.drained = false;
         r.drain_reason = None;
         r.drain_timestamp = None;
-        board.update("picl", 3, Some(&r));
+        board.update("picl", 3, Some(&r), 1700000100.5);
         let text = board.render();
+        assert!(text.contains(
+            "flux_node_drained_seconds_total{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 100\n"
+        ), "{text}");
+        // offline from t+200: the open interval counts up to the newest event
+        r.online = false;
+        board.update("picl", 3, Some(&r), 1700000200.5);
+        let mut r4 = RankState::new(4);
+        r4.online = true;
+        board.update("picl", 4, Some(&r4), 1700000260.5);
+        let text = board.render();
+        assert!(text.contains(
+            "flux_node_offline_seconds_total{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 60\n"
+        ), "{text}");
         assert!(!text.contains("flux_node_drain_info{"));
         assert!(text.contains("flux_nodes_drained{flux_cluster=\"picl\"} 0"));
         assert!(
-            text.contains("flux_node_online{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 1")
+            text.contains("flux_node_online{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 0")
         );
     }
 }

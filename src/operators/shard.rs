@@ -161,6 +161,10 @@ impl Shard {
                 _ = std::future::ready(()), if self.alerts_due => self.fire_due().await,
             }
         }
+        // Input is over: what is due fires before the shard ends.
+        while self.alerts_due {
+            self.fire_due().await;
+        }
     }
 
     /// Apply one record and emit its outputs.
@@ -268,8 +272,12 @@ impl Shard {
             }
         }
         for (cluster, change) in &fx.rank_changes {
-            self.nodes
-                .update(cluster, change.rank, change.after.as_ref());
+            self.nodes.update(
+                cluster,
+                change.rank,
+                change.after.as_ref(),
+                event_name.as_ref().map_or(f64::NAN, |(_, ts)| *ts),
+            );
             let ev = event_name
                 .as_ref()
                 .map(|(n, ts)| crate::flux::Event::new(*ts, n.clone()));
@@ -522,6 +530,7 @@ mod tests {
     use crate::flux::Event;
     use crate::flux::jobid::JobId;
     use crate::pipeline::config;
+    use crate::pipeline::config::OutputStream;
     use serde_json::json;
     use std::sync::Arc;
 
@@ -619,5 +628,124 @@ mod tests {
         assert!(rx.try_recv().is_err());
         // job 8 was submitted: not an orphan (it goes when its grace ends)
         assert_eq!(shard.jobs_tracked(), 0);
+    }
+
+    /// A million jobs pending past their rule's duration come due at once;
+    /// the shard fires them in batches between input records, so a record
+    /// sent meanwhile gets through at once instead of after every alert.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_million_due_alerts_do_not_stall_input() {
+        let n: u64 = std::env::var("DUE_ALERTS_N")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(if cfg!(debug_assertions) {
+                20_000
+            } else {
+                1_000_000
+            });
+        let (outputs, mut rx) = sink(r#"["alerts", "transitions"]"#);
+        let setup = AlertSetup {
+            rules: vec![
+                Rule::new(
+                    "sched",
+                    crate::alerts::rule::RuleKind::JobState(JobState::Sched),
+                    "1h",
+                    "warning",
+                )
+                .unwrap(),
+            ],
+            clock: Clock::Event,
+            shared: SharedEventClock::default(),
+        };
+        let shard = Shard::new(outputs, RETAIN, NodeBoard::default(), setup);
+        let (tx, shard_rx) = mpsc::channel(1024);
+        let task = tokio::spawn(shard.run(shard_rx));
+        // Counts alerts; notes when the marker job's transition shows up.
+        const MARKER: u64 = u64::MAX - 1;
+        let (seen_tx, mut seen_rx) = mpsc::unbounded_channel();
+        let consumer = tokio::spawn(async move {
+            let mut alerts = 0u64;
+            while let Some(r) = rx.recv().await {
+                if std::env::var_os("DUE_ALERTS_DEBUG").is_some() {
+                    eprintln!("{}", r.line);
+                }
+                if r.stream == OutputStream::Alerts {
+                    alerts += 1;
+                } else if r.line.contains(&format!("\"id\":{MARKER}"))
+                    || (r.line.contains(&format!("\"id\":{n},")) && r.line.contains("SCHED"))
+                {
+                    let _ = seen_tx.send((alerts, std::time::Instant::now()));
+                }
+            }
+            alerts
+        });
+        let submit = json!({"userid": 1, "urgency": 16, "flags": 0, "version": 1});
+        for id in 1..=n {
+            for (i, (name, ctx)) in [
+                ("submit", Some(submit.clone())),
+                ("validate", None),
+                ("depend", None),
+                ("priority", Some(json!({"priority": 1}))),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let mut ev = Event::new(1000.0 + i as f64 / 10.0, name);
+                if let Some(c) = ctx {
+                    ev = ev.with_context(c);
+                }
+                tx.send(routed(id, EventStream::Job, ev)).await.unwrap();
+            }
+        }
+        // all loaded, nothing due yet
+        let wait = Duration::from_secs(120);
+        let (before, _) = tokio::time::timeout(wait, seen_rx.recv())
+            .await
+            .expect("the last job reached SCHED")
+            .unwrap();
+        assert_eq!(before, 0);
+        // the clock jumps two hours: every job is overdue
+        tx.send(routed(
+            0,
+            EventStream::Job,
+            Event::new(8200.0, "submit").with_context(submit.clone()),
+        ))
+        .await
+        .unwrap();
+        let sent = std::time::Instant::now();
+        tx.send(routed(
+            MARKER,
+            EventStream::Job,
+            Event::new(8200.0, "submit").with_context(submit),
+        ))
+        .await
+        .unwrap();
+        // its first transition (NEW → DEPEND) comes with `validate`
+        tx.send(routed(
+            MARKER,
+            EventStream::Job,
+            Event::new(8200.1, "validate"),
+        ))
+        .await
+        .unwrap();
+        let (alerts_then, at) = tokio::time::timeout(wait, seen_rx.recv())
+            .await
+            .expect("the marker got through")
+            .unwrap();
+        let latency = at - sent;
+        drop(tx);
+        task.await.unwrap();
+        let total = consumer.await.unwrap();
+        println!(
+            "{n} due alerts: marker through after {latency:?}, {alerts_then} alerts fired by then"
+        );
+        assert_eq!(total, n, "every job alerted once");
+        if n > 10 * FIRE_BATCH as u64 {
+            assert!(
+                alerts_then < n / 2,
+                "the marker waited for {alerts_then} of {n} alerts ({latency:?})"
+            );
+        }
+        assert!(latency < Duration::from_secs(2), "{latency:?}");
     }
 }
