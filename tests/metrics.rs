@@ -160,6 +160,17 @@ fn scrape_after_the_corpus_gives_exact_values() {
             "{state}"
         );
     }
+    // The oldest-entry series exists exactly for the states with jobs.
+    for state in ["NEW", "DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP"] {
+        let series = format!(
+            "flux_job_state_oldest_entry_timestamp_seconds{{flux_cluster=\"B\",state=\"{state}\"}}"
+        );
+        assert_eq!(
+            values.contains_key(&series),
+            active.contains_key(state),
+            "{series}"
+        );
+    }
     // Nodes: B has 4 online ranks, none drained; A has rank 1 drained.
     assert_eq!(get("flux_nodes{flux_cluster=\"B\"}"), 4.0);
     assert_eq!(get("flux_nodes_online{flux_cluster=\"B\"}"), 4.0);

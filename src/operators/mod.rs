@@ -4,6 +4,7 @@
 //! Each shard applies records to the Flux model ([`crate::state::State`])
 //! and emits output records.
 
+pub mod ages;
 pub mod shard;
 
 use crate::decode::Record;

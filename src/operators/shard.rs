@@ -7,6 +7,7 @@
 //! dropped with an anomaly after `orphan_ttl`.
 
 use super::Routed;
+use super::ages::OldestEntries;
 use crate::alerts::engine::{AlertEvent, Engine, Status, Subject};
 use crate::alerts::rule::Rule;
 use crate::alerts::{self, Clock};
@@ -17,7 +18,7 @@ use crate::output::{self, OutputRecord};
 use crate::pipeline::config::OutputStream;
 use crate::sinks::Outputs;
 use crate::state::{JobKey, KeyedAnomaly, State};
-use crate::telemetry::NodeBoard;
+use crate::telemetry::{NodeBoard, StateAges};
 use std::collections::VecDeque;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -86,6 +87,8 @@ pub struct Shard {
     reported: usize,
     /// Per-node state for the metrics endpoint.
     nodes: NodeBoard,
+    /// State-entry times of this shard's active jobs.
+    ages: OldestEntries,
     /// Clusters whose job series have been set to 0 for every label value.
     clusters_seen: HashSet<String>,
 }
@@ -95,6 +98,7 @@ impl Shard {
         outputs: Outputs,
         retention: Retention,
         nodes: NodeBoard,
+        ages: StateAges,
         alerts: AlertSetup,
     ) -> Self {
         Shard {
@@ -110,6 +114,7 @@ impl Shard {
             unsubmitted: VecDeque::new(),
             reported: 0,
             nodes,
+            ages: OldestEntries::new(ages),
             clusters_seen: HashSet::new(),
         }
     }
@@ -386,7 +391,7 @@ impl Shard {
     /// Job series: active jobs per state, transitions, results, exceptions
     /// and the time spent in each state.
     fn job_metrics(
-        &self,
+        &mut self,
         cluster: &str,
         key: Option<&JobKey>,
         before: Option<(JobState, Option<f64>)>,
@@ -401,20 +406,30 @@ impl Shard {
         let jobs = |state: JobState| metrics::gauge!("flux_jobs", "flux_cluster" => c.clone(), "state" => state.as_str());
         match (before, counted) {
             // A new job (or one whose submit came after other events).
-            (None, true) if job.state != JobState::Inactive => jobs(job.state).increment(1.0),
+            (None, true) if job.state != JobState::Inactive => {
+                jobs(job.state).increment(1.0);
+                self.ages.add(cluster, job.state, job.t_state());
+            }
             // Invalidated: flux-core removes it.
-            (Some((state, _)), false) if state != JobState::Inactive => jobs(state).decrement(1.0),
+            (Some((state, entered)), false) if state != JobState::Inactive => {
+                jobs(state).decrement(1.0);
+                self.ages.remove(cluster, state, entered);
+            }
             _ => {}
         }
+        let mut entered = before.and_then(|b| b.1);
         for t in &fx.transitions {
             let (from, to) = (t.transition.from, t.transition.to);
             if before.is_some() {
                 if from != JobState::Inactive {
                     jobs(from).decrement(1.0);
+                    self.ages.remove(cluster, from, entered);
                 }
                 if to != JobState::Inactive {
                     jobs(to).increment(1.0);
+                    self.ages.add(cluster, to, Some(t.transition.timestamp));
                 }
+                entered = Some(t.transition.timestamp);
             }
             metrics::counter!("flux_job_transitions_total", "flux_cluster" => c.clone(), "from" => from.as_str(), "to" => to.as_str()).increment(1);
             if let Some((_, Some(entered))) = before {
@@ -579,7 +594,13 @@ mod tests {
     #[tokio::test]
     async fn inactive_jobs_are_summarized_then_dropped_after_the_grace() {
         let (outputs, mut rx) = sink(r#"["jobs", "transitions", "events"]"#);
-        let mut shard = Shard::new(outputs, RETAIN, NodeBoard::default(), AlertSetup::default());
+        let mut shard = Shard::new(
+            outputs,
+            RETAIN,
+            NodeBoard::default(),
+            StateAges::default(),
+            AlertSetup::default(),
+        );
         for ev in job_events() {
             shard.apply(routed(7, EventStream::Job, ev)).await;
         }
@@ -604,7 +625,13 @@ mod tests {
     #[tokio::test]
     async fn exec_events_before_submit_are_held_and_orphans_expire() {
         let (outputs, mut rx) = sink(r#"["anomalies"]"#);
-        let mut shard = Shard::new(outputs, RETAIN, NodeBoard::default(), AlertSetup::default());
+        let mut shard = Shard::new(
+            outputs,
+            RETAIN,
+            NodeBoard::default(),
+            StateAges::default(),
+            AlertSetup::default(),
+        );
         // exec eventlog first, then the job's own eventlog: no anomaly
         shard
             .apply(routed(8, EventStream::Exec, Event::new(5.5, "init")))
@@ -628,6 +655,45 @@ mod tests {
         assert!(rx.try_recv().is_err());
         // job 8 was submitted: not an orphan (it goes when its grace ends)
         assert_eq!(shard.jobs_tracked(), 0);
+    }
+
+    #[tokio::test]
+    async fn oldest_state_entry_follows_the_jobs() {
+        let (outputs, _rx) = sink(r#"["jobs"]"#);
+        let ages = StateAges::default();
+        let mut shard = Shard::new(
+            outputs,
+            RETAIN,
+            NodeBoard::default(),
+            ages.clone(),
+            AlertSetup::default(),
+        );
+        let evs = job_events();
+        // job 7 reaches SCHED at 4.0; job 8 at 14.0
+        for ev in &evs[..4] {
+            shard.apply(routed(7, EventStream::Job, ev.clone())).await;
+            let mut later = ev.clone();
+            later.timestamp += 10.0;
+            shard.apply(routed(8, EventStream::Job, later)).await;
+        }
+        let text = ages.render();
+        assert!(
+            text.contains("{flux_cluster=\"c\",state=\"SCHED\"} 4\n"),
+            "{text}"
+        );
+        // job 7 runs: job 8 is now the oldest in SCHED, job 7 the oldest in RUN
+        shard
+            .apply(routed(7, EventStream::Job, evs[4].clone()))
+            .await;
+        let text = ages.render();
+        assert!(text.contains("state=\"SCHED\"} 14\n"), "{text}");
+        assert!(text.contains("state=\"RUN\"} 5\n"), "{text}");
+        // job 7 ends: no job in RUN or CLEANUP, no series
+        for ev in &evs[5..] {
+            shard.apply(routed(7, EventStream::Job, ev.clone())).await;
+        }
+        let text = ages.render();
+        assert!(!text.contains("RUN") && !text.contains("CLEANUP"), "{text}");
     }
 
     /// A million jobs pending past their rule's duration come due at once;
@@ -657,7 +723,13 @@ mod tests {
             clock: Clock::Event,
             shared: SharedEventClock::default(),
         };
-        let shard = Shard::new(outputs, RETAIN, NodeBoard::default(), setup);
+        let shard = Shard::new(
+            outputs,
+            RETAIN,
+            NodeBoard::default(),
+            StateAges::default(),
+            setup,
+        );
         let (tx, shard_rx) = mpsc::channel(1024);
         let task = tokio::spawn(shard.run(shard_rx));
         // Counts alerts; notes when the marker job's transition shows up.

@@ -77,6 +77,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             outputs.clone(),
             retention(&config.operators),
             sink_ctx.nodes.clone(),
+            sink_ctx.ages.clone(),
             alert_setup.clone(),
         );
         shard_tasks.spawn(shard.run(rx));

@@ -131,6 +131,8 @@ impl Outputs {
 pub struct SinkContext {
     /// Per-node state for the metrics endpoint.
     pub nodes: crate::telemetry::NodeBoard,
+    /// Oldest state-entry times, for the metrics endpoint.
+    pub ages: crate::telemetry::StateAges,
     /// Whether the pipeline is running, for `/readyz`.
     pub ready: crate::telemetry::Readiness,
 }

@@ -23,6 +23,7 @@ pub async fn run(
         .await
         .with_context(|| format!("sinks.{name}: cannot listen on {}", config.address))?;
     let nodes = ctx.nodes.clone();
+    let ages = ctx.ages.clone();
     let ready = ctx.ready.clone();
     let app = axum::Router::new()
         .route(
@@ -30,6 +31,7 @@ pub async fn run(
             get(move || {
                 let mut text = handle.render();
                 text.push_str(&nodes.render());
+                text.push_str(&ages.render());
                 async move {
                     (
                         [(
