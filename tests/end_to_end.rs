@@ -3,25 +3,16 @@
 //! garbage in between. The job summaries it emits equal `fluxpipe replay`
 //! on the same data, and SIGTERM ends it cleanly.
 
+mod common;
+use common::{corpus, free_port};
+
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 fn dothex_path(id: u64) -> String {
     let h = format!("{id:016x}");

@@ -2,36 +2,14 @@
 //! with the corpus and check exact values; `promtool check metrics` (from
 //! the Debian package `prometheus`, installed by `.ci/run`) accepts it.
 
+mod common;
+use common::{corpus, free_port, http_get};
+
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
 
 /// Sample values by series (name plus labels, as printed).
 fn samples(text: &str) -> BTreeMap<String, f64> {

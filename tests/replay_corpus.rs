@@ -2,14 +2,13 @@
 //! answers (`flux jobs --json`, job-list records, resource status) on every
 //! job and rank field.
 
+mod common;
+use common::corpus;
+
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus")
-}
 
 fn replay(args: &[&Path]) -> Vec<Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))

@@ -1,15 +1,14 @@
 //! `fluxpipe run` as a process: real stdin, stdout, files and signals.
 
+mod common;
+use common::corpus;
+
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus")
-}
 
 fn fluxpipe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
