@@ -533,9 +533,17 @@ impl Job {
                     ));
                 }
             }
-            // No state change and nothing job-list reports: `memo`,
-            // `annotations`, `debug.*`, and names RFC 21 allows others to add.
-            _ => {}
+            // No state change and nothing job-list reports. `annotations`
+            // is not in RFC 21 but the job manager's journal carries it
+            // (scheduler annotations).
+            "memo" | "annotations" => {}
+            name if name.starts_with("debug.") => {}
+            // RFC 21's list of events is closed (only `debug.*` is open).
+            other => anomalies.push(anomaly(
+                AnomalyKind::UnknownEvent,
+                ev,
+                format!("`{other}` is not an RFC 21 event"),
+            )),
         }
     }
 
@@ -1132,5 +1140,24 @@ mod tests {
             }
             prop_assert_eq!(job, snapshot);
         }
+    }
+
+    #[test]
+    fn an_event_rfc21_does_not_know_is_an_anomaly_but_debug_and_memo_are_not() {
+        let mut job = Job::new();
+        job.apply(
+            &Event::new(1.0, "submit")
+                .with_context(json!({"userid": 1, "urgency": 16, "flags": 0, "version": 1})),
+        );
+        for name in ["memo", "debug.anything", "jobspec-update", "annotations"] {
+            assert!(
+                job.apply(&Event::new(2.0, name)).anomalies.is_empty(),
+                "{name}"
+            );
+        }
+        let a = job.apply(&Event::new(3.0, "frobnicate"));
+        assert_eq!(a.anomalies.len(), 1);
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::UnknownEvent);
+        assert_eq!(job.state, JobState::New, "and nothing changes");
     }
 }
