@@ -273,6 +273,84 @@ async fn tcp_source_serves_concurrent_clients_and_dead_letters_garbage() {
     p.stop().await;
 }
 
+/// A client that floods one endless line and a client that stalls mid-line
+/// starve nobody: a polite client's job comes through at once, the flood
+/// is one bounded dead letter (never buffered whole), and the stalled
+/// line is dead-lettered when its client finally leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_or_stalled_client_starves_nobody() {
+    let port = free_tcp_port();
+    let p = Pipeline::start(&format!(
+        "mode = \"tcp\"\naddress = \"127.0.0.1:{port}\"\nmax_line_bytes = 65536\n"
+    ));
+    drop(connect_tcp(port).await);
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut s = connect_tcp(port).await;
+            let chunk = vec![b'a'; 64 * 1024];
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                sent += chunk.len() as u64;
+            }
+            sent
+        })
+    };
+    let mut stalled = connect_tcp(port).await;
+    stalled
+        .write_all(b"{\"id\": 7, \"events\": [")
+        .await
+        .unwrap();
+
+    // Let the flood run, then a polite client sends one job.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let mut polite = connect_tcp(port).await;
+    let [a, b] = journal(4242);
+    polite
+        .write_all(format!("{a}\n{b}\n").as_bytes())
+        .await
+        .unwrap();
+    polite.shutdown().await.unwrap();
+    p.wait_until("the polite client's job", |r| job_ids(r) == vec![4242])
+        .await;
+    let waited = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flooded = flood.await.unwrap();
+    assert!(
+        flooded > 10 * 65536,
+        "the flood must have outrun one line's limit: {flooded} bytes"
+    );
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+
+    drop(stalled);
+    let recs = p
+        .wait_until("the stalled line's dead letter", |r| {
+            of_kind(r, "dead_letter").iter().any(|d| {
+                d["line"]
+                    .as_str()
+                    .is_some_and(|l| l.starts_with("{\"id\": 7"))
+            })
+        })
+        .await;
+    // The flood is one over-long line: one dead letter, cut, never buffered
+    // whole (the reader skips to the next newline).
+    let dead = of_kind(&recs, "dead_letter");
+    let floods: Vec<&Value> = dead
+        .iter()
+        .filter(|d| d["line"].as_str().is_some_and(|l| l.starts_with("aaaa")))
+        .collect();
+    assert_eq!(floods.len(), 1, "{dead:#?}");
+    assert_eq!(floods[0]["truncated"], true);
+    assert!(floods[0]["line"].as_str().unwrap().len() <= 4096);
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_source_honours_max_connections() {
     let port = free_tcp_port();
