@@ -326,7 +326,12 @@ fn plan_job(rng: &mut Rng, id: u64, submit: u64, nodes: u32, active: bool) -> Ve
     if dependency {
         let on = JobId(id.saturating_sub(1 + rng.below(1000) * 1024)).to_f58();
         let desc = json!({"description": format!("afterok={on}")});
-        p.job(ms(1.0, 5.0, rng), "dependency-add", Some(desc.clone()), false);
+        p.job(
+            ms(1.0, 5.0, rng),
+            "dependency-add",
+            Some(desc.clone()),
+            false,
+        );
         if stop == Stop::Depend {
             return finish_plan(p);
         }
@@ -349,11 +354,21 @@ fn plan_job(rng: &mut Rng, id: u64, submit: u64, nodes: u32, active: bool) -> Ve
             Some(json!({"userid": userid, "urgency": 16})),
             true,
         );
-        p.job(ms(0.1, 2.0, rng), "priority", Some(json!({"priority": 16})), true);
+        p.job(
+            ms(0.1, 2.0, rng),
+            "priority",
+            Some(json!({"priority": 16})),
+            true,
+        );
     }
     if restart {
         p.job(rng.gap(1.0, 30.0), "flux-restart", None, true);
-        p.job(ms(0.1, 2.0, rng), "priority", Some(json!({"priority": 16})), true);
+        p.job(
+            ms(0.1, 2.0, rng),
+            "priority",
+            Some(json!({"priority": 16})),
+            true,
+        );
     }
     if stop == Stop::Sched {
         return finish_plan(p);
@@ -929,7 +944,9 @@ mod tests {
         assert_eq!(state.jobs.len(), 1000);
         let mut states: HashMap<String, u64> = HashMap::new();
         for job in state.jobs.values() {
-            *states.entry(job.job.state.as_str().to_string()).or_default() += 1;
+            *states
+                .entry(job.job.state.as_str().to_string())
+                .or_default() += 1;
         }
         for s in ["DEPEND", "SCHED", "RUN"] {
             assert!(states.get(s).copied().unwrap_or(0) > 20, "{states:?}");
@@ -951,10 +968,7 @@ mod tests {
         let job = kvs_job_dir(dir.path(), first);
         for (p, want) in [
             (job.join("eventlog"), decode::EventStream::Job),
-            (
-                job.join("guest/exec/eventlog"),
-                decode::EventStream::Exec,
-            ),
+            (job.join("guest/exec/eventlog"), decode::EventStream::Exec),
             (
                 dir.path().join("resource/eventlog"),
                 decode::EventStream::Resource,

@@ -85,7 +85,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         .rate
         .unwrap_or(if short { 10_000 } else { 100_000 })
         .max(1);
-    let latency_secs = args.latency_secs.unwrap_or(if short { 3 } else { 10 }).max(1);
+    let latency_secs = args
+        .latency_secs
+        .unwrap_or(if short { 3 } else { 10 })
+        .max(1);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let exe = std::env::current_exe().context("cannot find the fluxpipe executable")?;
     let dir = WorkDir(std::env::temp_dir().join(format!("fluxpipe-bench-{}", std::process::id())));
@@ -178,7 +181,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     )?;
     out.flush()?;
 
-    let lat = latency(&exe, &dir.0, rate, latency_secs, args.seed, args.nodes.max(1))?;
+    let lat = latency(
+        &exe,
+        &dir.0,
+        rate,
+        latency_secs,
+        args.seed,
+        args.nodes.max(1),
+    )?;
     writeln!(
         out,
         "latency socket write -> transition out at {rate} events/s: p50 {:.3} ms, p99 {:.3} ms ({} transitions, max {:.3} ms)",
@@ -358,10 +368,7 @@ fn spawn_run(exe: &Path, config: &Path, stdin: Stdio) -> Result<Child> {
 
 /// Count the transition records on a child's stdout, in a thread.
 fn count_transitions(child: &mut Child) -> Result<(Arc<AtomicU64>, std::thread::JoinHandle<()>)> {
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| anyhow!("no stdout"))?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
     let count = Arc::new(AtomicU64::new(0));
     let c = count.clone();
     let reader = std::thread::spawn(move || {
@@ -407,24 +414,26 @@ fn memory(exe: &Path, dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Me
     };
     let start = Instant::now();
     // Feed from a thread; stdin stays open so the pipeline stays up.
-    let writer = std::thread::spawn(move || -> std::io::Result<(std::process::ChildStdin, u64)> {
-        let mut expected = 0u64;
-        {
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut stdin);
-            let mut line = Vec::with_capacity(512);
-            for entry in Workload::new(spec) {
-                if let Entry::Event(i) = &entry {
-                    expected += u64::from(i.transition);
+    let writer = std::thread::spawn(
+        move || -> std::io::Result<(std::process::ChildStdin, u64)> {
+            let mut expected = 0u64;
+            {
+                let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut stdin);
+                let mut line = Vec::with_capacity(512);
+                for entry in Workload::new(spec) {
+                    if let Entry::Event(i) = &entry {
+                        expected += u64::from(i.transition);
+                    }
+                    line.clear();
+                    entry.journal_line(&mut line)?;
+                    line.push(b'\n');
+                    w.write_all(&line)?;
                 }
-                line.clear();
-                entry.journal_line(&mut line)?;
-                line.push(b'\n');
-                w.write_all(&line)?;
+                w.flush()?;
             }
-            w.flush()?;
-        }
-        Ok((stdin, expected))
-    });
+            Ok((stdin, expected))
+        },
+    );
     let (stdin, expected) = writer
         .join()
         .map_err(|_| anyhow!("the writer thread panicked"))??;
@@ -481,10 +490,7 @@ fn latency(exe: &Path, dir: &Path, rate: u64, secs: u64, seed: u64, nodes: u32) 
         if let Entry::Event(i) = &entry
             && i.transition
         {
-            keys.insert(
-                (i.id.unwrap_or(0), i.timestamp().to_bits()),
-                ends.len(),
-            );
+            keys.insert((i.id.unwrap_or(0), i.timestamp().to_bits()), ends.len());
         }
         entry.journal_line(&mut buf)?;
         buf.push(b'\n');

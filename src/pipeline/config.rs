@@ -1054,9 +1054,12 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
     fn blackhole_sink_takes_inputs_and_nothing_else() {
         let ok = "[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"transitions\", \"jobs\"]\n";
         assert!(errors(ok).is_empty(), "{:?}", errors(ok));
-        let e = errors("[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = []\n");
+        let e =
+            errors("[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = []\n");
         assert!(e.iter().any(|m| m.contains("sinks.b.inputs")), "{e:?}");
-        let e = errors("[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\npath = \"x\"\n");
+        let e = errors(
+            "[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\npath = \"x\"\n",
+        );
         assert!(!e.is_empty());
     }
 }
