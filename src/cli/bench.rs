@@ -122,10 +122,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     let bytes = data.len() as f64;
     writeln!(
         out,
-        "workload: {n} lines, {:.1} MiB, {jobs} jobs, {} nodes, seed {}, {cores} cores",
+        "workload: {n} lines, {:.1} MiB, {jobs} jobs, {} nodes, seed {}, {cores} cores, load average {}",
         bytes / MIB,
         args.nodes.max(1),
-        args.seed
+        args.seed,
+        load_average()
     )?;
     out.flush()?;
 
@@ -202,8 +203,18 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         out,
         "restore time, {active} active jobs: n/a (no operator checkpoint yet)"
     )?;
+    writeln!(out, "load average at the end: {}", load_average())?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The 1-minute load average: other work on the machine moves every
+/// timing, so the figures carry it.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// The shortest of `n` timed runs, in seconds.
