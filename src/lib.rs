@@ -18,3 +18,4 @@ pub mod sinks;
 pub mod sources;
 pub mod state;
 pub mod telemetry;
+pub mod workload;

@@ -25,6 +25,10 @@ enum Command {
     Run(cli::run::RunArgs),
     /// Check a pipeline config file and exit non-zero on any problem.
     Validate(cli::run::ValidateArgs),
+    /// Write synthetic Flux traffic (journal JSON Lines or a KVS dump tree).
+    Generate(cli::generate::GenerateArgs),
+    /// Measure throughput, memory and latency on a generated workload.
+    Bench(cli::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +38,8 @@ fn main() -> ExitCode {
         Some(Command::Id(a)) => cli::id::run(a),
         Some(Command::Run(a)) => cli::run::run(a),
         Some(Command::Validate(a)) => cli::run::validate(a),
+        Some(Command::Generate(a)) => cli::generate::run(a),
+        Some(Command::Bench(a)) => cli::bench::run(a),
         // The embedded default: the default pipeline over the sample corpus.
         None => cli::run::run(cli::run::RunArgs::embedded_default()),
     };

@@ -450,6 +450,7 @@ fn default_buffer() -> usize {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SinkConfig {
     Stdout(StdoutSinkConfig),
+    Blackhole(BlackholeSinkConfig),
     File(FileSinkConfig),
     Socket(SocketSinkConfig),
     Http(HttpSinkConfig),
@@ -461,6 +462,7 @@ impl SinkConfig {
     pub fn common(&self) -> SinkCommon<'_> {
         match self {
             SinkConfig::Stdout(c) => c.common(),
+            SinkConfig::Blackhole(c) => c.common(),
             SinkConfig::File(c) => c.common(),
             SinkConfig::Socket(c) => c.common(),
             SinkConfig::Http(c) => c.common(),
@@ -477,6 +479,11 @@ impl SinkConfig {
 sink_config! {
     /// `type = "stdout"`: JSON Lines on standard output.
     StdoutSinkConfig {}
+}
+
+sink_config! {
+    /// `type = "blackhole"`: counts the records and drops them (benchmarks).
+    BlackholeSinkConfig {}
 }
 
 sink_config! {
@@ -910,7 +917,7 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
                     ));
                 }
             }
-            SinkConfig::Stdout(_) | SinkConfig::Prometheus(_) => {}
+            SinkConfig::Stdout(_) | SinkConfig::Blackhole(_) | SinkConfig::Prometheus(_) => {}
         }
     }
     if let Err((rule, k, e)) = config.alerts.rules() {
@@ -1041,5 +1048,18 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
         for s in OutputStream::ALL {
             assert_eq!(OutputStream::parse(s.as_str()), Some(s));
         }
+    }
+
+    #[test]
+    fn blackhole_sink_takes_inputs_and_nothing_else() {
+        let ok = "[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"transitions\", \"jobs\"]\n";
+        assert!(errors(ok).is_empty(), "{:?}", errors(ok));
+        let e =
+            errors("[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = []\n");
+        assert!(e.iter().any(|m| m.contains("sinks.b.inputs")), "{e:?}");
+        let e = errors(
+            "[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\npath = \"x\"\n",
+        );
+        assert!(!e.is_empty());
     }
 }

@@ -5,6 +5,7 @@
 //! A new sink is one new file here plus one line in [`run`].
 
 pub mod alertmanager;
+pub mod blackhole;
 pub mod file;
 pub mod http;
 pub mod prometheus;
@@ -146,6 +147,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     match config {
         SinkConfig::Stdout(_) => stdout::run(&name, rx).await,
+        SinkConfig::Blackhole(_) => blackhole::run(&name, rx).await,
         SinkConfig::File(c) => file::run(&name, c, rx).await,
         SinkConfig::Prometheus(c) => prometheus::run(&name, c, rx, ctx).await,
         SinkConfig::Socket(c) => socket::run(&name, c, rx).await,

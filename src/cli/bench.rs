@@ -1,0 +1,626 @@
+//! `fluxpipe bench`: the figures of issue 7 on one generated workload.
+//!
+//! Every figure is measured in this process or on a `fluxpipe run` child
+//! (this same executable) fed the workload, so the pipeline measured is the
+//! real one, with its process, channels and sinks:
+//!
+//! - baselines: `serde_json` parsing of the workload's lines into a typed
+//!   struct with every `context` (and R) left raw, and into a `Value`;
+//! - end to end: standard input (the workload file) → operators → a
+//!   `blackhole` sink, and → a `file` sink, with 1 worker and with one per
+//!   core; the run ends when the pipeline has drained and exited at EOF;
+//! - memory: K never-finishing jobs fed on standard input (kept open), read
+//!   from /proc once every planned transition has come out;
+//! - latency: a TCP socket source fed at a fixed rate, transitions read
+//!   from the child's standard output, both instants taken here.
+
+use crate::workload::{self, Entry, Spec, Workload};
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Events in the throughput workload (default 1000000; 100000 with --short).
+    #[arg(long)]
+    pub events: Option<u64>,
+    /// Active jobs for the memory figure (default 1000000; 20000 with --short).
+    #[arg(long)]
+    pub active_jobs: Option<u64>,
+    /// Input rate of the latency figure, events/s (default 100000; 10000 with --short).
+    #[arg(long)]
+    pub rate: Option<u64>,
+    /// Seconds of input for the latency figure (default 10; 3 with --short).
+    #[arg(long)]
+    pub latency_secs: Option<u64>,
+    /// Small sizes, to keep the benchmark working in CI (under a minute).
+    #[arg(long)]
+    pub short: bool,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Nodes in the generated instance.
+    #[arg(long, default_value_t = 64)]
+    pub nodes: u32,
+}
+
+/// A work folder removed when the benchmark ends.
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Average events per generated job, to size a workload by events.
+const EVENTS_PER_JOB: u64 = 20;
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(workload::DEFAULT_START, |d| d.as_secs())
+}
+
+pub fn run(args: BenchArgs) -> Result<ExitCode> {
+    let short = args.short;
+    let events = args
+        .events
+        .unwrap_or(if short { 100_000 } else { 1_000_000 });
+    let active = args
+        .active_jobs
+        .unwrap_or(if short { 20_000 } else { 1_000_000 });
+    let rate = args
+        .rate
+        .unwrap_or(if short { 10_000 } else { 100_000 })
+        .max(1);
+    let latency_secs = args
+        .latency_secs
+        .unwrap_or(if short { 3 } else { 10 })
+        .max(1);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let exe = std::env::current_exe().context("cannot find the fluxpipe executable")?;
+    let dir = WorkDir(std::env::temp_dir().join(format!("fluxpipe-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0)
+        .with_context(|| format!("cannot create {}", dir.0.display()))?;
+    let mut out = std::io::stdout().lock();
+
+    // The workload, on disk: the pipeline reads it as a file on stdin.
+    let input = dir.0.join("workload.jsonl");
+    let spec = Spec {
+        seed: args.seed,
+        jobs: (events / EVENTS_PER_JOB).max(1),
+        nodes: args.nodes.max(1),
+        active: false,
+        start: now_secs(),
+    };
+    let jobs = spec.jobs;
+    {
+        let file = std::fs::File::create(&input)
+            .with_context(|| format!("cannot create {}", input.display()))?;
+        let mut w = std::io::BufWriter::new(file);
+        workload::write_journal(spec, &mut w)?;
+        w.flush()?;
+    }
+    let data = std::fs::read(&input)?;
+    let lines: Vec<&[u8]> = data
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    let n = lines.len() as u64;
+    let bytes = data.len() as f64;
+    writeln!(
+        out,
+        "workload: {n} lines, {:.1} MiB, {jobs} jobs, {} nodes, seed {}, {cores} cores, load average {}",
+        bytes / MIB,
+        args.nodes.max(1),
+        args.seed,
+        load_average()
+    )?;
+    out.flush()?;
+
+    let rate_line = |secs: f64| (n as f64 / secs, bytes / MIB / secs);
+    let typed = best_of(3, || parse_typed(&lines))?;
+    let (typed_eps, typed_mibs) = rate_line(typed);
+    writeln!(
+        out,
+        "baseline serde_json typed (context raw): {typed_eps:.0} events/s, {typed_mibs:.1} MiB/s"
+    )?;
+    let value = best_of(3, || parse_value(&lines))?;
+    let (v_eps, v_mibs) = rate_line(value);
+    writeln!(
+        out,
+        "baseline serde_json Value: {v_eps:.0} events/s, {v_mibs:.1} MiB/s"
+    )?;
+    out.flush()?;
+    drop(lines);
+    drop(data);
+
+    let mut worker_counts = vec![1];
+    if cores > 1 {
+        worker_counts.push(cores);
+    }
+    for sink in [SinkKind::Blackhole, SinkKind::File] {
+        for &workers in &worker_counts {
+            let secs = pipeline(&exe, &dir.0, &input, workers, sink)?;
+            let (eps, mibs) = rate_line(secs);
+            writeln!(
+                out,
+                "fluxpipe stdin -> operators -> {}, {workers} worker{}: {eps:.0} events/s, {mibs:.1} MiB/s, {:.3}x typed baseline",
+                sink.name(),
+                if workers == 1 { "" } else { "s" },
+                eps / typed_eps
+            )?;
+            out.flush()?;
+        }
+    }
+
+    let mem = memory(&exe, &dir.0, active, args.seed, args.nodes.max(1))?;
+    writeln!(
+        out,
+        "peak resident memory, {active} active jobs: {:.1} MiB (idle pipeline {:.1} MiB, settled {:.1} MiB)",
+        mem.hwm_kib as f64 / 1024.0,
+        mem.idle_kib as f64 / 1024.0,
+        mem.rss_kib as f64 / 1024.0
+    )?;
+    let per_job = mem.hwm_kib.saturating_sub(mem.idle_kib) as f64 * 1024.0 / active.max(1) as f64;
+    writeln!(
+        out,
+        "bytes per active job: {per_job:.0} (peak minus idle, over {active} jobs; fed in {:.1} s)",
+        mem.fed_secs
+    )?;
+    out.flush()?;
+
+    let lat = latency(
+        &exe,
+        &dir.0,
+        rate,
+        latency_secs,
+        args.seed,
+        args.nodes.max(1),
+    )?;
+    writeln!(
+        out,
+        "latency socket write -> transition out at {rate} events/s: p50 {:.3} ms, p99 {:.3} ms ({} transitions, max {:.3} ms)",
+        lat.p50_ms, lat.p99_ms, lat.count, lat.max_ms
+    )?;
+    writeln!(
+        out,
+        "checkpoint time, {active} active jobs: n/a (no operator checkpoint yet)"
+    )?;
+    writeln!(
+        out,
+        "restore time, {active} active jobs: n/a (no operator checkpoint yet)"
+    )?;
+    writeln!(out, "load average at the end: {}", load_average())?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The 1-minute load average: other work on the machine moves every
+/// timing, so the figures carry it.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The shortest of `n` timed runs, in seconds.
+fn best_of(n: usize, mut f: impl FnMut() -> Result<u64>) -> Result<f64> {
+    let mut best = f64::INFINITY;
+    for _ in 0..n {
+        let t = Instant::now();
+        let count = f()?;
+        std::hint::black_box(count);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best.max(1e-9))
+}
+
+/// An RFC 18 event with its context left unparsed.
+#[derive(Deserialize)]
+struct TypedEvent<'a> {
+    timestamp: f64,
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(default)]
+    context: Option<Box<RawValue>>,
+}
+
+/// Every line form the workload has (journals, envelopes), typed.
+#[derive(Deserialize)]
+struct TypedLine<'a> {
+    #[serde(default)]
+    id: Option<i64>,
+    #[serde(default, borrow)]
+    events: Option<Vec<TypedEvent<'a>>>,
+    #[serde(default, borrow)]
+    stream: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    event: Option<TypedEvent<'a>>,
+    #[serde(default, borrow)]
+    cluster: Option<Cow<'a, str>>,
+    #[serde(default, rename = "R")]
+    r: Option<Box<RawValue>>,
+}
+
+fn parse_typed(lines: &[&[u8]]) -> Result<u64> {
+    let mut seen = 0u64;
+    for line in lines {
+        let l: TypedLine = serde_json::from_slice(line)?;
+        let evs = l.events.iter().flatten().chain(l.event.iter());
+        for ev in evs {
+            seen += ev.name.len() as u64
+                + u64::from(ev.timestamp > 0.0)
+                + u64::from(ev.context.is_some());
+        }
+        seen += u64::from(l.id.is_some())
+            + u64::from(l.stream.is_some())
+            + u64::from(l.cluster.is_some())
+            + u64::from(l.r.is_some());
+    }
+    Ok(seen)
+}
+
+fn parse_value(lines: &[&[u8]]) -> Result<u64> {
+    let mut seen = 0u64;
+    for line in lines {
+        let v: serde_json::Value = serde_json::from_slice(line)?;
+        seen += v.as_object().map_or(0, |m| m.len() as u64);
+    }
+    Ok(seen)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum SinkKind {
+    Blackhole,
+    File,
+}
+
+impl SinkKind {
+    fn name(self) -> &'static str {
+        match self {
+            SinkKind::Blackhole => "blackhole",
+            SinkKind::File => "file",
+        }
+    }
+}
+
+const INPUTS: &str = r#"inputs = ["transitions", "jobs", "resources", "anomalies", "alerts"]"#;
+
+fn write_config(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+fn toml_path(p: &Path) -> String {
+    // TOML basic strings take the same escapes as Rust's Debug for paths
+    // made of ordinary characters.
+    format!("{:?}", p.display().to_string())
+}
+
+/// Run the pipeline over `input` on its standard input; seconds until it
+/// has drained and exited.
+fn pipeline(exe: &Path, dir: &Path, input: &Path, workers: usize, sink: SinkKind) -> Result<f64> {
+    let name = format!("{}-{workers}", sink.name());
+    let state = dir.join(format!("state-{name}"));
+    let records = dir.join(format!("records-{name}.jsonl"));
+    let sink_text = match sink {
+        SinkKind::Blackhole => format!("[sinks.out]\ntype = \"blackhole\"\n{INPUTS}\n"),
+        SinkKind::File => format!(
+            "[sinks.out]\ntype = \"file\"\npath = {}\n{INPUTS}\n",
+            toml_path(&records)
+        ),
+    };
+    let config = write_config(
+        dir,
+        &name,
+        &format!(
+            "data_dir = {}\nworkers = {workers}\n[sources.in]\ntype = \"stdin\"\ncluster = \"bench\"\n{sink_text}",
+            toml_path(&state)
+        ),
+    )?;
+    let stdin = std::fs::File::open(input)?;
+    let start = Instant::now();
+    let out = Command::new(exe)
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .stdin(stdin)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .context("cannot run the pipeline")?;
+    let secs = start.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!(
+            "pipeline {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = std::fs::remove_file(&records);
+    Ok(secs.max(1e-9))
+}
+
+/// A `/proc/PID/status` field in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn spawn_run(exe: &Path, config: &Path, stdin: Stdio) -> Result<Child> {
+    Command::new(exe)
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start the pipeline")
+}
+
+/// Count the transition records on a child's stdout, in a thread.
+fn count_transitions(child: &mut Child) -> Result<(Arc<AtomicU64>, std::thread::JoinHandle<()>)> {
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+    let count = Arc::new(AtomicU64::new(0));
+    let c = count.clone();
+    let reader = std::thread::spawn(move || {
+        let mut r = BufReader::with_capacity(1 << 20, stdout);
+        let mut line = Vec::new();
+        while matches!(r.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+            c.fetch_add(1, Ordering::Relaxed);
+            line.clear();
+        }
+    });
+    Ok((count, reader))
+}
+
+struct Memory {
+    idle_kib: u64,
+    hwm_kib: u64,
+    rss_kib: u64,
+    fed_secs: f64,
+}
+
+fn memory(exe: &Path, dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Memory> {
+    let config = write_config(
+        dir,
+        "memory",
+        &format!(
+            "data_dir = {}\n[sources.in]\ntype = \"stdin\"\ncluster = \"bench\"\n\
+             [sinks.out]\ntype = \"stdout\"\ninputs = [\"transitions\"]\n",
+            toml_path(&dir.join("state-memory"))
+        ),
+    )?;
+    let mut child = spawn_run(exe, &config, Stdio::piped())?;
+    let pid = child.id();
+    let (count, reader) = count_transitions(&mut child)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let idle_kib = status_kib(pid, "VmRSS:");
+    let mut stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
+    let spec = Spec {
+        seed,
+        jobs,
+        nodes,
+        active: true,
+        start: now_secs(),
+    };
+    let start = Instant::now();
+    // Feed from a thread; stdin stays open so the pipeline stays up.
+    let writer = std::thread::spawn(
+        move || -> std::io::Result<(std::process::ChildStdin, u64)> {
+            let mut expected = 0u64;
+            {
+                let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut stdin);
+                let mut line = Vec::with_capacity(512);
+                for entry in Workload::new(spec) {
+                    if let Entry::Event(i) = &entry {
+                        expected += u64::from(i.transition);
+                    }
+                    line.clear();
+                    entry.journal_line(&mut line)?;
+                    line.push(b'\n');
+                    w.write_all(&line)?;
+                }
+                w.flush()?;
+            }
+            Ok((stdin, expected))
+        },
+    );
+    let (stdin, expected) = writer
+        .join()
+        .map_err(|_| anyhow!("the writer thread panicked"))??;
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    while count.load(Ordering::Relaxed) < expected && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fed_secs = start.elapsed().as_secs_f64();
+    let got = count.load(Ordering::Relaxed);
+    let hwm_kib = status_kib(pid, "VmHWM:");
+    let rss_kib = status_kib(pid, "VmRSS:");
+    drop(stdin);
+    let status = child.wait()?;
+    let _ = reader.join();
+    if got < expected {
+        bail!("memory run: {got} of {expected} transitions came out");
+    }
+    if !status.success() {
+        bail!("memory run: the pipeline exited with {status}");
+    }
+    Ok(Memory {
+        idle_kib,
+        hwm_kib,
+        rss_kib,
+        fed_secs,
+    })
+}
+
+struct Latency {
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    count: usize,
+}
+
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn latency(exe: &Path, dir: &Path, rate: u64, secs: u64, seed: u64, nodes: u32) -> Result<Latency> {
+    // The input, laid out in advance: lines, and which carry a transition.
+    let spec = Spec {
+        seed: seed.wrapping_add(1),
+        jobs: (rate * secs / EVENTS_PER_JOB).max(1),
+        nodes,
+        active: false,
+        start: now_secs(),
+    };
+    let mut buf = Vec::new();
+    let mut ends = Vec::new();
+    let mut keys: HashMap<(u64, u64), usize> = HashMap::new();
+    for entry in Workload::new(spec) {
+        if let Entry::Event(i) = &entry
+            && i.transition
+        {
+            keys.insert((i.id.unwrap_or(0), i.timestamp().to_bits()), ends.len());
+        }
+        entry.journal_line(&mut buf)?;
+        buf.push(b'\n');
+        ends.push(buf.len());
+    }
+    let expected = keys.len();
+    let sent: Arc<Vec<AtomicU64>> = Arc::new((0..ends.len()).map(|_| AtomicU64::new(0)).collect());
+
+    let port = free_port()?;
+    let config = write_config(
+        dir,
+        "latency",
+        &format!(
+            "data_dir = {}\n[sources.in]\ntype = \"socket\"\nmode = \"tcp\"\naddress = \"127.0.0.1:{port}\"\ncluster = \"bench\"\n\
+             [sinks.out]\ntype = \"stdout\"\ninputs = [\"transitions\"]\n",
+            toml_path(&dir.join("state-latency"))
+        ),
+    )?;
+    let mut child = spawn_run(exe, &config, Stdio::null())?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+    let connect_by = Instant::now() + Duration::from_secs(10);
+    let mut sock = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > connect_by => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e).context("cannot connect to the pipeline's socket source");
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    sock.set_nodelay(true)?;
+
+    let t0 = Instant::now();
+    #[derive(Deserialize)]
+    struct Transition {
+        id: u64,
+        timestamp: f64,
+    }
+    let (s2, keys) = (sent.clone(), keys);
+    let reader = std::thread::spawn(move || {
+        let mut lat = Vec::with_capacity(keys.len());
+        let mut r = BufReader::new(stdout);
+        let mut line = Vec::new();
+        while matches!(r.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+            let at = t0.elapsed().as_nanos() as u64;
+            if let Ok(t) = serde_json::from_slice::<Transition>(&line)
+                && let Some(&i) = keys.get(&(t.id, t.timestamp.to_bits()))
+            {
+                let s = s2[i].load(Ordering::Acquire);
+                if s > 0 {
+                    lat.push(at.saturating_sub(s));
+                }
+            }
+            line.clear();
+            if lat.len() == keys.len() {
+                break;
+            }
+        }
+        lat
+    });
+
+    // Pace the input: every line goes out when its turn comes at `rate`.
+    let total = ends.len();
+    let mut next = 0usize;
+    while next < total {
+        let due = ((t0.elapsed().as_secs_f64() * rate as f64) as usize + 1).min(total);
+        if due <= next {
+            std::thread::sleep(Duration::from_micros(100));
+            continue;
+        }
+        let now = (t0.elapsed().as_nanos() as u64).max(1);
+        for s in &sent[next..due] {
+            s.store(now, Ordering::Release);
+        }
+        let from = if next == 0 { 0 } else { ends[next - 1] };
+        sock.write_all(&buf[from..ends[due - 1]])?;
+        next = due;
+    }
+    sock.flush()?;
+    let waited = Instant::now();
+    while !reader.is_finished() && waited.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(sock);
+    // SIGTERM: the pipeline flushes and exits.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let stop_by = Instant::now() + Duration::from_secs(10);
+    while child.try_wait()?.is_none() && Instant::now() < stop_by {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if child.try_wait()?.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut lat = reader
+        .join()
+        .map_err(|_| anyhow!("the reader thread panicked"))?;
+    if lat.is_empty() {
+        bail!("latency run: no transition came out");
+    }
+    if lat.len() < expected {
+        eprintln!(
+            "fluxpipe bench: latency run: {} of {expected} transitions came out",
+            lat.len()
+        );
+    }
+    lat.sort_unstable();
+    let pct = |p: f64| {
+        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+        lat[i] as f64 / 1e6
+    };
+    Ok(Latency {
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        max_ms: pct(1.0),
+        count: lat.len(),
+    })
+}
