@@ -5,7 +5,7 @@
 //! `fluxpipe replay` tells which alerts a journal would have raised.
 
 mod common;
-use common::{free_port, http_get};
+use common::{free_port, http_get, read_records};
 
 use serde_json::{Value, json};
 use std::io::Write;
@@ -120,14 +120,6 @@ fn append(path: &Path, text: &str) {
     f.write_all(text.as_bytes()).expect("append");
 }
 
-fn json_lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 #[test]
 fn a_stuck_job_fires_in_alertmanager_then_resolves_when_it_moves_on() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -227,7 +219,7 @@ inputs = ["alerts"]
         .status();
     let status = fluxpipe.0.wait().expect("wait");
     assert!(status.success(), "{status}");
-    let recs = json_lines(&records);
+    let recs = read_records(&records);
     let statuses: Vec<(&str, &str)> = recs
         .iter()
         .map(|r| {

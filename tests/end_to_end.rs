@@ -4,27 +4,18 @@
 //! on the same data, and SIGTERM ends it cleanly.
 
 mod common;
-use common::{corpus, free_port};
+use common::{corpus, free_port, read_records};
 
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn dothex_path(id: u64) -> String {
     let h = format!("{id:016x}");
     format!("job/{}/{}/{}/{}", &h[0..4], &h[4..8], &h[8..12], &h[12..16])
-}
-
-fn records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 #[test]
@@ -172,7 +163,7 @@ inputs = ["jobs", "dead_letter", "anomalies"]
 
     let deadline = Instant::now() + Duration::from_secs(20);
     let got = loop {
-        let got: BTreeMap<u64, Value> = records(&out)
+        let got: BTreeMap<u64, Value> = read_records(&out)
             .into_iter()
             .filter(|r| r["kind"] == "job")
             .map(|r| (r["id"].as_u64().expect("id"), r))
@@ -199,7 +190,7 @@ inputs = ["jobs", "dead_letter", "anomalies"]
     for (id, job) in &want {
         assert_eq!(&got[id], job, "job {id}");
     }
-    let all = records(&out);
+    let all = read_records(&out);
     let dead = all.iter().filter(|r| r["kind"] == "dead_letter").count();
     let garbage: usize = (0..3u64)
         .map(|c| {

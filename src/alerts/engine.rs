@@ -294,7 +294,7 @@ impl Engine {
     /// while the condition holds.
     pub fn flush(&mut self, clock: impl Fn(&str) -> Option<f64>, out: &mut Vec<AlertEvent>) {
         let firing = &mut self.firing;
-        for (map_jobs, list) in self
+        for (subject, list) in self
             .jobs
             .iter_mut()
             .map(|(k, l)| (Subject::Job(k.clone()), l))
@@ -304,18 +304,18 @@ impl Engine {
                     .map(|(k, l)| (Subject::Node(k.clone()), l)),
             )
         {
-            let Some(now) = clock(map_jobs.cluster()) else {
+            let Some(now) = clock(subject.cluster()) else {
                 continue;
             };
             for a in list.iter_mut().filter(|a| !a.fired && a.starts <= now) {
-                if let Some(t) = self.timers.get_mut(map_jobs.cluster()) {
+                if let Some(t) = self.timers.get_mut(subject.cluster()) {
                     t.remove(&a.timer);
                 }
                 a.fired = true;
                 *firing += 1;
                 out.push(AlertEvent {
                     rule: a.rule as usize,
-                    subject: map_jobs.clone(),
+                    subject: subject.clone(),
                     status: Status::Firing,
                     since: a.since,
                     starts_at: a.starts,

@@ -3,7 +3,7 @@
 
 use crate::alerts::engine::{AlertEvent, Engine, Subject};
 use crate::alerts::rule::default_rules;
-use crate::alerts::{self};
+use crate::alerts::{self, EventClock};
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
@@ -12,7 +12,6 @@ use crate::state::{Effects, JobKey, KeyedAnomaly, State};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::Value;
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -63,7 +62,7 @@ struct Replay {
     lines: u64,
     alerts: Engine,
     /// Newest event time per cluster: the alerts' clock.
-    clock: HashMap<String, f64>,
+    clock: EventClock,
     fired: Vec<AlertEvent>,
 }
 
@@ -89,16 +88,14 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         anomalies: Vec::new(),
         lines: 0,
         alerts: Engine::new(rules),
-        clock: HashMap::new(),
+        clock: EventClock::default(),
         fired: Vec::new(),
     };
     for path in &args.paths {
         replay.path(path)?;
     }
     let clock = &replay.clock;
-    replay
-        .alerts
-        .flush(|c| clock.get(c).copied(), &mut replay.fired);
+    replay.alerts.flush(|c| clock.now(c), &mut replay.fired);
     let alerts: Vec<Value> = replay
         .fired
         .iter()
@@ -231,19 +228,12 @@ impl Replay {
 
     /// Alerts measured against event time: the newest event per cluster.
     fn alert_on(&mut self, cluster: &str, key: Option<&JobKey>, at: Option<f64>, fx: &Effects) {
-        let now = self.clock.get(cluster).copied();
-        let lag = match (now, at) {
-            (Some(now), Some(at)) => (now - at).max(0.0),
-            _ => 0.0,
-        };
-        if let Some(t) = at {
-            let c = self.clock.entry(cluster.to_string()).or_insert(t);
-            *c = c.max(t);
-        }
+        let now = self.clock.now(cluster);
+        let lag = at.map_or(0.0, |t| self.clock.advance(cluster, t));
         // What came due before this record goes first, in time order.
         let clock = &self.clock;
         self.alerts
-            .advance(|c| clock.get(c).copied(), usize::MAX, &mut self.fired);
+            .advance(|c| clock.now(c), usize::MAX, &mut self.fired);
         let Some(at) = at.or(now) else {
             return;
         };

@@ -10,7 +10,7 @@ use super::Routed;
 use super::ages::OldestEntries;
 use crate::alerts::engine::{AlertEvent, Engine, Status, Subject};
 use crate::alerts::rule::Rule;
-use crate::alerts::{self, Clock};
+use crate::alerts::{self, Clock, EventClock};
 use crate::decode::Body;
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
@@ -19,8 +19,8 @@ use crate::pipeline::config::OutputStream;
 use crate::sinks::Outputs;
 use crate::state::{JobKey, KeyedAnomaly, State};
 use crate::telemetry::{NodeBoard, StateAges};
+use std::collections::HashSet;
 use std::collections::VecDeque;
-use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -46,20 +46,13 @@ pub struct AlertSetup {
 /// `alerts.clock = "event"`. Shards keep their own view and merge it here
 /// on every tick, so the hot path takes no lock.
 #[derive(Debug, Clone, Default)]
-pub struct SharedEventClock(Arc<Mutex<HashMap<String, f64>>>);
+pub struct SharedEventClock(Arc<Mutex<EventClock>>);
 
 impl SharedEventClock {
     /// Merge a shard's clocks in and take everyone's back.
-    fn sync(&self, local: &mut HashMap<String, f64>) {
-        let Ok(mut shared) = self.0.lock() else {
-            return;
-        };
-        for (c, t) in local.iter() {
-            let e = shared.entry(c.clone()).or_insert(*t);
-            *e = e.max(*t);
-        }
-        for (c, t) in shared.iter() {
-            local.insert(c.clone(), *t);
+    fn sync(&self, local: &mut EventClock) {
+        if let Ok(mut shared) = self.0.lock() {
+            shared.merge(local);
         }
     }
 }
@@ -74,7 +67,7 @@ pub struct Shard {
     clock: Clock,
     shared_clock: SharedEventClock,
     /// Newest event timestamp per cluster, as this shard knows it.
-    event_clock: HashMap<String, f64>,
+    event_clock: EventClock,
     /// More alerts are due than the last batch fired.
     alerts_due: bool,
     outputs: Outputs,
@@ -106,7 +99,7 @@ impl Shard {
             alerts: Engine::new(alerts.rules),
             clock: alerts.clock,
             shared_clock: alerts.shared,
-            event_clock: HashMap::new(),
+            event_clock: EventClock::default(),
             alerts_due: false,
             outputs,
             retention,
@@ -309,26 +302,16 @@ impl Shard {
             return;
         }
         // How far this record runs behind the cluster's event clock.
-        let lag = match (self.clock, event_ts, self.event_clock.get(cluster)) {
-            (Clock::Event, Some(ts), Some(now)) => (now - ts).max(0.0),
+        let lag = match (self.clock, event_ts) {
+            (Clock::Event, Some(ts)) => self.event_clock.advance(cluster, ts),
             _ => 0.0,
         };
-        if let (Clock::Event, Some(ts)) = (self.clock, event_ts)
-            && ts.is_finite()
-        {
-            match self.event_clock.get_mut(cluster) {
-                Some(t) => *t = t.max(ts),
-                None => {
-                    self.event_clock.insert(cluster.to_string(), ts);
-                }
-            }
-        }
         // What came due before this record goes first, in time order.
         if self.clock == Clock::Event {
             self.fire_due().await;
         }
         let at = event_ts
-            .or_else(|| self.event_clock.get(cluster).copied())
+            .or_else(|| self.event_clock.now(cluster))
             .unwrap_or_else(alerts::wall_now);
         let mut out = Vec::new();
         if let Some(key) = key {
@@ -350,8 +333,7 @@ impl Shard {
             }
             Clock::Event => {
                 let clocks = &self.event_clock;
-                self.alerts
-                    .advance(|c| clocks.get(c).copied(), FIRE_BATCH, &mut out)
+                self.alerts.advance(|c| clocks.now(c), FIRE_BATCH, &mut out)
             }
         };
         self.emit_alerts(&out).await;

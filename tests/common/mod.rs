@@ -32,3 +32,13 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
     Some((status, body.to_string()))
 }
+
+/// The JSON records of a JSON Lines file (none if it does not exist yet;
+/// a line still being written is skipped).
+pub fn read_records(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
