@@ -8,18 +8,18 @@ use crate::flux::exec::{ExecLog, ExecProtocol};
 use crate::flux::job::{Job, JobSummary, Transition};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::{RankChange, ResourceState};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// A job's key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct JobKey {
     pub cluster: String,
     pub id: JobId,
 }
 
 /// Everything known about one job.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct JobEntry {
     pub job: Job,
     pub exec: ExecLog,

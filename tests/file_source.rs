@@ -120,7 +120,7 @@ async fn a_growing_dump_tree_through_the_pipeline_with_a_restart() {
         format!("{}:3", job_a.join("eventlog").display())
     );
     stop(token, task).await;
-    assert!(d.join("data/sources/dump/checkpoints.json").exists());
+    assert!(d.join("data/checkpoint.bin").exists());
 
     // While stopped, both jobs go on; after the restart only that is new.
     write(&job_a.join("eventlog"), &event(1700000000.3, "depend"));

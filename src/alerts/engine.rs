@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
 /// What an alert is about.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Subject {
     Job(JobKey),
     Node(NodeKey),
@@ -37,7 +37,9 @@ impl Subject {
 }
 
 /// A node: a rank of a cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct NodeKey {
     pub cluster: String,
     pub rank: u32,
@@ -45,7 +47,7 @@ pub struct NodeKey {
 
 /// What an alert's labels say beyond its subject, fixed once it fires so
 /// that its resolution carries the same labels (Alertmanager's identity).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Detail {
     /// The job's state when the condition began (or last changed).
     State(JobState),
@@ -284,6 +286,100 @@ impl Engine {
             }
         }
         false
+    }
+}
+
+/// A condition as a checkpoint keeps it: its rule by name, so a changed
+/// rule list still restores the rules that remain.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SavedCondition {
+    pub subject: Subject,
+    pub rule: String,
+    pub since: f64,
+    /// How far its timer was pushed back (the subject's lag).
+    pub delay: f64,
+    pub fired: bool,
+    pub detail: Detail,
+}
+
+impl Engine {
+    /// Every condition holding now, for a checkpoint.
+    pub fn saved(&self) -> Vec<SavedCondition> {
+        let jobs = self.jobs.iter().map(|(k, l)| (Subject::Job(k.clone()), l));
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|(k, l)| (Subject::Node(k.clone()), l));
+        let mut out = Vec::new();
+        for (subject, list) in jobs.chain(nodes) {
+            for a in list {
+                let Some(rule) = self.rules.get(a.rule as usize) else {
+                    continue;
+                };
+                out.push(SavedCondition {
+                    subject: subject.clone(),
+                    rule: rule.name.clone(),
+                    since: a.since,
+                    delay: a.timer.deadline - a.starts,
+                    fired: a.fired,
+                    detail: a.detail.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Take back conditions from a checkpoint. Those whose rule is gone are
+    /// dropped; a rule whose duration changed times from the same start.
+    /// Returns the alerts that were firing, to announce again (same
+    /// identity, same start: receivers see a repeat, not a new alert).
+    pub fn restore(&mut self, saved: Vec<SavedCondition>) -> Vec<AlertEvent> {
+        let mut firing = Vec::new();
+        for c in saved {
+            let Some(rule) = self.rules.iter().position(|r| r.name == c.rule) else {
+                continue;
+            };
+            let hold = self.rules[rule].hold_secs;
+            self.seq += 1;
+            let starts = c.since + hold;
+            let timer = TimerKey {
+                deadline: starts + c.delay.max(0.0),
+                seq: self.seq,
+            };
+            let list = match &c.subject {
+                Subject::Job(k) => self.jobs.entry(k.clone()).or_default(),
+                Subject::Node(n) => self.nodes.entry(n.clone()).or_default(),
+            };
+            if list.iter().any(|a| a.rule as usize == rule) {
+                continue;
+            }
+            list.push(Active {
+                rule: rule as u16,
+                since: c.since,
+                starts,
+                timer,
+                fired: c.fired,
+                detail: c.detail.clone(),
+            });
+            if c.fired {
+                self.firing += 1;
+                firing.push(AlertEvent {
+                    rule,
+                    subject: c.subject,
+                    status: Status::Firing,
+                    since: c.since,
+                    starts_at: starts,
+                    ends_at: None,
+                    detail: c.detail,
+                });
+            } else {
+                self.timers
+                    .entry(c.subject.cluster().to_string())
+                    .or_default()
+                    .insert(timer, (c.subject, rule as u16));
+            }
+        }
+        firing
     }
 }
 

@@ -26,7 +26,7 @@ pub enum Clock {
 
 /// The newest event timestamp seen per cluster: "now" for
 /// `clock = "event"`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct EventClock(HashMap<String, f64>);
 
 impl EventClock {
@@ -47,6 +47,11 @@ impl EventClock {
                 0.0
             }
         }
+    }
+
+    /// Every cluster's clock.
+    pub fn clusters(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.0.iter().map(|(c, t)| (c.as_str(), *t))
     }
 
     /// A cluster's clock, if it has seen an event.

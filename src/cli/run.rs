@@ -20,6 +20,10 @@ pub struct RunArgs {
     /// Checkpoints and state here instead of the config's `data_dir`.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Start from nothing: set the checkpoint in the data folder aside (as
+    /// `checkpoint.bin.reset`) instead of restoring it.
+    #[arg(long)]
+    pub reset_state: bool,
     /// Files or folders for the built-in default (ignored with --config).
     pub paths: Vec<PathBuf>,
 }
@@ -93,6 +97,7 @@ impl RunArgs {
             data_dir: Some(
                 std::env::temp_dir().join(format!("fluxpipe-demo-{}", std::process::id())),
             ),
+            reset_state: false,
             paths: vec![corpus.join("jobs"), corpus.join("instances/B/journals")],
         }
     }
@@ -121,6 +126,15 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     }
     init_logging(&config);
     tracing::info!(config = %label, "starting");
+    if args.reset_state {
+        match crate::pipeline::checkpoint::set_aside(&config.data_dir)? {
+            Some(aside) => eprintln!(
+                "fluxpipe: --reset-state: starting from nothing; the old checkpoint is kept as {}",
+                aside.display()
+            ),
+            None => eprintln!("fluxpipe: --reset-state: there was no checkpoint"),
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -11,6 +11,7 @@
 
 use std::collections::HashSet;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
@@ -19,7 +20,7 @@ use super::event::{ContextError, Event};
 use super::idset::{IdSet, Ranks};
 
 /// What the exec system recorded when the leader shell exited.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShellExit {
     pub rank: u32,
     pub wait_status: i64,
@@ -35,7 +36,7 @@ pub struct ExecApplied {
 }
 
 /// State of one job's exec eventlog.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ExecLog {
     events: u64,
     initialized: bool,
@@ -437,7 +438,7 @@ impl ExecResponse {
 }
 
 /// RFC 32 response stream for one job.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ExecProtocol {
     responses: u64,
     started: bool,

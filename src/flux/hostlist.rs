@@ -23,14 +23,14 @@ use std::str::FromStr;
 const MAX_RANGE: u64 = 1 << 20;
 
 /// An ordered list of host names (duplicates allowed).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Hostlist {
     items: Vec<Item>,
     /// Total hosts, cached so `len` is O(1).
     count: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Item {
     /// `prefix` + each number of `lo..=hi` zero-padded to `width`.
     /// `width` is canonical: 0 when no number of the range gets padding.

@@ -8,7 +8,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A set of `u32` ids.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub struct IdSet {
     /// Sorted by `lo`; no two ranges overlap or touch (touching ones merge),
     /// which makes the representation of a set unique and `==` meaningful.

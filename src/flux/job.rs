@@ -5,11 +5,14 @@
 use super::anomaly::{Anomaly, AnomalyKind, Stream};
 use super::event::{ContextError, Event};
 use super::idset::Ranks;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// RFC 21 job states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "UPPERCASE")]
 pub enum JobState {
     #[default]
     New,
@@ -64,14 +67,9 @@ impl fmt::Display for JobState {
     }
 }
 
-impl Serialize for JobState {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
 /// The result of an inactive job, as job-list computes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
 pub enum JobResult {
     Completed,
     Failed,
@@ -96,15 +94,9 @@ impl fmt::Display for JobResult {
     }
 }
 
-impl Serialize for JobResult {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
 /// The job's recorded exception: the most severe one seen (the first wins
 /// ties), as job-list keeps it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobException {
     pub kind: String,
     pub severity: i64,
@@ -129,7 +121,7 @@ pub struct Applied {
 }
 
 /// One job, rebuilt from its primary eventlog (RFC 21).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     pub state: JobState,
     /// A `submit` event has been applied: before it, the job does not exist.

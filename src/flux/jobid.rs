@@ -10,7 +10,19 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A Flux job id. Unique within one Flux instance only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct JobId(pub u64);
 
 /// The text encodings of a job id.

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::anomaly::{Anomaly, AnomalyKind, Stream};
@@ -46,7 +46,7 @@ const PERSISTENT_EVENTS: [&str; 5] = [
 ];
 
 /// The state of one execution target (broker rank).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankState {
     pub rank: u32,
     pub hostname: Option<String>,
@@ -131,7 +131,7 @@ pub struct Applied {
 }
 
 /// Resource state of one Flux instance, rebuilt from its resource events.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ResourceState {
     ranks: BTreeMap<u32, RankState>,
     /// The instance's ranks, once a `restart` event or R has said so; rank

@@ -10,7 +10,7 @@ pub mod shard;
 use crate::decode::Record;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// A decoded record on its way to its shard.
 #[derive(Debug)]
@@ -22,6 +22,18 @@ pub struct Routed {
     pub record: Record,
 }
 
+/// What a shard's queue carries.
+#[derive(Debug)]
+pub enum ShardMsg {
+    Record(Routed),
+    /// A checkpoint barrier: every record before it is applied; the shard
+    /// answers with its state, encoded.
+    Barrier(oneshot::Sender<ShardSnapshot>),
+}
+
+/// A shard's encoded state, or why it could not be encoded.
+pub type ShardSnapshot = Result<Vec<u8>, crate::pipeline::checkpoint::CheckpointError>;
+
 /// The pipeline has shut down: nothing more can be sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the pipeline is shutting down")]
@@ -30,11 +42,11 @@ pub struct Closed;
 /// Sends records to the shard that owns their key.
 #[derive(Debug, Clone)]
 pub struct Router {
-    shards: Arc<[mpsc::Sender<Routed>]>,
+    shards: Arc<[mpsc::Sender<ShardMsg>]>,
 }
 
 impl Router {
-    pub fn new(shards: Vec<mpsc::Sender<Routed>>) -> Self {
+    pub fn new(shards: Vec<mpsc::Sender<ShardMsg>>) -> Self {
         Router {
             shards: shards.into(),
         }
@@ -43,16 +55,48 @@ impl Router {
     /// The shard index of a key. The hasher has fixed keys, so a key maps to
     /// the same shard in every run.
     pub fn shard_of(&self, cluster: &str, id: Option<u64>) -> usize {
+        Self::shard_index(self.shards.len(), cluster, id)
+    }
+
+    /// The shard index of a key among `n` shards.
+    pub fn shard_index(n: usize, cluster: &str, id: Option<u64>) -> usize {
         let mut h = DefaultHasher::new();
         cluster.hash(&mut h);
         id.hash(&mut h);
-        (h.finish() % self.shards.len().max(1) as u64) as usize
+        (h.finish() % n.max(1) as u64) as usize
     }
 
     /// Send one record; waits while the shard's queue is full.
     pub async fn send(&self, routed: Routed) -> Result<(), Closed> {
         let i = self.shard_of(&routed.cluster, routed.record.id.map(|id| id.0));
         let shard = self.shards.get(i).ok_or(Closed)?;
-        shard.send(routed).await.map_err(|_| Closed)
+        shard
+            .send(ShardMsg::Record(routed))
+            .await
+            .map_err(|_| Closed)
+    }
+
+    /// How many shards there are.
+    pub fn len(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shards.is_empty()
+    }
+
+    /// Put a barrier behind everything already sent to every shard; one
+    /// receiver per shard, in shard order, for its state.
+    pub async fn barrier(&self) -> Result<Vec<oneshot::Receiver<ShardSnapshot>>, Closed> {
+        let mut replies = Vec::with_capacity(self.shards.len());
+        for shard in self.shards.iter() {
+            let (tx, rx) = oneshot::channel();
+            shard
+                .send(ShardMsg::Barrier(tx))
+                .await
+                .map_err(|_| Closed)?;
+            replies.push(rx);
+        }
+        Ok(replies)
     }
 }

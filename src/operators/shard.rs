@@ -6,8 +6,8 @@
 //! than start a new job), and a job that only ever got exec events is
 //! dropped with an anomaly after `orphan_ttl`.
 
-use super::Routed;
 use super::ages::OldestEntries;
+use super::{Routed, ShardMsg, ShardSnapshot};
 use crate::alerts::engine::{AlertEvent, Engine, Status, Subject};
 use crate::alerts::rule::Rule;
 use crate::alerts::{self, Clock, EventClock};
@@ -15,6 +15,7 @@ use crate::decode::Body;
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::output::{self, OutputRecord};
+use crate::pipeline::checkpoint::{ShardState, ShardStateRef};
 use crate::pipeline::config::OutputStream;
 use crate::sinks::Outputs;
 use crate::state::{JobKey, KeyedAnomaly, State};
@@ -84,6 +85,9 @@ pub struct Shard {
     ages: OldestEntries,
     /// Clusters whose job series have been set to 0 for every label value.
     clusters_seen: HashSet<String>,
+    /// Alerts that were firing when the checkpoint restored was taken,
+    /// announced again once the shard runs.
+    restored_alerts: Vec<AlertEvent>,
 }
 
 impl Shard {
@@ -109,7 +113,57 @@ impl Shard {
             nodes,
             ages: OldestEntries::new(ages),
             clusters_seen: HashSet::new(),
+            restored_alerts: Vec::new(),
         }
+    }
+
+    /// This shard's state, encoded for a checkpoint.
+    pub fn snapshot(&self) -> ShardSnapshot {
+        ShardStateRef {
+            jobs: &self.state.jobs,
+            resources: &self.state.resources,
+            alerts: self.alerts.saved(),
+            clock: &self.event_clock,
+        }
+        .encode()
+    }
+
+    /// Take over state from a checkpoint, before the first record: the
+    /// jobs and ranks, their metrics, the alert conditions (fired ones stay
+    /// fired) and the eviction deadlines (counted from now: the clock of
+    /// the run that saved them is gone).
+    pub fn restore(&mut self, saved: ShardState) {
+        let now = Instant::now();
+        for (cluster, t) in saved.clock.clusters() {
+            self.event_clock.advance(cluster, t);
+        }
+        for (cluster, res) in saved.resources {
+            self.first_sight(&cluster);
+            for rank in res.ranks() {
+                let at = rank.drain_timestamp.or(res.last_timestamp());
+                self.nodes
+                    .update(&cluster, rank.rank, Some(rank), at.unwrap_or(f64::NAN));
+            }
+            self.state.resources.insert(cluster, res);
+        }
+        for (key, entry) in saved.jobs {
+            self.first_sight(&key.cluster);
+            let job = &entry.job;
+            if job.state == JobState::Inactive {
+                self.inactive
+                    .push_back((now + self.retention.inactive_grace, key.clone()));
+            } else if !job.submitted {
+                self.unsubmitted
+                    .push_back((now + self.retention.orphan_ttl, key.clone()));
+            } else if !job.invalidated {
+                metrics::gauge!("flux_jobs", "flux_cluster" => key.cluster.clone(), "state" => job.state.as_str())
+                    .increment(1.0);
+                self.ages.add(&key.cluster, job.state, job.t_state());
+            }
+            self.state.jobs.insert(key, entry);
+        }
+        self.restored_alerts = self.alerts.restore(saved.alerts);
+        self.report_tracked();
     }
 
     /// Every known label value of the job series is exported, with 0 until
@@ -145,14 +199,22 @@ impl Shard {
         self.reported = now;
     }
 
-    /// Apply records until every sender is gone.
-    pub async fn run(mut self, mut rx: mpsc::Receiver<Routed>) {
+    /// Apply records until every sender is gone; returns the final state,
+    /// encoded, for the checkpoint taken at shutdown.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<ShardMsg>) -> ShardSnapshot {
+        let restored = std::mem::take(&mut self.restored_alerts);
+        self.emit_alerts(&restored).await;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 msg = rx.recv() => match msg {
-                    Some(routed) => self.apply(routed).await,
+                    Some(ShardMsg::Record(routed)) => self.apply(routed).await,
+                    // Everything before the barrier is applied, and its
+                    // outputs are queued at the sinks.
+                    Some(ShardMsg::Barrier(reply)) => {
+                        let _ = reply.send(self.snapshot());
+                    }
                     None => break,
                 },
                 _ = tick.tick() => self.expire(Instant::now()).await,
@@ -163,6 +225,7 @@ impl Shard {
         while self.alerts_due {
             self.fire_due().await;
         }
+        self.snapshot()
     }
 
     /// Apply one record and emit its outputs.
@@ -748,7 +811,9 @@ mod tests {
                 if let Some(c) = ctx {
                     ev = ev.with_context(c);
                 }
-                tx.send(routed(id, EventStream::Job, ev)).await.unwrap();
+                tx.send(ShardMsg::Record(routed(id, EventStream::Job, ev)))
+                    .await
+                    .unwrap();
             }
         }
         // all loaded, nothing due yet
@@ -759,27 +824,27 @@ mod tests {
             .unwrap();
         assert_eq!(before, 0);
         // the clock jumps two hours: every job is overdue
-        tx.send(routed(
+        tx.send(ShardMsg::Record(routed(
             0,
             EventStream::Job,
             Event::new(8200.0, "submit").with_context(submit.clone()),
-        ))
+        )))
         .await
         .unwrap();
         let sent = std::time::Instant::now();
-        tx.send(routed(
+        tx.send(ShardMsg::Record(routed(
             MARKER,
             EventStream::Job,
             Event::new(8200.0, "submit").with_context(submit),
-        ))
+        )))
         .await
         .unwrap();
         // its first transition (NEW → DEPEND) comes with `validate`
-        tx.send(routed(
+        tx.send(ShardMsg::Record(routed(
             MARKER,
             EventStream::Job,
             Event::new(8200.1, "validate"),
-        ))
+        )))
         .await
         .unwrap();
         let (alerts_then, at) = tokio::time::timeout(wait, seen_rx.recv())
@@ -788,7 +853,7 @@ mod tests {
             .unwrap();
         let latency = at - sent;
         drop(tx);
-        task.await.unwrap();
+        task.await.unwrap().unwrap();
         let total = consumer.await.unwrap();
         println!(
             "{n} due alerts: marker through after {latency:?}, {alerts_then} alerts fired by then"

@@ -84,6 +84,8 @@ pub struct Config {
     #[serde(default)]
     pub alerts: AlertsConfig,
     #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    #[serde(default)]
     pub sources: BTreeMap<String, SourceConfig>,
     #[serde(default)]
     pub sinks: BTreeMap<String, SinkConfig>,
@@ -156,6 +158,37 @@ fn default_inactive_grace() -> f64 {
 
 fn default_orphan_ttl() -> f64 {
     3600.0
+}
+
+/// `[checkpoint]`: how often the state and the source positions are saved
+/// to `data_dir` (and always at shutdown).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Seconds between checkpoints; 0: only at shutdown.
+    #[serde(default = "default_checkpoint_interval")]
+    pub interval_secs: f64,
+    /// Longest one checkpoint may take (sources reaching the barrier,
+    /// shards saving, sinks delivering) before it is abandoned.
+    #[serde(default = "default_checkpoint_timeout")]
+    pub timeout_secs: f64,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            interval_secs: default_checkpoint_interval(),
+            timeout_secs: default_checkpoint_timeout(),
+        }
+    }
+}
+
+fn default_checkpoint_interval() -> f64 {
+    10.0
+}
+
+fn default_checkpoint_timeout() -> f64 {
+    60.0
 }
 
 /// `[alerts]`: the clock and the rules.

@@ -1,18 +1,27 @@
 //! Wiring: sinks, then the operator shards, then the sources, all joined by
 //! bounded channels; then the shutdown sequence.
 //!
+//! Startup: the checkpoint in `data_dir` (if any) is read first; its state
+//! goes to the shards (dealt out by key) and its positions to the sources,
+//! before any record moves. A checkpoint that cannot be read stops the
+//! start (`fluxpipe run --reset-state` sets it aside).
+//!
 //! Shutdown (SIGINT/SIGTERM, or every source at its end): sources stop
-//! reading and write their checkpoints; when the last source is gone the
-//! shards drain their queues and finish; when the last shard is gone the
-//! sinks deliver what they hold, flush, and finish.
+//! reading and report their final positions; when the last source is gone
+//! the shards drain their queues and finish with their final state; when
+//! the last shard is gone the sinks deliver what they hold, flush, and
+//! finish. If every sink delivered, the final checkpoint is written.
 
+use super::checkpoint::{self, Head, ShardState};
 use super::config::{Config, OperatorConfig, SinkConfig};
+use super::coordinator::{self, Coordinator, Schedule};
 use crate::operators::Router;
 use crate::operators::shard::{AlertSetup, Retention, Shard};
 use crate::sinks::{self, Outputs, SinkContext};
 use crate::sources::{self, SourceContext};
 use crate::telemetry;
 use anyhow::{Context, Result};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -32,10 +41,43 @@ fn retention(op: &OperatorConfig) -> Retention {
     }
 }
 
+fn schedule(config: &Config) -> Schedule {
+    let c = &config.checkpoint;
+    Schedule {
+        interval: (c.interval_secs > 0.0)
+            .then(|| Duration::from_secs_f64(c.interval_secs.min(1e9))),
+        timeout: Duration::from_secs_f64(c.timeout_secs.clamp(0.1, 1e9)),
+    }
+}
+
+/// Read the checkpoint and deal its state out to `workers` shards.
+fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<ShardState>)> {
+    let dir = &config.data_dir;
+    let Some(saved) = checkpoint::load(dir)
+        .with_context(|| "cannot restore the checkpoint; `fluxpipe run --reset-state` sets it aside and starts from nothing")?
+    else {
+        return Ok((None, (0..workers).map(|_| ShardState::default()).collect()));
+    };
+    let (head, shards) = saved.split(workers, |c, id| Router::shard_index(workers, c, id));
+    let jobs: usize = shards.iter().map(|s| s.jobs.len()).sum();
+    tracing::info!(
+        seq = head.seq,
+        jobs,
+        sources = head.sources.len(),
+        "restored the checkpoint"
+    );
+    Ok((Some(head), shards))
+}
+
 /// Run a validated pipeline until shutdown.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
+    let workers = config
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let (head, mut restored) = restore(&config, workers)?;
 
     // Metrics are recorded only when something exports them.
     if config
@@ -56,10 +98,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         });
     }
 
-    let workers = config
-        .workers
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
     let alert_setup = AlertSetup {
         rules: config
             .alerts
@@ -70,38 +108,51 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     };
     let mut shard_tasks = JoinSet::new();
     let mut shard_txs = Vec::with_capacity(workers);
-    for _ in 0..workers {
+    for saved in restored.drain(..) {
         let (tx, rx) = mpsc::channel(SHARD_QUEUE);
         shard_txs.push(tx);
-        let shard = Shard::new(
+        let mut shard = Shard::new(
             outputs.clone(),
             retention(&config.operators),
             sink_ctx.nodes.clone(),
             sink_ctx.ages.clone(),
             alert_setup.clone(),
         );
+        shard.restore(saved);
         shard_tasks.spawn(shard.run(rx));
     }
     let router = Router::new(shard_txs);
+    let mut coordinator = Coordinator::new(
+        config.data_dir.clone(),
+        schedule(&config),
+        router.clone(),
+        outputs.counters(),
+        head.as_ref(),
+    );
 
     let mut source_tasks = JoinSet::new();
     for (name, source) in &config.sources {
+        let link = coordinator.link(name, sources::has_positions(source));
         let ctx = SourceContext::new(
             name,
             source.decode(),
             router.clone(),
             outputs.clone(),
             shutdown.child_token(),
-            config.data_dir.join("sources").join(name),
+            link.clone(),
         );
         let (name, source) = (name.clone(), source.clone());
         source_tasks.spawn(async move {
             let result = sources::run(source, ctx).await;
+            let positions = result.as_ref().ok().cloned().flatten();
+            link.finish(&Arc::from(name.as_str()), positions).await;
             (name, result)
         });
     }
-    // Only the sources hold the router and the outputs now: when they are
-    // done, the channels close behind them.
+    let coordinator = tokio::spawn(coordinator.run());
+    // Only the sources and the coordinator hold the router, and only the
+    // sources the outputs: when they are done, the channels close behind
+    // them.
     let drops = outputs.drop_counts();
     drop(router);
     drop(outputs);
@@ -121,23 +172,53 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
                     tracing::error!(source = %name, "source failed: {e:#}");
                     failed = true;
                 }
-                Some(Ok((_, Ok(())))) => {}
+                Some(Ok((_, Ok(_)))) => {}
                 Some(Err(e)) => { tracing::error!("source task: {e}"); failed = true; }
             },
         }
     }
 
     sink_ctx.ready.set(false);
+    let (seq, positions) = coordinator.await.context("checkpoint coordinator")?;
+    let mut states = Vec::with_capacity(workers);
+    let mut sinks_ok = true;
     let drain = async {
-        while shard_tasks.join_next().await.is_some() {}
+        while let Some(done) = shard_tasks.join_next().await {
+            match done {
+                Ok(Ok(state)) => states.push(state),
+                Ok(Err(e)) => tracing::error!("cannot encode a shard's final state: {e}"),
+                Err(e) => tracing::error!("shard task: {e}"),
+            }
+        }
         while let Some(done) = sink_tasks.join_next().await {
             if let Ok((name, Err(e))) = done {
                 tracing::error!(sink = %name, "sink failed: {e:#}");
-                failed = true;
+                sinks_ok = false;
             }
         }
     };
     let drained = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    failed |= !sinks_ok;
+    // The final checkpoint, only if nothing was lost on the way out: else
+    // the last periodic one stays and the records since are read again.
+    if drained.is_ok() && sinks_ok && states.len() == workers {
+        let head = Head {
+            seq: seq + 1,
+            written_at: crate::alerts::wall_now(),
+            sources: positions,
+        };
+        match coordinator::write(config.data_dir.clone(), head, states).await {
+            Ok(bytes) => tracing::info!(bytes, "final checkpoint written"),
+            Err(e) => {
+                tracing::error!("cannot write the final checkpoint: {e}");
+                failed = true;
+            }
+        }
+    } else {
+        tracing::warn!(
+            "no final checkpoint: not everything was delivered; the last checkpoint stays"
+        );
+    }
     for (sink, n) in drops.nonzero() {
         tracing::warn!(sink = %sink, dropped = n, "records dropped (buffer full or sink stopped)");
     }

@@ -216,6 +216,9 @@ pub async fn run(name: &str, config: AlertmanagerSinkConfig, mut rx: SinkRx) -> 
         tokio::select! {
             n = rx.recv_many(&mut buf, 1024) => {
                 closed = n == 0;
+                // Alerts firing again after a restart are announced anew
+                // from the restored state, so records are done with here.
+                rx.done_with(n as u64);
                 for rec in buf.drain(..) {
                     if let Err(e) = book.take(&rec.line) {
                         poster.error("alert record skipped", &e.to_string());

@@ -1,14 +1,14 @@
 //! `type = "blackhole"`: takes every record it is given and drops it,
 //! counting them; for benchmarks and for trying a pipeline out.
 
-use super::{SinkRx, count_sent};
+use super::SinkRx;
 
 pub async fn run(name: &str, mut rx: SinkRx) -> anyhow::Result<()> {
     let mut received = 0u64;
     let mut batch = Vec::with_capacity(256);
     while rx.recv_many(&mut batch, 256).await > 0 {
         received += batch.len() as u64;
-        count_sent(name, batch.len() as u64);
+        rx.delivered(batch.len() as u64);
         batch.clear();
     }
     tracing::info!(sink = name, records = received, "blackhole done");

@@ -1,10 +1,12 @@
 //! `type = "file"`: JSON Lines appended to a file. SIGHUP reopens the file,
 //! so logrotate can move it away.
 
-use super::{SinkRx, count_sent};
+use super::SinkRx;
+use super::stdout::FLUSH_EVERY;
 use crate::pipeline::config::FileSinkConfig;
 use anyhow::Context;
 use std::path::Path;
+use std::time::Instant;
 use tokio::fs::{File, OpenOptions};
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::signal::unix::{SignalKind, signal};
@@ -27,6 +29,8 @@ async fn open(path: &Path) -> anyhow::Result<BufWriter<File>> {
 pub async fn run(name: &str, config: FileSinkConfig, mut rx: SinkRx) -> anyhow::Result<()> {
     let path = config.path;
     let mut out = open(&path).await?;
+    let mut unflushed = 0u64;
+    let mut flushed_at = Instant::now();
     let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
     loop {
         tokio::select! {
@@ -34,19 +38,24 @@ pub async fn run(name: &str, config: FileSinkConfig, mut rx: SinkRx) -> anyhow::
                 let Some(rec) = rec else { break };
                 out.write_all(rec.line.as_bytes()).await?;
                 out.write_all(b"\n").await?;
-                count_sent(name, 1);
-                if rx.is_empty() {
+                unflushed += 1;
+                // A record counts as delivered once it is in the file.
+                if rx.is_empty() || flushed_at.elapsed() >= FLUSH_EVERY {
                     out.flush().await?;
+                    rx.delivered(std::mem::take(&mut unflushed));
+                    flushed_at = Instant::now();
                 }
             }
             _ = hup.recv() => {
                 out.flush().await?;
+                rx.delivered(std::mem::take(&mut unflushed));
                 out = open(&path).await?;
                 tracing::info!(sink = name, path = %path.display(), "reopened on SIGHUP");
             }
         }
     }
     out.flush().await?;
+    rx.delivered(unflushed);
     out.get_mut().sync_data().await.ok();
     Ok(())
 }

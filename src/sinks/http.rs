@@ -19,7 +19,7 @@
 //! At shutdown the batch being built is sent at once; retries of a batch
 //! in hand are cut to [`SHUTDOWN_GRACE`] after the channel closed.
 
-use super::{SinkRx, count_sent};
+use super::SinkRx;
 use crate::pipeline::config::HttpSinkConfig;
 use anyhow::Context;
 use reqwest::StatusCode;
@@ -116,11 +116,12 @@ impl Sender {
             tries += 1;
             let (error, asked) = match self.attempt(body).await {
                 Attempt::Delivered => {
-                    count_sent(&self.name, records as u64);
+                    rx.delivered(records as u64);
                     return;
                 }
                 Attempt::Rejected(e) => {
                     self.drop_batch(records, tries, &e, "rejected");
+                    rx.done_with(records as u64);
                     return;
                 }
                 Attempt::Retry(e, asked) => (e, asked),
@@ -133,6 +134,7 @@ impl Sender {
             backoff = (backoff * 2).min(BACKOFF_MAX);
             if Instant::now() + pause > deadline {
                 self.drop_batch(records, tries, &error, "retries exhausted");
+                rx.done_with(records as u64);
                 return;
             }
             tracing::debug!(sink = %self.name, url = %self.url, tries, retry_in = ?pause, "POST failed: {error}");

@@ -18,8 +18,64 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
 
-/// The receiving end of a sink's channel.
-pub type SinkRx = mpsc::Receiver<Arc<OutputRecord>>;
+/// The receiving end of a sink's channel, which also keeps count of the
+/// records the sink is done with (delivered, or given up and counted as
+/// dropped). A checkpoint waits until every sink is done with what was
+/// queued for it before the barrier.
+#[derive(Debug)]
+pub struct SinkRx {
+    name: Arc<str>,
+    rx: mpsc::Receiver<Arc<OutputRecord>>,
+    done: Arc<AtomicU64>,
+}
+
+impl SinkRx {
+    /// A sink's end of a channel made elsewhere (tests, tools).
+    pub fn new(name: &str, rx: mpsc::Receiver<Arc<OutputRecord>>) -> Self {
+        SinkRx {
+            name: name.into(),
+            rx,
+            done: Arc::default(),
+        }
+    }
+
+    pub async fn recv(&mut self) -> Option<Arc<OutputRecord>> {
+        self.rx.recv().await
+    }
+
+    pub async fn recv_many(&mut self, buf: &mut Vec<Arc<OutputRecord>>, limit: usize) -> usize {
+        self.rx.recv_many(buf, limit).await
+    }
+
+    pub fn try_recv(&mut self) -> Result<Arc<OutputRecord>, mpsc::error::TryRecvError> {
+        self.rx.try_recv()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.rx.is_closed()
+    }
+
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// `n` records reached their destination.
+    pub fn delivered(&self, n: u64) {
+        count_sent(&self.name, n);
+        self.done_with(n);
+    }
+
+    /// The sink is done with `n` more records without delivering them
+    /// itself: given up on (and counted as dropped), or taken into state of
+    /// its own that a restart rebuilds.
+    pub fn done_with(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Release);
+    }
+}
 
 /// One sink's entry in the fan-out table.
 #[derive(Debug, Clone)]
@@ -29,6 +85,49 @@ struct SinkPort {
     tx: mpsc::Sender<Arc<OutputRecord>>,
     when_full: WhenFull,
     dropped: Arc<AtomicU64>,
+    /// Records queued for the sink, and records it is done with.
+    queued: Arc<AtomicU64>,
+    done: Arc<AtomicU64>,
+}
+
+/// Each sink's queued and done counts.
+#[derive(Debug, Clone, Default)]
+pub struct SinkCounters(Arc<[SinkCount]>);
+
+/// A sink's name, records queued for it, and records it is done with.
+type SinkCount = (Arc<str>, Arc<AtomicU64>, Arc<AtomicU64>);
+
+impl SinkCounters {
+    /// What each sink has been given so far.
+    pub fn watermarks(&self) -> Watermarks {
+        Watermarks(
+            self.0
+                .iter()
+                .map(|(name, queued, done)| {
+                    (name.clone(), queued.load(Ordering::Acquire), done.clone())
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Where each sink stood when a checkpoint's barrier had passed every
+/// shard: the records queued for it by then.
+#[derive(Debug, Clone)]
+pub struct Watermarks(Vec<(Arc<str>, u64, Arc<AtomicU64>)>);
+
+impl Watermarks {
+    /// Sinks still busy with records queued before the marks, with how
+    /// many they have left.
+    pub fn pending(&self) -> Vec<(String, u64)> {
+        self.0
+            .iter()
+            .filter_map(|(name, mark, done)| {
+                let done = done.load(Ordering::Acquire);
+                (done < *mark).then(|| (name.to_string(), mark - done))
+            })
+            .collect()
+    }
 }
 
 /// Records a sink dropped (buffer full, or the sink gone), by sink name.
@@ -66,14 +165,21 @@ impl Outputs {
         for (name, config) in sinks {
             let common = config.common();
             let (tx, rx) = mpsc::channel(common.buffer.max(1));
+            let done = Arc::new(AtomicU64::new(0));
             ports.push(SinkPort {
                 name: name.into(),
                 streams: common.stream_bits(),
                 tx,
                 when_full: common.when_full,
                 dropped: Arc::default(),
+                queued: Arc::default(),
+                done: done.clone(),
             });
-            rxs.push(rx);
+            rxs.push(SinkRx {
+                name: name.into(),
+                rx,
+                done,
+            });
         }
         let streams = ports.iter().fold(0, |acc, p| acc | p.streams);
         (
@@ -95,6 +201,17 @@ impl Outputs {
         )
     }
 
+    /// The sinks' queued and done counts, without holding their channels
+    /// open.
+    pub fn counters(&self) -> SinkCounters {
+        SinkCounters(
+            self.ports
+                .iter()
+                .map(|p| (p.name.clone(), p.queued.clone(), p.done.clone()))
+                .collect(),
+        )
+    }
+
     /// Whether any sink takes `stream`: records nobody wants are not built.
     pub fn wants(&self, stream: OutputStream) -> bool {
         self.streams & stream.bit() != 0
@@ -111,13 +228,17 @@ impl Outputs {
             match port.when_full {
                 WhenFull::Block => {
                     // A sink that has exited (after an error) drops records.
-                    if port.tx.send(record.clone()).await.is_err() {
+                    if port.tx.send(record.clone()).await.is_ok() {
+                        port.queued.fetch_add(1, Ordering::Release);
+                    } else {
                         port.dropped.fetch_add(1, Ordering::Relaxed);
                         metrics::counter!("fluxpipe_records_dropped_total", "sink" => port.name.to_string(), "reason" => "closed").increment(1);
                     }
                 }
                 WhenFull::DropNewest => {
-                    if port.tx.try_send(record.clone()).is_err() {
+                    if port.tx.try_send(record.clone()).is_ok() {
+                        port.queued.fetch_add(1, Ordering::Release);
+                    } else {
                         port.dropped.fetch_add(1, Ordering::Relaxed);
                         metrics::counter!("fluxpipe_records_dropped_total", "sink" => port.name.to_string(), "reason" => "full").increment(1);
                     }
@@ -156,7 +277,7 @@ pub async fn run(
     }
 }
 
-/// Count one delivered record for a sink.
+/// Count delivered records for a sink.
 pub fn count_sent(name: &str, n: u64) {
     metrics::counter!("fluxpipe_records_sent_total", "sink" => name.to_string()).increment(n);
 }

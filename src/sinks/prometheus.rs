@@ -60,7 +60,11 @@ pub async fn run(
     tracing::info!(sink = name, address = %config.address, "serving metrics");
     // Serve until the pipeline closes this sink's channel (shutdown).
     axum::serve(listener, app)
-        .with_graceful_shutdown(async move { while rx.recv().await.is_some() {} })
+        .with_graceful_shutdown(async move {
+            while rx.recv().await.is_some() {
+                rx.done_with(1);
+            }
+        })
         .await
         .with_context(|| format!("sinks.{name}: metrics server failed"))?;
     Ok(())

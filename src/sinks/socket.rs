@@ -15,7 +15,7 @@
 //! it holds for [`SHUTDOWN_GRACE`], then drops the rest, counts it and
 //! fails.
 
-use super::{SinkRx, count_sent};
+use super::SinkRx;
 use crate::output::OutputRecord;
 use crate::pipeline::config::{SocketMode, SocketSinkConfig};
 use std::io;
@@ -138,7 +138,7 @@ pub async fn run(name: &str, config: SocketSinkConfig, mut rx: SinkRx) -> anyhow
         };
         match result {
             Ok(()) => {
-                count_sent(name, batch.len() as u64);
+                rx.delivered(batch.len() as u64);
                 batch.clear();
                 backoff = Backoff::new();
             }

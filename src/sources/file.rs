@@ -53,15 +53,15 @@
 //! the same first line and at least as long as what was read of it cannot
 //! be told from an append: it is read on.)
 //!
-//! **Checkpoints.** `checkpoints.json` in the source's state folder holds,
-//! per fingerprint, the offset just past the last line handed on and the
-//! number of lines before it (for dead-letter locations), and, per R path,
-//! a hash of the document last sent. It is written (temporary file, fsync,
-//! rename, fsync of the folder) at most every second when something moved,
-//! and at shutdown. Checkpoints of files that disappeared are kept for a day
-//! (a dump tree that is deleted and dumped again is not read twice). A
-//! checkpoint file that cannot be read is an error naming it: the source
-//! does not silently start over.
+//! **Positions.** The source's positions are, per fingerprint, the offset
+//! just past the last line handed on and the number of lines before it
+//! (for dead-letter locations), and, per R path, a hash of the document
+//! last sent. They are saved in the pipeline's checkpoint, taken at a
+//! barrier ([`crate::pipeline::coordinator`]): between two lines the source
+//! hands them over when asked, and its final ones when it stops. Positions
+//! of files that disappeared are kept for a day (a dump tree that is
+//! deleted and dumped again is not read twice). Positions that cannot be
+//! read are an error naming the source: it does not silently start over.
 //!
 //! **Open files.** A file is open while it is being read; a file quiet for
 //! [`Tuning::idle_close`] is closed and reopened (by path, checked against
@@ -81,7 +81,7 @@ use anyhow::{Context, Result, anyhow};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -92,9 +92,6 @@ use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
 
 /// Most bytes of a file's beginning that its fingerprint covers.
 pub const FINGERPRINT_BYTES: usize = 4096;
-
-/// The checkpoint file's name in the source's state folder.
-pub const CHECKPOINT_FILE: &str = "checkpoints.json";
 
 const CHECKPOINT_VERSION: u32 = 1;
 
@@ -108,8 +105,6 @@ pub struct Tuning {
     /// A file renamed away or deleted while open is read until it has been
     /// quiet at its end this long.
     pub rotate_grace: Duration,
-    /// Checkpoints are written at most this often (and at shutdown).
-    pub checkpoint_every: Duration,
     /// Lines read from one file before the next gets its turn.
     pub lines_per_turn: usize,
     /// How long the checkpoint of a file that disappeared is kept.
@@ -126,7 +121,6 @@ impl Default for Tuning {
             max_open: 128,
             idle_close: Duration::from_secs(30),
             rotate_grace: Duration::from_secs(2),
-            checkpoint_every: Duration::from_secs(1),
             lines_per_turn: 1024,
             forget_after: Duration::from_secs(24 * 3600),
             walk_cost_factor: 10,
@@ -134,17 +128,20 @@ impl Default for Tuning {
     }
 }
 
-pub async fn run(config: FileSourceConfig, ctx: SourceContext) -> Result<()> {
+///
+/// Returns the final positions.
+pub async fn run(config: FileSourceConfig, ctx: SourceContext) -> Result<String> {
     run_tuned(config, ctx, Tuning::default()).await
 }
 
 /// [`run`] with explicit limits.
-pub async fn run_tuned(config: FileSourceConfig, ctx: SourceContext, tuning: Tuning) -> Result<()> {
-    let checkpoint_path = ctx.state_dir.join(CHECKPOINT_FILE);
-    let loaded = {
-        let path = checkpoint_path.clone();
-        tokio::task::spawn_blocking(move || load_checkpoint(&path)).await??
-    };
+pub async fn run_tuned(
+    config: FileSourceConfig,
+    ctx: SourceContext,
+    tuning: Tuning,
+) -> Result<String> {
+    let loaded = parse_positions(ctx.checkpoint.restored())
+        .with_context(|| format!("source {}: the positions in the checkpoint", ctx.name))?;
     let scanner = Scanner::new(
         &config,
         ctx.decode.stream.is_some(),
@@ -157,11 +154,11 @@ pub async fn run_tuned(config: FileSourceConfig, ctx: SourceContext, tuning: Tun
     let mut last_scan: Option<Instant> = None;
     let mut last_walk: Option<Instant> = None;
     let mut walk_every = poll;
-    let mut last_checkpoint = Instant::now();
     loop {
         if ctx.shutdown.is_cancelled() {
             break;
         }
+        src.checkpoint_round().await;
         if last_walk.is_none_or(|t| t.elapsed() >= walk_every) {
             let started = Instant::now();
             (last_walk, last_scan) = (Some(started), Some(started));
@@ -183,24 +180,19 @@ pub async fn run_tuned(config: FileSourceConfig, ctx: SourceContext, tuning: Tun
             Err(Stop) => break,
         };
         src.housekeeping();
-        if src.dirty && last_checkpoint.elapsed() >= src.tuning.checkpoint_every {
-            last_checkpoint = Instant::now();
-            if let Err(e) = src.write_checkpoint().await {
-                tracing::warn!(source = %ctx.name, "cannot write checkpoint: {e:#}");
-            }
-        }
         if !more {
             let wait = poll.saturating_sub(last_scan.map_or(poll, |t| t.elapsed()));
             let wait = wait.min(walk_every.saturating_sub(last_walk.map_or(poll, |t| t.elapsed())));
+            // Woken by a checkpoint round too: sources at rest answer at once.
+            let mut link = src.ctx.checkpoint.clone();
             tokio::select! {
                 _ = tokio::time::sleep(wait.max(Duration::from_millis(1))) => {}
+                _ = link.requested() => {}
                 _ = ctx.shutdown.cancelled() => break,
             }
         }
     }
-    src.write_checkpoint()
-        .await
-        .with_context(|| format!("cannot write checkpoint {}", checkpoint_path.display()))
+    Ok(src.positions())
 }
 
 /// The source stops: shutdown, or the pipeline is gone.
@@ -574,7 +566,7 @@ fn unix_now() -> u64 {
 
 // ---- checkpoints ----------------------------------------------------------
 
-/// `checkpoints.json`.
+/// The positions, in the JSON form kept in a checkpoint.
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CheckpointFile {
@@ -612,30 +604,18 @@ struct DocEntry {
     gone_at: Option<u64>,
 }
 
-fn load_checkpoint(path: &Path) -> Result<CheckpointFile> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(CheckpointFile {
-                version: CHECKPOINT_VERSION,
-                ..Default::default()
-            });
-        }
-        Err(e) => {
-            return Err(anyhow!(
-                "cannot read checkpoint file {}: {e}",
-                path.display()
-            ));
-        }
+/// Positions as saved in a checkpoint; none saved: nothing read yet.
+fn parse_positions(text: Option<&str>) -> Result<CheckpointFile> {
+    let Some(text) = text else {
+        return Ok(CheckpointFile {
+            version: CHECKPOINT_VERSION,
+            ..Default::default()
+        });
     };
     let corrupt = |why: String| {
-        anyhow!(
-            "checkpoint file {} is corrupt: {why}; move it away to read every file again from the start",
-            path.display()
-        )
+        anyhow!("corrupt: {why}; start with --reset-state to read every file again from the start")
     };
-    let file: CheckpointFile =
-        serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let file: CheckpointFile = serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
     if file.version != CHECKPOINT_VERSION {
         return Err(corrupt(format!(
             "version {} (this fluxpipe writes version {CHECKPOINT_VERSION})",
@@ -656,18 +636,6 @@ fn parse_hex(s: &str) -> Option<u64> {
     (s.len() == 16)
         .then(|| u64::from_str_radix(s, 16).ok())
         .flatten()
-}
-
-/// Write `bytes` to `dir/CHECKPOINT_FILE` atomically and durably.
-fn write_atomic(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, dir.join(CHECKPOINT_FILE))?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 // ---- the async half -------------------------------------------------------
@@ -867,7 +835,6 @@ struct FileSource {
     open: VecDeque<u64>,
     open_count: usize,
     duplicates: HashSet<PathBuf>,
-    dirty: bool,
 }
 
 impl FileSource {
@@ -919,7 +886,6 @@ impl FileSource {
             open: VecDeque::new(),
             open_count: 0,
             duplicates: HashSet::new(),
-            dirty: false,
         }
     }
 
@@ -1063,14 +1029,12 @@ impl FileSource {
                     gone_at: None,
                 },
             );
-            self.dirty = true;
         }
         for (path, d) in self.docs.iter_mut() {
             if seen_docs.contains(path.as_path()) {
                 d.gone_at = None;
             } else if d.gone_at.is_none() {
                 d.gone_at = Some(now_unix);
-                self.dirty = true;
             }
         }
         Ok(())
@@ -1138,7 +1102,6 @@ impl FileSource {
                 Err(e) => tracing::warn!(source = %self.ctx.name, "{e}"),
             }
         }
-        self.dirty = true;
         Tracked {
             path: f.path.clone(),
             id: f.stat.id,
@@ -1178,7 +1141,6 @@ impl FileSource {
                     gone_at: Some(now_unix),
                 },
             );
-            self.dirty = true;
         }
     }
 
@@ -1205,6 +1167,7 @@ impl FileSource {
             if self.ctx.shutdown.is_cancelled() {
                 return Err(Stop);
             }
+            self.checkpoint_round().await;
             more |= self.read_file(fp).await?;
         }
         Ok(more)
@@ -1323,7 +1286,6 @@ impl FileSource {
                 tracing::warn!(source = %ctx.name, path = %path.display(), len, position = *position, "file shrank below the read position: reading it again from the start");
                 *position = 0;
                 *lines = 0;
-                self.dirty = true;
                 return Ok(true);
             }
             *done = true;
@@ -1364,7 +1326,6 @@ impl FileSource {
                             *position = 0;
                             *lines = 0;
                             *seen_len = 0;
-                            self.dirty = true;
                         }
                         Some(Changed(_)) => *done = true,
                         None => {
@@ -1388,7 +1349,6 @@ impl FileSource {
             *lines = lineno;
             *last_active = Instant::now();
             *at_eof = false;
-            self.dirty = true;
             n += 1;
         }
     }
@@ -1414,7 +1374,20 @@ impl FileSource {
         self.retire_done(unix_now());
     }
 
-    fn checkpoint_bytes(&mut self) -> Vec<u8> {
+    /// Take part in a checkpoint round if one is asked for: hand over the
+    /// positions of what was handed on, and wait for the barrier.
+    async fn checkpoint_round(&mut self) {
+        if let Some(seq) = self.ctx.checkpoint.pending() {
+            let positions = self.positions();
+            self.ctx
+                .checkpoint
+                .report(&self.ctx.name, seq, positions)
+                .await;
+        }
+    }
+
+    /// The positions, as saved in a checkpoint.
+    fn positions(&mut self) -> String {
         let forget = self.tuning.forget_after.as_secs();
         let now = unix_now();
         let keep = |gone: Option<u64>| gone.is_none_or(|g| now.saturating_sub(g) < forget);
@@ -1454,17 +1427,7 @@ impl FileSource {
             files,
             documents,
         };
-        let mut bytes = serde_json::to_vec_pretty(&file).unwrap_or_default();
-        bytes.push(b'\n');
-        bytes
-    }
-
-    async fn write_checkpoint(&mut self) -> Result<()> {
-        let bytes = self.checkpoint_bytes();
-        let dir = self.ctx.state_dir.clone();
-        tokio::task::spawn_blocking(move || write_atomic(&dir, &bytes)).await??;
-        self.dirty = false;
-        Ok(())
+        serde_json::to_string(&file).unwrap_or_default()
     }
 }
 

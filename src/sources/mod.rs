@@ -14,9 +14,9 @@ use crate::decode::{self, Origin, Record};
 use crate::operators::{Closed, Routed, Router};
 use crate::output::{self, OutputRecord};
 use crate::pipeline::config::{DecodeConfig, OutputStream, SourceConfig};
+use crate::pipeline::coordinator::CheckpointLink;
 use crate::sinks::Outputs;
 use lines::Line;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
@@ -31,8 +31,9 @@ pub struct SourceContext {
     outputs: Outputs,
     /// Cancelled at shutdown: stop reading, keep what was read.
     pub shutdown: CancellationToken,
-    /// This source's own folder for checkpoints.
-    pub state_dir: PathBuf,
+    /// This source's part in checkpoints: positions restored, rounds to
+    /// take part in.
+    pub checkpoint: CheckpointLink,
     invalid: Arc<AtomicU64>,
 }
 
@@ -43,7 +44,7 @@ impl SourceContext {
         router: Router,
         outputs: Outputs,
         shutdown: CancellationToken,
-        state_dir: PathBuf,
+        checkpoint: CheckpointLink,
     ) -> Self {
         SourceContext {
             name: name.into(),
@@ -52,7 +53,7 @@ impl SourceContext {
             router,
             outputs,
             shutdown,
-            state_dir,
+            checkpoint,
             invalid: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -146,11 +147,18 @@ impl SourceContext {
     }
 }
 
-/// Run one source until its input ends or shutdown.
-pub async fn run(config: SourceConfig, ctx: SourceContext) -> anyhow::Result<()> {
+/// Run one source until its input ends or shutdown; returns its final
+/// positions (in its own JSON form) if it has any.
+pub async fn run(config: SourceConfig, ctx: SourceContext) -> anyhow::Result<Option<String>> {
     match config {
-        SourceConfig::Stdin(_) => stdin::run(ctx).await,
-        SourceConfig::Socket(c) => socket::run(c, ctx).await,
-        SourceConfig::File(c) => file::run(c, ctx).await,
+        SourceConfig::Stdin(_) => stdin::run(ctx).await.map(|()| None),
+        SourceConfig::Socket(c) => socket::run(c, ctx).await.map(|()| None),
+        SourceConfig::File(c) => file::run(c, ctx).await.map(Some),
     }
+}
+
+/// Whether a source of this type has positions to checkpoint (and takes
+/// part in checkpoint rounds).
+pub fn has_positions(config: &SourceConfig) -> bool {
+    matches!(config, SourceConfig::File(_))
 }

@@ -3,10 +3,12 @@
 //! reads what reached the router (and the dead-letter stream).
 
 use super::*;
-use crate::operators::{Routed, Router};
+use crate::operators::{Routed, Router, ShardMsg};
 use crate::pipeline::config::SinkConfig;
+use crate::pipeline::coordinator::CheckpointLink;
 use crate::sinks::{Outputs, SinkRx};
 use std::collections::BTreeSet;
+use std::io::Write;
 use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout};
 use tokio_util::sync::CancellationToken;
@@ -14,26 +16,33 @@ use tokio_util::sync::CancellationToken;
 fn fast() -> Tuning {
     Tuning {
         rotate_grace: Duration::from_millis(300),
-        checkpoint_every: Duration::from_millis(50),
         ..Tuning::default()
     }
 }
 
 struct Running {
-    records: mpsc::Receiver<Routed>,
+    records: mpsc::Receiver<ShardMsg>,
     dead: SinkRx,
     token: CancellationToken,
-    task: tokio::task::JoinHandle<Result<()>>,
+    task: tokio::task::JoinHandle<Result<String>>,
+    /// Where the positions go when the source stops.
+    positions: PathBuf,
 }
 
-/// A source config and context whose state lives in `dir/state`.
+/// Where the tests keep a source's positions between runs (the pipeline
+/// keeps them in its checkpoint).
+fn positions_file(dir: &Path) -> PathBuf {
+    dir.join("positions.json")
+}
+
+/// A source config and context whose positions live in `dir`.
 fn context(
     dir: &Path,
     keys: &str,
 ) -> (
     FileSourceConfig,
     SourceContext,
-    mpsc::Receiver<Routed>,
+    mpsc::Receiver<ShardMsg>,
     SinkRx,
 ) {
     let config: FileSourceConfig =
@@ -48,12 +57,12 @@ fn context(
         Router::new(vec![tx]),
         outputs,
         CancellationToken::new(),
-        dir.join("state"),
+        CheckpointLink::detached(std::fs::read_to_string(positions_file(dir)).ok()),
     );
     (config, ctx, records, rxs.remove(0))
 }
 
-/// Start a file source whose state lives in `dir/state`.
+/// Start a file source whose positions live in `dir`.
 fn start(dir: &Path, keys: &str, tuning: Tuning) -> Running {
     let (config, ctx, records, dead) = context(dir, keys);
     Running {
@@ -61,6 +70,15 @@ fn start(dir: &Path, keys: &str, tuning: Tuning) -> Running {
         dead,
         token: ctx.shutdown.clone(),
         task: tokio::spawn(run_tuned(config, ctx, tuning)),
+        positions: positions_file(dir),
+    }
+}
+
+/// The record in a shard message (the tests send no barriers).
+fn record(msg: ShardMsg) -> Routed {
+    match msg {
+        ShardMsg::Record(r) => r,
+        ShardMsg::Barrier(_) => panic!("unexpected barrier"),
     }
 }
 
@@ -82,7 +100,7 @@ impl Running {
                 .await
                 .unwrap_or_else(|_| panic!("waited 5 s for {n} records, got {names:?}"))
                 .expect("router closed");
-            out.push(r);
+            out.push(record(r));
         }
         out
     }
@@ -98,6 +116,7 @@ impl Running {
     /// Nothing more arrives for `ms`.
     async fn quiet(&mut self, ms: u64) {
         if let Ok(Some(r)) = timeout(Duration::from_millis(ms), self.records.recv()).await {
+            let r = record(r);
             panic!("unexpected record {} ({:?})", name(&r), r.record);
         }
     }
@@ -110,12 +129,15 @@ impl Running {
         serde_json::from_str(&rec.line).expect("dead letter JSON")
     }
 
+    /// Stop the source and keep its final positions for the next start.
     async fn stop(self) -> Result<()> {
         self.token.cancel();
-        timeout(Duration::from_secs(5), self.task)
+        let positions = timeout(Duration::from_secs(5), self.task)
             .await
             .expect("source did not stop within 5 s")
-            .expect("source task panicked")
+            .expect("source task panicked")?;
+        std::fs::write(&self.positions, positions)?;
+        Ok(())
     }
 }
 
@@ -241,7 +263,7 @@ async fn between_walks_rewrites_racing_reads_are_never_read_on() {
 /// A file source driven step by step: walk, check known files, read.
 struct Steps {
     src: FileSource,
-    records: mpsc::Receiver<Routed>,
+    records: mpsc::Receiver<ShardMsg>,
     first: bool,
 }
 
@@ -285,7 +307,7 @@ impl Steps {
         self.src.housekeeping();
         let mut out = Vec::new();
         while let Ok(r) = self.records.try_recv() {
-            out.push(name(&r));
+            out.push(name(&record(r)));
         }
         out
     }
@@ -296,7 +318,7 @@ impl Steps {
         self.src.housekeeping();
         let mut out = Vec::new();
         while let Ok(r) = self.records.try_recv() {
-            out.push(name(&r));
+            out.push(name(&record(r)));
         }
         out
     }
@@ -575,7 +597,7 @@ async fn a_restart_resumes_from_the_checkpoint() {
     src.quiet(100).await;
     src.stop().await.unwrap();
 
-    let text = std::fs::read_to_string(dir.path().join("state").join(CHECKPOINT_FILE)).unwrap();
+    let text = std::fs::read_to_string(positions_file(dir.path())).unwrap();
     let cp: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(cp["files"][0]["position"], evs(1..=3).len());
     assert_eq!(cp["files"][0]["lines"], 3);
@@ -646,12 +668,10 @@ async fn long_and_bad_lines_are_dead_letters_and_reading_goes_on() {
 }
 
 #[tokio::test]
-async fn a_corrupt_checkpoint_is_an_error_naming_the_file() {
+async fn corrupt_positions_are_an_error_naming_the_source() {
     let dir = tempfile::tempdir().unwrap();
     append(&dir.path().join("a.log"), &ev(1));
-    let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    std::fs::write(state.join(CHECKPOINT_FILE), "{\"version\":1,\"files\":[{").unwrap();
+    std::fs::write(positions_file(dir.path()), "{\"version\":1,\"files\":[{").unwrap();
     let mut src = start(dir.path(), &logs(dir.path()), fast());
     let err = timeout(Duration::from_secs(5), &mut src.task)
         .await
@@ -659,10 +679,7 @@ async fn a_corrupt_checkpoint_is_an_error_naming_the_file() {
         .unwrap()
         .expect_err("a corrupt checkpoint must be an error");
     let msg = format!("{err:#}");
-    assert!(
-        msg.contains(&state.join(CHECKPOINT_FILE).display().to_string()),
-        "{msg}"
-    );
+    assert!(msg.contains("source files"), "{msg}");
     assert!(msg.contains("corrupt"), "{msg}");
     src.quiet(50).await;
 }

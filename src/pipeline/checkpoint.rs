@@ -1,0 +1,386 @@
+//! The checkpoint file: operator state and source positions, taken at one
+//! barrier, in one file in `data_dir`.
+//!
+//! Layout: a magic line, the format version (u32), the payload length
+//! (u64), the payload's XXH3-64 (u64), all little-endian; then the payload:
+//! a MessagePack [`Head`] followed by each shard's state as a length-prefixed
+//! MessagePack [`ShardState`]. Shards encode their own state (in parallel,
+//! without copying it); restore merges them and deals the entries out
+//! again by key, so the number of workers may change between runs.
+//!
+//! The file is replaced atomically and durably (temporary file, fsync,
+//! rename, fsync of the folder; the `atomic-write-file` crate), so a crash
+//! leaves the old checkpoint or the new one, never a mix. The checksum
+//! catches what the disk itself garbles; a file that fails any check is an
+//! error, never read as empty.
+
+use crate::alerts::EventClock;
+use crate::alerts::engine::{SavedCondition, Subject};
+use crate::flux::resource::ResourceState;
+use crate::state::{JobEntry, JobKey};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The file's name in `data_dir`.
+pub const FILE_NAME: &str = "checkpoint.bin";
+const MAGIC: &[u8; 20] = b"fluxpipe checkpoint\n";
+/// Bumped whenever the payload's layout changes incompatibly.
+pub const VERSION: u32 = 1;
+const HEADER_LEN: usize = MAGIC.len() + 4 + 8 + 8;
+
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a fluxpipe checkpoint")]
+    NotACheckpoint { path: PathBuf },
+    #[error("{path} has format version {found}; this fluxpipe reads version {VERSION}")]
+    Version { path: PathBuf, found: u32 },
+    #[error("{path} is corrupt: {why}")]
+    Corrupt { path: PathBuf, why: String },
+    #[error("cannot encode the state: {0}")]
+    Encode(#[from] rmp_serde::encode::Error),
+}
+
+/// What the payload begins with.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Head {
+    /// Checkpoints taken since the data folder was new.
+    pub seq: u64,
+    /// Unix time it was written.
+    pub written_at: f64,
+    /// Each source's positions, in the source's own JSON form.
+    pub sources: BTreeMap<String, String>,
+}
+
+/// One shard's state, as restored.
+#[derive(Debug, Default, Deserialize)]
+pub struct ShardState {
+    pub jobs: Vec<(JobKey, JobEntry)>,
+    pub resources: Vec<(String, ResourceState)>,
+    pub alerts: Vec<SavedCondition>,
+    pub clock: EventClock,
+}
+
+/// One shard's state, borrowed for encoding; the same layout as
+/// [`ShardState`].
+#[derive(Serialize)]
+pub struct ShardStateRef<'a> {
+    #[serde(serialize_with = "as_seq")]
+    pub jobs: &'a HashMap<JobKey, JobEntry>,
+    #[serde(serialize_with = "as_seq")]
+    pub resources: &'a HashMap<String, ResourceState>,
+    pub alerts: Vec<SavedCondition>,
+    pub clock: &'a EventClock,
+}
+
+/// A map as a sequence of (key, value) pairs: keys need not be strings.
+fn as_seq<K: Serialize, V: Serialize, S: serde::Serializer>(
+    map: &HashMap<K, V>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(map.iter())
+}
+
+impl ShardStateRef<'_> {
+    pub fn encode(&self) -> Result<Vec<u8>, CheckpointError> {
+        Ok(rmp_serde::to_vec(self)?)
+    }
+}
+
+/// A whole checkpoint as read back.
+#[derive(Debug, Default)]
+pub struct Checkpoint {
+    pub head: Head,
+    pub shards: Vec<ShardState>,
+}
+
+impl Checkpoint {
+    /// Merge the saved shards and deal their entries out to `n` shards by
+    /// `shard_of(cluster, job id)`, the router's own function.
+    pub fn split(
+        self,
+        n: usize,
+        shard_of: impl Fn(&str, Option<u64>) -> usize,
+    ) -> (Head, Vec<ShardState>) {
+        let n = n.max(1);
+        let mut out: Vec<ShardState> = (0..n).map(|_| ShardState::default()).collect();
+        let pick = |cluster: &str, id: Option<u64>| shard_of(cluster, id).min(n - 1);
+        for shard in self.shards {
+            for (key, entry) in shard.jobs {
+                out[pick(&key.cluster, Some(key.id.0))]
+                    .jobs
+                    .push((key, entry));
+            }
+            for (cluster, res) in shard.resources {
+                out[pick(&cluster, None)].resources.push((cluster, res));
+            }
+            for c in shard.alerts {
+                let i = match &c.subject {
+                    Subject::Job(k) => pick(&k.cluster, Some(k.id.0)),
+                    Subject::Node(node) => pick(&node.cluster, None),
+                };
+                out[i].alerts.push(c);
+            }
+            for s in &mut out {
+                for (c, t) in shard.clock.clusters() {
+                    s.clock.advance(c, t);
+                }
+            }
+        }
+        (self.head, out)
+    }
+}
+
+/// Encode a checkpoint from its head and the shards' encoded states.
+pub fn encode(head: &Head, shards: &[Vec<u8>]) -> Result<Vec<u8>, CheckpointError> {
+    let mut payload = rmp_serde::to_vec(head)?;
+    for s in shards {
+        payload.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        payload.extend_from_slice(s);
+    }
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Decode a checkpoint; `path` only names it in errors.
+pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let corrupt = |why: String| CheckpointError::Corrupt {
+        path: path.to_path_buf(),
+        why,
+    };
+    if bytes.len() < HEADER_LEN || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(CheckpointError::NotACheckpoint {
+            path: path.to_path_buf(),
+        });
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap_or_default());
+    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap_or_default());
+    let version = u32_at(MAGIC.len());
+    if version != VERSION {
+        return Err(CheckpointError::Version {
+            path: path.to_path_buf(),
+            found: version,
+        });
+    }
+    let len = u64_at(MAGIC.len() + 4);
+    let sum = u64_at(MAGIC.len() + 12);
+    let payload = &bytes[HEADER_LEN..];
+    if payload.len() as u64 != len {
+        return Err(corrupt(format!(
+            "{} payload bytes where the header says {len} (truncated?)",
+            payload.len()
+        )));
+    }
+    if xxhash_rust::xxh3::xxh3_64(payload) != sum {
+        return Err(corrupt("checksum mismatch".into()));
+    }
+    let mut cursor = std::io::Cursor::new(payload);
+    let head: Head =
+        rmp_serde::from_read(&mut cursor).map_err(|e| corrupt(format!("head: {e}")))?;
+    let mut rest = &payload[cursor.position() as usize..];
+    let mut shards = Vec::new();
+    while !rest.is_empty() {
+        if rest.len() < 8 {
+            return Err(corrupt("a shard's length is cut short".into()));
+        }
+        let (n, tail) = rest.split_at(8);
+        let n = u64::from_le_bytes(n.try_into().unwrap_or_default());
+        if n > tail.len() as u64 {
+            return Err(corrupt("a shard runs past the end".into()));
+        }
+        let (shard, tail) = tail.split_at(n as usize);
+        let state: ShardState = rmp_serde::from_slice(shard)
+            .map_err(|e| corrupt(format!("shard {}: {e}", shards.len())))?;
+        shards.push(state);
+        rest = tail;
+    }
+    Ok(Checkpoint { head, shards })
+}
+
+/// Read the checkpoint in `dir`; `None` if there is none yet.
+pub fn load(dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
+    let path = dir.join(FILE_NAME);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(CheckpointError::Read { path, source }),
+    };
+    decode(&bytes, &path).map(Some)
+}
+
+/// Replace the checkpoint in `dir` with `bytes`, atomically and durably.
+pub fn store(dir: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let path = dir.join(FILE_NAME);
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let mut file = atomic_write_file::AtomicWriteFile::open(&path)?;
+        file.write_all(bytes)?;
+        file.commit()
+    };
+    write().map_err(|source| CheckpointError::Write {
+        path: path.clone(),
+        source,
+    })
+}
+
+/// Move a checkpoint that will not be used aside (for `--reset-state`),
+/// keeping it for a post-mortem rather than deleting it.
+pub fn set_aside(dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+    let path = dir.join(FILE_NAME);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let aside = dir.join(format!("{FILE_NAME}.reset"));
+    std::fs::rename(&path, &aside).map_err(|source| CheckpointError::Write {
+        path: aside.clone(),
+        source,
+    })?;
+    Ok(Some(aside))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::{Body, EventStream, Record};
+    use crate::flux::Event;
+    use crate::flux::jobid::JobId;
+    use crate::state::State;
+    use proptest::prelude::*;
+
+    fn state_with(n: u64) -> State {
+        let mut st = State::new();
+        for id in 1..=n {
+            let ev = Event::new(100.0 + id as f64, "submit").with_context(
+                serde_json::json!({"userid": 5, "urgency": 16, "flags": 0, "version": 1}),
+            );
+            st.apply(
+                "c",
+                Record {
+                    cluster: None,
+                    id: Some(JobId(id)),
+                    stream: EventStream::Job,
+                    body: Body::Event(ev),
+                },
+            );
+        }
+        st
+    }
+
+    fn encoded(st: &State, head: &Head) -> Vec<u8> {
+        let clock = EventClock::default();
+        let shard = ShardStateRef {
+            jobs: &st.jobs,
+            resources: &st.resources,
+            alerts: Vec::new(),
+            clock: &clock,
+        }
+        .encode()
+        .unwrap();
+        encode(head, &[shard]).unwrap()
+    }
+
+    #[test]
+    fn a_checkpoint_round_trips_and_splits_by_key() {
+        let st = state_with(50);
+        let head = Head {
+            seq: 7,
+            written_at: 1.5,
+            sources: [("files".to_string(), "{\"a\":1}".to_string())].into(),
+        };
+        let bytes = encoded(&st, &head);
+        let back = decode(&bytes, Path::new("x")).unwrap();
+        assert_eq!(back.head, head);
+        let (_, shards) = back.split(3, |_, id| id.unwrap_or(0) as usize % 3);
+        assert_eq!(shards.iter().map(|s| s.jobs.len()).sum::<usize>(), 50);
+        for (i, s) in shards.iter().enumerate() {
+            for (k, e) in &s.jobs {
+                assert_eq!(k.id.0 as usize % 3, i);
+                assert_eq!(e.job, st.jobs[k].job);
+            }
+        }
+    }
+
+    #[test]
+    fn every_damaged_file_is_an_error_never_an_empty_state() {
+        let bytes = encoded(&state_with(5), &Head::default());
+        let p = Path::new("ck");
+        assert!(matches!(
+            decode(b"hello", p),
+            Err(CheckpointError::NotACheckpoint { .. })
+        ));
+        let mut v2 = bytes.clone();
+        v2[MAGIC.len()] = 2;
+        assert!(matches!(
+            decode(&v2, p),
+            Err(CheckpointError::Version { .. })
+        ));
+        assert!(matches!(
+            decode(&bytes[..bytes.len() - 1], p),
+            Err(CheckpointError::Corrupt { .. })
+        ));
+        let mut flipped = bytes.clone();
+        let last = flipped.len() - 3;
+        flipped[last] ^= 1;
+        assert!(matches!(
+            decode(&flipped, p),
+            Err(CheckpointError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn store_replaces_and_load_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load(dir.path()).unwrap().is_none());
+        for seq in 1..=3 {
+            let head = Head {
+                seq,
+                ..Head::default()
+            };
+            store(dir.path(), &encoded(&state_with(seq), &head)).unwrap();
+        }
+        let back = load(dir.path()).unwrap().unwrap();
+        assert_eq!(back.head.seq, 3);
+        assert_eq!(back.shards[0].jobs.len(), 3);
+        // Only the one file: nothing accumulates.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_any_bytes_never_panics(tail in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut bytes = MAGIC.to_vec();
+            bytes.extend_from_slice(&VERSION.to_le_bytes());
+            bytes.extend_from_slice(&tail);
+            let _ = decode(&bytes, Path::new("p"));
+            let _ = decode(&tail, Path::new("p"));
+        }
+
+        #[test]
+        fn a_valid_checksum_over_garbage_is_still_an_error(tail in proptest::collection::vec(any::<u8>(), 1..256)) {
+            let mut bytes = MAGIC.to_vec();
+            bytes.extend_from_slice(&VERSION.to_le_bytes());
+            bytes.extend_from_slice(&(tail.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&tail).to_le_bytes());
+            bytes.extend_from_slice(&tail);
+            // Garbage may decode to a head by chance, but never panics.
+            let _ = decode(&bytes, Path::new("p"));
+        }
+    }
+}

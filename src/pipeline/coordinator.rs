@@ -1,0 +1,378 @@
+//! Checkpoint coordination: a barrier through the operators, as Flink
+//! aligns one, so the state saved is exactly the state after the
+//! positions saved.
+//!
+//! One round, every `checkpoint.interval_secs`:
+//! 1. Every source that has positions (files; Kafka later) is asked, stops
+//!    between two records, reports its positions and waits.
+//! 2. With every such source at rest, a barrier goes into every shard's
+//!    queue, behind everything those sources sent; then the sources go on.
+//! 3. Each shard, reaching the barrier, has applied exactly the records
+//!    before the positions; it encodes its state and answers.
+//! 4. The outputs of those records are queued at the sinks by then; the
+//!    round waits until every sink is done with what was queued for it
+//!    (delivered, or given up and counted), so no output of a saved record
+//!    is lost in a crash.
+//! 5. Positions and states are written as one file ([`super::checkpoint`]).
+//!
+//! A round that takes longer than `checkpoint.timeout_secs` at any step is
+//! abandoned (logged, counted) and the previous checkpoint stays. Sources
+//! without positions (stdin, sockets) take no part: what they sent is in
+//! the state or not, and cannot be asked for again either way.
+//!
+//! At shutdown no barrier is needed: once the sources have stopped and the
+//! shards and sinks have drained, the final state is saved with the
+//! sources' final positions ([`super::topology`]).
+
+use super::checkpoint::{self, Head};
+use crate::operators::Router;
+use crate::sinks::SinkCounters;
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+/// What sources tell the coordinator.
+#[derive(Debug)]
+pub enum SourceReport {
+    /// A source's positions for round `seq`; the source waits until
+    /// `resume` is answered or dropped.
+    Positions {
+        source: Arc<str>,
+        seq: u64,
+        positions: String,
+        resume: oneshot::Sender<()>,
+    },
+    /// A source has stopped, with its final positions if it has any.
+    Finished {
+        source: Arc<str>,
+        positions: Option<String>,
+    },
+}
+
+/// A source's end of the protocol.
+#[derive(Debug, Clone)]
+pub struct CheckpointLink {
+    requests: watch::Receiver<u64>,
+    reports: mpsc::Sender<SourceReport>,
+    restored: Option<Arc<str>>,
+}
+
+impl CheckpointLink {
+    /// A link to no coordinator (tests, tools): never asked, reports go
+    /// nowhere.
+    pub fn detached(restored: Option<String>) -> Self {
+        let (_, requests) = watch::channel(0);
+        let (reports, _) = mpsc::channel(1);
+        CheckpointLink {
+            requests,
+            reports,
+            restored: restored.map(Arc::from),
+        }
+    }
+
+    /// The positions this source saved in the checkpoint restored, in its
+    /// own JSON form.
+    pub fn restored(&self) -> Option<&str> {
+        self.restored.as_deref()
+    }
+
+    /// The round the coordinator asks for, if one is waiting for this source.
+    pub fn pending(&mut self) -> Option<u64> {
+        match self.requests.has_changed() {
+            Ok(true) => Some(*self.requests.borrow_and_update()),
+            _ => None,
+        }
+    }
+
+    /// Wait until a round is asked for (forever, with no coordinator).
+    pub async fn requested(&mut self) {
+        if self.requests.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Hand over positions for round `seq` and wait until the barrier is
+    /// behind what this source sent.
+    pub async fn report(&self, source: &Arc<str>, seq: u64, positions: String) {
+        let (resume, resumed) = oneshot::channel();
+        let report = SourceReport::Positions {
+            source: source.clone(),
+            seq,
+            positions,
+            resume,
+        };
+        if self.reports.send(report).await.is_ok() {
+            let _ = resumed.await;
+        }
+    }
+
+    /// Tell the coordinator this source has stopped.
+    pub async fn finish(&self, source: &Arc<str>, positions: Option<String>) {
+        let report = SourceReport::Finished {
+            source: source.clone(),
+            positions,
+        };
+        let _ = self.reports.send(report).await;
+    }
+}
+
+/// How checkpoints are taken.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    /// Between rounds; `None`: only at shutdown.
+    pub interval: Option<Duration>,
+    /// Longest one round may take.
+    pub timeout: Duration,
+}
+
+/// The coordinator task's state.
+pub struct Coordinator {
+    dir: PathBuf,
+    schedule: Schedule,
+    router: Option<Router>,
+    sinks: SinkCounters,
+    requests: watch::Sender<u64>,
+    reports: mpsc::Receiver<SourceReport>,
+    report_tx: mpsc::Sender<SourceReport>,
+    /// Sources that take part in rounds and have not finished.
+    live: HashSet<Arc<str>>,
+    /// Sources of any kind still running.
+    running: usize,
+    positions: BTreeMap<String, String>,
+    seq: u64,
+}
+
+/// Why a round was abandoned.
+#[derive(Debug, thiserror::Error)]
+enum Abandoned {
+    #[error("sources did not reach a barrier in {0:?}: {1}")]
+    Sources(Duration, String),
+    #[error("the shards are gone")]
+    Shards,
+    #[error("a shard did not answer in {0:?}")]
+    ShardTimeout(Duration),
+    #[error(transparent)]
+    Encode(checkpoint::CheckpointError),
+    #[error("sinks still busy after {0:?}: {1}")]
+    Sinks(Duration, String),
+    #[error(transparent)]
+    Write(checkpoint::CheckpointError),
+}
+
+impl Coordinator {
+    /// `restored`: the head of the checkpoint restored (its positions stay
+    /// until a source reports new ones).
+    pub fn new(
+        dir: PathBuf,
+        schedule: Schedule,
+        router: Router,
+        sinks: SinkCounters,
+        restored: Option<&Head>,
+    ) -> Self {
+        let (requests, _) = watch::channel(0);
+        let (report_tx, reports) = mpsc::channel(64);
+        Coordinator {
+            dir,
+            schedule,
+            router: Some(router),
+            sinks,
+            requests,
+            reports,
+            report_tx,
+            live: HashSet::new(),
+            running: 0,
+            positions: restored.map(|h| h.sources.clone()).unwrap_or_default(),
+            seq: restored.map_or(0, |h| h.seq),
+        }
+    }
+
+    /// The link for a source; `positions`: whether it takes part in rounds.
+    pub fn link(&mut self, source: &str, positions: bool) -> CheckpointLink {
+        self.running += 1;
+        if positions {
+            self.live.insert(source.into());
+        }
+        CheckpointLink {
+            requests: self.requests.subscribe(),
+            reports: self.report_tx.clone(),
+            restored: self.positions.get(source).map(|p| Arc::from(p.as_str())),
+        }
+    }
+
+    /// Take checkpoints until every source has finished; returns the
+    /// round count and the sources' final positions for the checkpoint
+    /// taken at shutdown.
+    pub async fn run(mut self) -> (u64, BTreeMap<String, String>) {
+        // Only the links may keep the reports open: a source task that
+        // died without reporting still ends the loop.
+        self.report_tx = mpsc::channel(1).0;
+        let interval = self.schedule.interval;
+        let mut next = interval.map(|i| Instant::now() + i);
+        while self.running > 0 {
+            tokio::select! {
+                report = self.reports.recv() => match report {
+                    Some(r) => self.note(r, None),
+                    None => break,
+                },
+                _ = sleep_until(next) => {
+                    self.seq += 1;
+                    let started = Instant::now();
+                    match self.round().await {
+                        Ok(bytes) => {
+                            let took = started.elapsed();
+                            metrics::histogram!("fluxpipe_checkpoint_duration_seconds")
+                                .record(took.as_secs_f64());
+                            metrics::gauge!("fluxpipe_checkpoint_bytes").set(bytes as f64);
+                            metrics::gauge!("fluxpipe_checkpoint_last_success_timestamp_seconds")
+                                .set(crate::alerts::wall_now());
+                            tracing::debug!(seq = self.seq, bytes, ?took, "checkpoint written");
+                        }
+                        Err(e) => {
+                            metrics::counter!("fluxpipe_checkpoint_failures_total").increment(1);
+                            tracing::error!(seq = self.seq, "checkpoint abandoned (the previous one stays): {e}");
+                        }
+                    }
+                    next = interval.map(|i| Instant::now() + i);
+                }
+            }
+        }
+        // Every source is done: let the shards drain and end.
+        self.router = None;
+        (self.seq, self.positions)
+    }
+
+    /// Take in a report outside of (or during) a round. A finished source
+    /// counts as at rest: it sends nothing more.
+    fn note(&mut self, report: SourceReport, round: Option<&mut Round>) {
+        match report {
+            SourceReport::Finished { source, positions } => {
+                self.running = self.running.saturating_sub(1);
+                if let Some(p) = positions {
+                    self.positions.insert(source.to_string(), p);
+                }
+                self.live.remove(&source);
+                if let Some(r) = round {
+                    r.waiting.remove(&source);
+                }
+            }
+            SourceReport::Positions {
+                source,
+                seq,
+                positions,
+                resume,
+            } => match round {
+                Some(r) if seq == self.seq => {
+                    r.waiting.remove(&source);
+                    r.positions.insert(source.to_string(), positions);
+                    r.resume.push(resume);
+                }
+                // A report for a round given up on: let the source go.
+                _ => drop(resume),
+            },
+        }
+    }
+
+    async fn round(&mut self) -> Result<usize, Abandoned> {
+        let timeout = self.schedule.timeout;
+        let deadline = Instant::now() + timeout;
+        let mut round = Round {
+            waiting: self.live.clone(),
+            positions: BTreeMap::new(),
+            resume: Vec::new(),
+        };
+        self.requests.send_replace(self.seq);
+        // 1. Every source with positions at rest.
+        while !round.waiting.is_empty() {
+            match tokio::time::timeout_at(deadline, self.reports.recv()).await {
+                Ok(Some(r)) => self.note(r, Some(&mut round)),
+                Ok(None) => break,
+                Err(_) => {
+                    let names: Vec<&str> = round.waiting.iter().map(|s| &**s).collect();
+                    return Err(Abandoned::Sources(timeout, names.join(", ")));
+                }
+            }
+        }
+        // 2. The barrier behind them; then they go on.
+        let router = self.router.as_ref().ok_or(Abandoned::Shards)?;
+        let replies = tokio::time::timeout_at(deadline, router.barrier())
+            .await
+            .map_err(|_| Abandoned::ShardTimeout(timeout))?
+            .map_err(|_| Abandoned::Shards)?;
+        drop(round.resume);
+        // 3. Each shard's state.
+        let mut shards = Vec::with_capacity(replies.len());
+        for reply in replies {
+            let state = tokio::time::timeout_at(deadline, reply)
+                .await
+                .map_err(|_| Abandoned::ShardTimeout(timeout))?
+                .map_err(|_| Abandoned::Shards)?
+                .map_err(Abandoned::Encode)?;
+            shards.push(state);
+        }
+        // 4. Sinks done with the outputs of what the shards applied.
+        let marks = self.sinks.watermarks();
+        loop {
+            let pending = marks.pending();
+            if pending.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let busy: Vec<String> = pending
+                    .iter()
+                    .map(|(s, n)| format!("{s} ({n} records)"))
+                    .collect();
+                return Err(Abandoned::Sinks(timeout, busy.join(", ")));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // 5. One file.
+        for (source, p) in round.positions {
+            self.positions.insert(source, p);
+        }
+        let head = Head {
+            seq: self.seq,
+            written_at: crate::alerts::wall_now(),
+            sources: self.positions.clone(),
+        };
+        write(self.dir.clone(), head, shards)
+            .await
+            .map_err(Abandoned::Write)
+    }
+}
+
+/// What one round has gathered.
+struct Round {
+    waiting: HashSet<Arc<str>>,
+    positions: BTreeMap<String, String>,
+    resume: Vec<oneshot::Sender<()>>,
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Encode and store a checkpoint off the async threads; returns its size.
+pub async fn write(
+    dir: PathBuf,
+    head: Head,
+    shards: Vec<Vec<u8>>,
+) -> Result<usize, checkpoint::CheckpointError> {
+    let task = tokio::task::spawn_blocking(move || {
+        let bytes = checkpoint::encode(&head, &shards)?;
+        checkpoint::store(&dir, &bytes)?;
+        Ok(bytes.len())
+    });
+    match task.await {
+        Ok(r) => r,
+        Err(e) => Err(checkpoint::CheckpointError::Write {
+            path: PathBuf::from(checkpoint::FILE_NAME),
+            source: std::io::Error::other(e.to_string()),
+        }),
+    }
+}
