@@ -1,0 +1,214 @@
+//! Crash recovery: the real binary on a generated workload (a journal file
+//! and a journal over TCP) is killed with SIGKILL at random moments over
+//! and over, restarted each time, and in the end its job summaries equal
+//! those of a run that was never interrupted: every job, every field; a
+//! summary may repeat (same `record_id`, same content), never differ.
+//!
+//! The TCP sender behaves as an at-least-once forwarder does: after each
+//! restart it sends its whole journal again; what the checkpoint already
+//! holds is recognized as repeats.
+
+mod common;
+use common::{free_port, read_records};
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fluxpipe() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+}
+
+fn generate(seed: u64, jobs: usize, out: &Path) {
+    let status = fluxpipe()
+        .args(["generate", "--nodes", "32", "--seed", &seed.to_string()])
+        .args(["--jobs", &jobs.to_string(), "--out"])
+        .arg(out)
+        .status()
+        .expect("generate");
+    assert!(status.success());
+}
+
+fn write_config(dir: &Path, data: &Path, out: &Path, port: u16) -> std::path::PathBuf {
+    let config = dir.join(format!(
+        "{}.toml",
+        data.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+data_dir = {data:?}
+workers = 2
+[checkpoint]
+interval_secs = 0.2
+[sources.file]
+type = "file"
+include = [{journal:?}]
+poll_interval_ms = 20
+cluster = "A"
+[sources.tcp]
+type = "socket"
+address = "127.0.0.1:{port}"
+cluster = "B"
+[sinks.out]
+type = "file"
+path = {out:?}
+inputs = ["jobs"]
+"#,
+            journal = dir.join("a.jsonl"),
+        ),
+    )
+    .expect("config");
+    config
+}
+
+fn start(config: &Path) -> Child {
+    fluxpipe()
+        .args(["run", "--config"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn fluxpipe")
+}
+
+/// Send the whole journal once the listener is up; stops quietly when the
+/// process dies under it.
+fn send_journal(port: u16, lines: std::sync::Arc<Vec<u8>>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut conn = loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(c) => break c,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(_) => return,
+            }
+        };
+        for chunk in lines.chunks(16 * 1024) {
+            if conn.write_all(chunk).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Job summaries by (cluster, id); a repeat must equal the first.
+fn summaries(out: &Path) -> BTreeMap<(String, u64), Value> {
+    let mut by_job = BTreeMap::new();
+    for r in read_records(out) {
+        let key = (
+            r["cluster"].as_str().unwrap_or_default().to_string(),
+            r["id"].as_u64().expect("job id"),
+        );
+        if let Some(first) = by_job.get(&key) {
+            assert_eq!(first, &r, "a repeated summary differs");
+        } else {
+            by_job.insert(key, r);
+        }
+    }
+    by_job
+}
+
+/// Run until `want` jobs are summarized (or the time is up), then SIGTERM.
+fn run_to_the_end(
+    config: &Path,
+    out: &Path,
+    port: u16,
+    journal: &std::sync::Arc<Vec<u8>>,
+    want: usize,
+) {
+    let mut child = start(config);
+    let sender = send_journal(port, journal.clone());
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while summaries(out).len() < want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    sender.join().expect("sender");
+    // SIGTERM: a clean stop.
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "fluxpipe exited with {status}");
+}
+
+/// A small deterministic generator for the kill times.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn twenty_kills_lose_nothing() {
+    let (jobs_a, jobs_b) = if cfg!(debug_assertions) {
+        (3000, 1000)
+    } else {
+        (20_000, 5_000)
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    generate(5, jobs_a, &dir.path().join("a.jsonl"));
+    let b = dir.path().join("b.jsonl");
+    generate(6, jobs_b, &b);
+    let journal = std::sync::Arc::new(std::fs::read(&b).expect("journal b"));
+    let want = jobs_a + jobs_b;
+
+    // The reference: one run, never interrupted.
+    let port = free_port();
+    let clean_out = dir.path().join("clean.jsonl");
+    let clean = write_config(dir.path(), &dir.path().join("clean-data"), &clean_out, port);
+    run_to_the_end(&clean, &clean_out, port, &journal, want);
+    let expected = summaries(&clean_out);
+    assert_eq!(expected.len(), want, "the clean run summarizes every job");
+
+    // The same, killed 20 times.
+    let port = free_port();
+    let out = dir.path().join("crashed.jsonl");
+    let config = write_config(dir.path(), &dir.path().join("crash-data"), &out, port);
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut progress = Vec::new();
+    for _ in 0..20 {
+        let mut child = start(&config);
+        let sender = send_journal(port, journal.clone());
+        let wait = 150 + rng.next() % 1200;
+        std::thread::sleep(Duration::from_millis(wait));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("wait");
+        sender.join().expect("sender");
+        progress.push(summaries(&out).len());
+    }
+    run_to_the_end(&config, &out, port, &journal, want);
+    let got = summaries(&out);
+    let missing: Vec<_> = expected
+        .keys()
+        .filter(|k| !got.contains_key(*k))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "jobs lost, e.g. {missing:?} (summaries after each kill: {progress:?})"
+    );
+    for (key, summary) in &expected {
+        assert_eq!(&got[key], summary, "job {key:?} differs from the clean run");
+    }
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "no job that the clean run does not have"
+    );
+    // Each kill left progress behind: the checkpoints moved.
+    assert!(
+        progress.windows(2).filter(|w| w[1] > w[0]).count() >= 3,
+        "summaries after each kill: {progress:?}"
+    );
+}
