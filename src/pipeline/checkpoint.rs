@@ -143,19 +143,43 @@ impl Checkpoint {
     }
 }
 
-/// Encode a checkpoint from its head and the shards' encoded states.
-pub fn encode(head: &Head, shards: &[Vec<u8>]) -> Result<Vec<u8>, CheckpointError> {
-    let mut payload = rmp_serde::to_vec(head)?;
+/// Write a checkpoint from its head and the shards' encoded states,
+/// streaming: the states (hundreds of MiB for a million jobs) are not
+/// copied again. Returns the bytes written.
+pub fn write_to(
+    w: &mut impl Write,
+    head: &Head,
+    shards: &[Vec<u8>],
+) -> Result<usize, CheckpointError> {
+    let head = rmp_serde::to_vec(head)?;
+    let mut sum = xxhash_rust::xxh3::Xxh3::new();
+    let mut len = head.len();
+    sum.update(&head);
     for s in shards {
-        payload.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        payload.extend_from_slice(s);
+        sum.update(&(s.len() as u64).to_le_bytes());
+        sum.update(s);
+        len += 8 + s.len();
     }
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
-    out.extend_from_slice(&payload);
+    let io = |source| CheckpointError::Write {
+        path: PathBuf::from(FILE_NAME),
+        source,
+    };
+    w.write_all(MAGIC).map_err(io)?;
+    w.write_all(&VERSION.to_le_bytes()).map_err(io)?;
+    w.write_all(&(len as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&sum.digest().to_le_bytes()).map_err(io)?;
+    w.write_all(&head).map_err(io)?;
+    for s in shards {
+        w.write_all(&(s.len() as u64).to_le_bytes()).map_err(io)?;
+        w.write_all(s).map_err(io)?;
+    }
+    Ok(HEADER_LEN + len)
+}
+
+/// A checkpoint in memory (tests, tools).
+pub fn encode(head: &Head, shards: &[Vec<u8>]) -> Result<Vec<u8>, CheckpointError> {
+    let mut out = Vec::new();
+    write_to(&mut out, head, shards)?;
     Ok(out)
 }
 
@@ -225,19 +249,24 @@ pub fn load(dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
     decode(&bytes, &path).map(Some)
 }
 
-/// Replace the checkpoint in `dir` with `bytes`, atomically and durably.
-pub fn store(dir: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+/// Replace the checkpoint in `dir`, atomically and durably; returns its
+/// size.
+pub fn store(dir: &Path, head: &Head, shards: &[Vec<u8>]) -> Result<usize, CheckpointError> {
     let path = dir.join(FILE_NAME);
-    let write = || -> std::io::Result<()> {
-        std::fs::create_dir_all(dir)?;
-        let mut file = atomic_write_file::AtomicWriteFile::open(&path)?;
-        file.write_all(bytes)?;
-        file.commit()
-    };
-    write().map_err(|source| CheckpointError::Write {
+    let failed = |source| CheckpointError::Write {
         path: path.clone(),
         source,
-    })
+    };
+    std::fs::create_dir_all(dir).map_err(failed)?;
+    let file = atomic_write_file::AtomicWriteFile::open(&path).map_err(failed)?;
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 20, file);
+    let n = write_to(&mut buffered, head, shards).map_err(|e| match e {
+        CheckpointError::Write { source, .. } => failed(source),
+        other => other,
+    })?;
+    let file = buffered.into_inner().map_err(|e| failed(e.into_error()))?;
+    file.commit().map_err(failed)?;
+    Ok(n)
 }
 
 /// Move a checkpoint that will not be used aside (for `--reset-state`),
@@ -353,7 +382,17 @@ mod tests {
                 seq,
                 ..Head::default()
             };
-            store(dir.path(), &encoded(&state_with(seq), &head)).unwrap();
+            let st = state_with(seq);
+            let clock = EventClock::default();
+            let shard = ShardStateRef {
+                jobs: &st.jobs,
+                resources: &st.resources,
+                alerts: Vec::new(),
+                clock: &clock,
+            }
+            .encode()
+            .unwrap();
+            store(dir.path(), &head, &[shard]).unwrap();
         }
         let back = load(dir.path()).unwrap().unwrap();
         assert_eq!(back.head.seq, 3);

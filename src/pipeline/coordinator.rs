@@ -363,11 +363,7 @@ pub async fn write(
     head: Head,
     shards: Vec<Vec<u8>>,
 ) -> Result<usize, checkpoint::CheckpointError> {
-    let task = tokio::task::spawn_blocking(move || {
-        let bytes = checkpoint::encode(&head, &shards)?;
-        checkpoint::store(&dir, &bytes)?;
-        Ok(bytes.len())
-    });
+    let task = tokio::task::spawn_blocking(move || checkpoint::store(&dir, &head, &shards));
     match task.await {
         Ok(r) => r,
         Err(e) => Err(checkpoint::CheckpointError::Write {
