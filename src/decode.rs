@@ -277,7 +277,7 @@ fn detect(map: &serde_json::Map<String, Value>) -> Format {
         } else {
             Format::ResourceJournal
         }
-    } else if map.contains_key("event") && map.contains_key("stream") {
+    } else if (map.contains_key("event") || map.contains_key("R")) && map.contains_key("stream") {
         Format::Envelope
     } else if map.contains_key("type") && map.contains_key("data") && map.contains_key("id") {
         Format::ExecProtocol
@@ -454,12 +454,23 @@ fn envelope(mut map: serde_json::Map<String, Value>) -> Result<Record, DecodeErr
     if stream != EventStream::Resource && id.is_none() {
         return Err(DecodeError::NoJobId);
     }
-    let event = Event::from_value(map.remove("event").unwrap_or(Value::Null))?;
+    // An R document (a job's `R`, or an instance's) travels as `"R"`.
+    let body = match map.remove("R") {
+        Some(r @ Value::Object(_)) if !map.contains_key("event") => Body::R(r),
+        Some(_) => {
+            return Err(DecodeError::Field(
+                "envelope R: not an object, or beside an event".into(),
+            ));
+        }
+        None => Body::Event(Event::from_value(
+            map.remove("event").unwrap_or(Value::Null),
+        )?),
+    };
     Ok(Record {
         cluster,
         stream,
         id,
-        body: Body::Event(event),
+        body,
     })
 }
 
@@ -473,6 +484,32 @@ mod tests {
             stream: Some(stream),
             id: id.map(JobId),
         }
+    }
+
+    #[test]
+    fn an_envelope_carries_an_event_or_an_r_document() {
+        let o = Origin::default();
+        let ev = decode_line(
+            br#"{"kind":"event","cluster":"c","stream":"job","id":5,"event":{"timestamp":1.5,"name":"alloc"},"source":"s"}"#,
+            &o,
+            Format::Auto,
+        );
+        assert!(ev.errors.is_empty(), "{:?}", ev.errors);
+        assert!(matches!(ev.records[0].body, Body::Event(_)));
+        let r = decode_line(
+            br#"{"kind":"R","cluster":"c","stream":"job","id":5,"R":{"version":1,"execution":{"expiration":9.0}},"source":"s"}"#,
+            &o,
+            Format::Auto,
+        );
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(r.records[0].cluster.as_deref(), Some("c"));
+        assert!(matches!(r.records[0].body, Body::R(_)));
+        let both = decode_line(
+            br#"{"stream":"job","id":5,"R":{},"event":{"timestamp":1.5,"name":"alloc"}}"#,
+            &o,
+            Format::Auto,
+        );
+        assert!(both.records.is_empty() && !both.errors.is_empty());
     }
 
     #[test]

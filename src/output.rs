@@ -206,6 +206,35 @@ pub fn event(
     Value::Object(map)
 }
 
+/// `"kind":"R"`: an R document as it came (a job's, or an instance's), for
+/// the `events` feed: what a downstream fluxpipe needs besides the events
+/// (a job's expiration, an instance's ranks). The envelope decoder reads it
+/// back.
+pub fn r_document(
+    cluster: &str,
+    stream: EventStream,
+    id: Option<JobId>,
+    r: &Value,
+    source: &str,
+) -> Value {
+    let text = r.to_string();
+    json!({
+        "kind": "R",
+        "cluster": cluster,
+        "stream": stream.as_str(),
+        "id": id.map(|i| i.0),
+        "R": r,
+        "source": source,
+        "record_id": record_id(&[
+            b"R",
+            cluster.as_bytes(),
+            stream.as_str().as_bytes(),
+            &id_bytes(id),
+            text.as_bytes(),
+        ]),
+    })
+}
+
 /// RFC 3339 text of a time in seconds since the epoch, to the
 /// microsecond (what an f64 of today's epoch seconds holds exactly).
 pub fn rfc3339(ts: f64) -> String {

@@ -242,6 +242,9 @@ impl Shard {
             Body::Event(ev) if self.outputs.wants(OutputStream::Events) => {
                 Some(output::event(&cluster, stream, id, ev, &source))
             }
+            Body::R(r) if self.outputs.wants(OutputStream::Events) => {
+                Some(output::r_document(&cluster, stream, id, r, &source))
+            }
             _ => None,
         };
         let event_name = match &record.body {

@@ -373,6 +373,7 @@ pub enum SourceConfig {
     File(FileSourceConfig),
     Socket(SocketSourceConfig),
     Stdin(StdinSourceConfig),
+    Kafka(KafkaSourceConfig),
 }
 
 impl SourceConfig {
@@ -381,6 +382,7 @@ impl SourceConfig {
             SourceConfig::File(c) => c.decode(),
             SourceConfig::Socket(c) => c.decode(),
             SourceConfig::Stdin(c) => c.decode(),
+            SourceConfig::Kafka(c) => c.decode(),
         }
     }
 }
@@ -444,6 +446,20 @@ source_config! {
     StdinSourceConfig {}
 }
 
+source_config! {
+    /// `type = "kafka"`: a consumer group member (rdkafka, bundled librdkafka).
+    KafkaSourceConfig {
+        /// `host:port,host:port`.
+        bootstrap_servers: String,
+        topics: Vec<String>,
+        group_id: String,
+        /// Passed to librdkafka as they are (SASL, TLS, tuning); they win
+        /// over fluxpipe's own settings.
+        #[serde(default)]
+        librdkafka_options: BTreeMap<String, String>,
+    }
+}
+
 /// What a sink does when its buffer is full.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -489,6 +505,7 @@ pub enum SinkConfig {
     Http(HttpSinkConfig),
     Prometheus(PrometheusSinkConfig),
     Alertmanager(AlertmanagerSinkConfig),
+    Kafka(KafkaSinkConfig),
 }
 
 impl SinkConfig {
@@ -500,6 +517,7 @@ impl SinkConfig {
             SinkConfig::Socket(c) => c.common(),
             SinkConfig::Http(c) => c.common(),
             SinkConfig::Alertmanager(c) => c.common(),
+            SinkConfig::Kafka(c) => c.common(),
             SinkConfig::Prometheus(_) => SinkCommon {
                 inputs: &[],
                 when_full: WhenFull::DropNewest,
@@ -569,6 +587,36 @@ sink_config! {
         #[serde(default)]
         headers: BTreeMap<String, String>,
     }
+}
+
+sink_config! {
+    /// `type = "kafka"`: one message per record, keyed by cluster and job.
+    KafkaSinkConfig {
+        bootstrap_servers: String,
+        /// The topic of every stream not named in `topics`.
+        topic: String,
+        /// A topic per output stream, e.g. `{ jobs = "flux-jobs" }`.
+        #[serde(default)]
+        topics: BTreeMap<String, String>,
+        /// none | gzip | snappy | lz4 | zstd
+        #[serde(default = "default_compression")]
+        compression: String,
+        /// Seconds librdkafka keeps retrying a message before it is dropped
+        /// and counted (`message.timeout.ms`).
+        #[serde(default = "default_kafka_timeout")]
+        message_timeout_secs: f64,
+        /// Passed to librdkafka as they are; they win over fluxpipe's own.
+        #[serde(default)]
+        librdkafka_options: BTreeMap<String, String>,
+    }
+}
+
+fn default_compression() -> String {
+    "lz4".into()
+}
+
+fn default_kafka_timeout() -> f64 {
+    300.0
 }
 
 fn default_resend_interval() -> f64 {
@@ -789,6 +837,21 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
                 }
             }
             SourceConfig::Stdin(_) => {}
+            SourceConfig::Kafka(k) => {
+                for (k_, empty) in [
+                    ("bootstrap_servers", k.bootstrap_servers.trim().is_empty()),
+                    ("topics", k.topics.is_empty()),
+                    ("group_id", k.group_id.trim().is_empty()),
+                ] {
+                    if empty {
+                        errors.push(loc.error(
+                            &key(k_),
+                            None,
+                            format!("sources.{name}.{k_}: must not be empty"),
+                        ));
+                    }
+                }
+            }
         }
     }
     let stdin_sources = config
@@ -947,6 +1010,34 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
                         &key("resend_interval_secs"),
                         None,
                         format!("sinks.{name}.resend_interval_secs: must be at least 1"),
+                    ));
+                }
+            }
+            SinkConfig::Kafka(k) => {
+                if k.bootstrap_servers.trim().is_empty() {
+                    errors.push(loc.error(
+                        &key("bootstrap_servers"),
+                        None,
+                        format!("sinks.{name}.bootstrap_servers: must not be empty"),
+                    ));
+                }
+                for stream in k.topics.keys() {
+                    if OutputStream::parse(stream).is_none() {
+                        errors.push(loc.error(
+                            &key("topics"),
+                            None,
+                            format!("sinks.{name}.topics: `{stream}` is not an output stream"),
+                        ));
+                    }
+                }
+                if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&k.compression.as_str()) {
+                    errors.push(loc.error(
+                        &key("compression"),
+                        None,
+                        format!(
+                            "sinks.{name}.compression `{}`: expected none, gzip, snappy, lz4 or zstd",
+                            k.compression
+                        ),
                     ));
                 }
             }

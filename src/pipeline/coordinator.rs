@@ -56,6 +56,8 @@ pub enum SourceReport {
 #[derive(Debug, Clone)]
 pub struct CheckpointLink {
     requests: watch::Receiver<u64>,
+    /// The last round whose checkpoint is on disk.
+    written: watch::Receiver<u64>,
     reports: mpsc::Sender<SourceReport>,
     restored: Option<Arc<str>>,
 }
@@ -65,9 +67,11 @@ impl CheckpointLink {
     /// nowhere.
     pub fn detached(restored: Option<String>) -> Self {
         let (_, requests) = watch::channel(0);
+        let (_, written) = watch::channel(0);
         let (reports, _) = mpsc::channel(1);
         CheckpointLink {
             requests,
+            written,
             reports,
             restored: restored.map(Arc::from),
         }
@@ -87,11 +91,28 @@ impl CheckpointLink {
         }
     }
 
-    /// Wait until a round is asked for (forever, with no coordinator).
-    pub async fn requested(&mut self) {
+    /// Wait until a round is asked for (forever, with no coordinator);
+    /// returns it, as seen by this handle (so [`Self::pending`] on the same
+    /// handle says nothing more of it).
+    pub async fn requested(&mut self) -> u64 {
         if self.requests.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
+        *self.requests.borrow_and_update()
+    }
+
+    /// The last round whose checkpoint is safely on disk (0: none yet).
+    pub fn written(&self) -> u64 {
+        *self.written.borrow()
+    }
+
+    /// Wait until another checkpoint is on disk (forever, with no
+    /// coordinator).
+    pub async fn next_written(&mut self) -> u64 {
+        if self.written.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        *self.written.borrow_and_update()
     }
 
     /// Hand over positions for round `seq` and wait until the barrier is
@@ -135,6 +156,7 @@ pub struct Coordinator {
     router: Option<Router>,
     sinks: SinkCounters,
     requests: watch::Sender<u64>,
+    written: watch::Sender<u64>,
     reports: mpsc::Receiver<SourceReport>,
     report_tx: mpsc::Sender<SourceReport>,
     /// Sources that take part in rounds and have not finished.
@@ -173,6 +195,7 @@ impl Coordinator {
         restored: Option<&Head>,
     ) -> Self {
         let (requests, _) = watch::channel(0);
+        let (written, _) = watch::channel(0);
         let (report_tx, reports) = mpsc::channel(64);
         Coordinator {
             dir,
@@ -180,6 +203,7 @@ impl Coordinator {
             router: Some(router),
             sinks,
             requests,
+            written,
             reports,
             report_tx,
             live: HashSet::new(),
@@ -197,6 +221,7 @@ impl Coordinator {
         }
         CheckpointLink {
             requests: self.requests.subscribe(),
+            written: self.written.subscribe(),
             reports: self.report_tx.clone(),
             restored: self.positions.get(source).map(|p| Arc::from(p.as_str())),
         }
@@ -229,6 +254,7 @@ impl Coordinator {
                             metrics::gauge!("fluxpipe_checkpoint_last_success_timestamp_seconds")
                                 .set(crate::alerts::wall_now());
                             tracing::debug!(seq = self.seq, bytes, ?took, "checkpoint written");
+                            self.written.send_replace(self.seq);
                         }
                         Err(e) => {
                             metrics::counter!("fluxpipe_checkpoint_failures_total").increment(1);

@@ -8,6 +8,7 @@ pub mod alertmanager;
 pub mod blackhole;
 pub mod file;
 pub mod http;
+pub mod kafka;
 pub mod prometheus;
 pub mod socket;
 pub mod stdout;
@@ -274,6 +275,7 @@ pub async fn run(
         SinkConfig::Socket(c) => socket::run(&name, c, rx).await,
         SinkConfig::Http(c) => http::run(&name, c, rx).await,
         SinkConfig::Alertmanager(c) => alertmanager::run(&name, c, rx).await,
+        SinkConfig::Kafka(c) => kafka::run(&name, c, rx).await,
     }
 }
 

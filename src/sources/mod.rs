@@ -6,6 +6,7 @@
 //! A new source is one new file here plus one line in [`run`].
 
 pub mod file;
+pub mod kafka;
 pub mod lines;
 pub mod socket;
 pub mod stdin;
@@ -154,11 +155,12 @@ pub async fn run(config: SourceConfig, ctx: SourceContext) -> anyhow::Result<Opt
         SourceConfig::Stdin(_) => stdin::run(ctx).await.map(|()| None),
         SourceConfig::Socket(c) => socket::run(c, ctx).await.map(|()| None),
         SourceConfig::File(c) => file::run(c, ctx).await.map(Some),
+        SourceConfig::Kafka(c) => kafka::run(c, ctx).await.map(Some),
     }
 }
 
 /// Whether a source of this type has positions to checkpoint (and takes
 /// part in checkpoint rounds).
 pub fn has_positions(config: &SourceConfig) -> bool {
-    matches!(config, SourceConfig::File(_))
+    matches!(config, SourceConfig::File(_) | SourceConfig::Kafka(_))
 }

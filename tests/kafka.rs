@@ -1,0 +1,384 @@
+//! The Kafka sink and source, through the real binary, against librdkafka's
+//! mock cluster (in this process, on loopback: nothing to install) and, when
+//! `FLUXPIPE_KAFKA_BROKER` names one (`tests/run-all` starts tansu), a real
+//! Kafka-compatible broker.
+
+mod common;
+use common::read_records;
+
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A broker to run against.
+enum Broker {
+    Mock(MockCluster<'static, rdkafka::producer::DefaultProducerContext>),
+    External(String),
+}
+
+impl Broker {
+    fn servers(&self) -> String {
+        match self {
+            Broker::Mock(m) => m.bootstrap_servers(),
+            Broker::External(s) => s.clone(),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Broker::Mock(_) => "mock cluster",
+            Broker::External(_) => "external broker",
+        }
+    }
+
+    async fn create_topic(&self, topic: &str, partitions: i32) {
+        match self {
+            Broker::Mock(m) => m.create_topic(topic, partitions, 1).expect("mock topic"),
+            Broker::External(s) => {
+                let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+                    .set("bootstrap.servers", s)
+                    .create()
+                    .expect("admin client");
+                let topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+                let result = admin
+                    .create_topics([&topic], &AdminOptions::new())
+                    .await
+                    .expect("create topic");
+                for r in result {
+                    r.expect("topic created");
+                }
+            }
+        }
+    }
+}
+
+/// The mock cluster always; the external broker when there is one.
+fn brokers() -> Vec<Broker> {
+    let mut out = vec![Broker::Mock(MockCluster::new(3).expect("mock cluster"))];
+    match std::env::var("FLUXPIPE_KAFKA_BROKER") {
+        Ok(s) if !s.is_empty() => out.push(Broker::External(s)),
+        _ => eprintln!("FLUXPIPE_KAFKA_BROKER not set: the mock cluster only"),
+    }
+    out
+}
+
+/// A unique name per test run (an external broker outlives a test).
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+fn fluxpipe() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+}
+
+fn generate(jobs: usize, out: &Path) {
+    let status = fluxpipe()
+        .args(["generate", "--nodes", "8", "--seed", "3"])
+        .args(["--jobs", &jobs.to_string(), "--out"])
+        .arg(out)
+        .status()
+        .expect("generate");
+    assert!(status.success());
+}
+
+/// A running fluxpipe, killed if the test fails before stopping it.
+struct Running(Option<Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start(config: &Path) -> Running {
+    Running(Some(
+        fluxpipe()
+            .args(["run", "--config"])
+            .arg(config)
+            .env(
+                "FLUXPIPE_LOG",
+                std::env::var("FLUXPIPE_LOG").unwrap_or_else(|_| "fluxpipe=info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn fluxpipe"),
+    ))
+}
+
+/// SIGTERM, and a clean exit within 30 s.
+fn stop(mut running: Running) {
+    let Some(mut child) = running.0.take() else {
+        return;
+    };
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            assert!(status.success(), "fluxpipe exited with {status}");
+            return;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("fluxpipe did not stop within 30 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGKILL.
+fn crash(mut running: Running) {
+    if let Some(mut c) = running.0.take() {
+        c.kill().expect("SIGKILL");
+        c.wait().expect("wait");
+    }
+}
+
+fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Job summaries by (cluster, id); a repeat must equal the first.
+fn summaries(path: &Path) -> BTreeMap<(String, u64), Value> {
+    let mut out = BTreeMap::new();
+    for r in read_records(path) {
+        let key = (
+            r["cluster"].as_str().unwrap_or_default().to_string(),
+            r["id"].as_u64().expect("id"),
+        );
+        if let Some(first) = out.get(&key) {
+            assert_eq!(first, &r, "a repeated summary differs");
+        }
+        out.insert(key, r);
+    }
+    out
+}
+
+/// Short group timeouts: tansu holds a join for half the session timeout.
+/// (A member killed with SIGKILL holds its partitions until its session
+/// times out.)
+const CONSUMER_OPTIONS: &str = "librdkafka_options = { \"session.timeout.ms\" = \"3000\", \"heartbeat.interval.ms\" = \"300\" }";
+
+fn consumer_config(dir: &Path, servers: &str, topic: &str, group: &str, out: &Path) -> PathBuf {
+    let config = dir.join(format!("{group}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {data:?}\nworkers = 2\n[checkpoint]\ninterval_secs = 0.3\n\
+             [sources.k]\ntype = \"kafka\"\nbootstrap_servers = {servers:?}\ntopics = [{topic:?}]\n\
+             group_id = {group:?}\ncluster = \"A\"\n{CONSUMER_OPTIONS}\n\
+             [sinks.out]\ntype = \"file\"\npath = {out:?}\ninputs = [\"jobs\"]\n",
+            data = dir.join(format!("{group}-data")),
+        ),
+    )
+    .expect("config");
+    config
+}
+
+/// Every message of a topic: (partition, key, payload).
+fn read_topic(
+    servers: &str,
+    topic: &str,
+    partitions: i32,
+    want: usize,
+) -> Vec<(i32, String, String)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("reader");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("partition");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while out.len() < want && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            out.push((
+                m.partition(),
+                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+            ));
+        }
+    }
+    drop(tpl);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_to_source_round_trip_keeps_every_record_and_its_key() {
+    for broker in brokers() {
+        let servers = broker.servers();
+        eprintln!("round trip on the {} at {servers}", broker.name());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let journal = dir.path().join("a.jsonl");
+        generate(300, &journal);
+        let topic = unique("flux-events");
+        broker.create_topic(&topic, 4).await;
+
+        // Ship: the events, normalized, to Kafka (and the same to a file).
+        let shipped = dir.path().join("shipped.jsonl");
+        let jobs_here = dir.path().join("jobs-here.jsonl");
+        let ship = dir.path().join("ship.toml");
+        std::fs::write(
+            &ship,
+            format!(
+                "data_dir = {data:?}\n[sources.f]\ntype = \"file\"\ninclude = [{journal:?}]\ncluster = \"A\"\npoll_interval_ms = 20\n\
+                 [sinks.kafka]\ntype = \"kafka\"\nbootstrap_servers = {servers:?}\ntopic = {topic:?}\ninputs = [\"events\"]\n\
+                 [sinks.copy]\ntype = \"file\"\npath = {shipped:?}\ninputs = [\"events\"]\n\
+                 [sinks.jobs]\ntype = \"file\"\npath = {jobs_here:?}\ninputs = [\"jobs\"]\n",
+                data = dir.path().join("ship-data"),
+            ),
+        )
+        .expect("config");
+        let child = start(&ship);
+        wait_until("every job shipped", 120, || {
+            summaries(&jobs_here).len() == 300
+        });
+        stop(child);
+        let lines: Vec<String> = std::fs::read_to_string(&shipped)
+            .expect("shipped")
+            .lines()
+            .map(str::to_string)
+            .collect();
+
+        // Every record is in the topic, keyed by cluster and job, and one
+        // key stays in one partition.
+        let messages = read_topic(&servers, &topic, 4, lines.len());
+        assert_eq!(
+            messages.len(),
+            lines.len(),
+            "every record reached the topic"
+        );
+        let got: BTreeSet<&str> = messages.iter().map(|(_, _, p)| p.as_str()).collect();
+        let want: BTreeSet<&str> = lines.iter().map(String::as_str).collect();
+        assert_eq!(got, want, "the same records");
+        // Each key's records in its partition in the order they were made.
+        let key_of = |payload: &str| {
+            let v: Value = serde_json::from_str(payload).expect("JSON");
+            match v["id"].as_u64() {
+                Some(id) => format!("A/{id}"),
+                None => "A".to_string(),
+            }
+        };
+        let mut in_topic: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        for (_, key, payload) in &messages {
+            in_topic
+                .entry(key.clone())
+                .or_default()
+                .push(payload.as_str());
+        }
+        let mut made: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        for l in &lines {
+            made.entry(key_of(l)).or_default().push(l.as_str());
+        }
+        assert_eq!(in_topic, made, "every key's records, in order");
+        let mut partition_of: BTreeMap<&str, i32> = BTreeMap::new();
+        for (p, key, payload) in &messages {
+            assert_eq!(key, &key_of(payload), "{payload}");
+            let first = *partition_of.entry(key.as_str()).or_insert(*p);
+            assert_eq!(first, *p, "key {key} in two partitions");
+        }
+
+        // Consume: a fluxpipe reading the topic rebuilds the same jobs.
+        let jobs_there = dir.path().join("jobs-there.jsonl");
+        let consume = consumer_config(dir.path(), &servers, &topic, &unique("g"), &jobs_there);
+        let child = start(&consume);
+        wait_until("every job consumed", 120, || {
+            summaries(&jobs_there).len() == 300
+        });
+        stop(child);
+        assert_eq!(summaries(&jobs_there), summaries(&jobs_here));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_again_and_again_loses_nothing() {
+    for broker in brokers() {
+        let servers = broker.servers();
+        eprintln!("kills on the {} at {servers}", broker.name());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let journal = dir.path().join("a.jsonl");
+        let jobs = 2000;
+        generate(jobs, &journal);
+        let topic = unique("flux-journal");
+        broker.create_topic(&topic, 4).await;
+
+        // The journal, keyed by job, as a forwarder would produce it.
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &servers)
+            .set("enable.idempotence", "true")
+            .set("partitioner", "murmur2_random")
+            .create()
+            .expect("producer");
+        let text = std::fs::read_to_string(&journal).expect("journal");
+        let mut sent = Vec::new();
+        for line in text.lines() {
+            let v: Value = serde_json::from_str(line).expect("journal line");
+            let key = match v["id"].as_i64() {
+                Some(id) if id >= 0 => format!("A/{id}"),
+                _ => "A".to_string(),
+            };
+            let queued = producer
+                .send_result(FutureRecord::to(&topic).key(&key).payload(line))
+                .map_err(|(e, _)| e)
+                .expect("queued");
+            sent.push(queued);
+        }
+        for s in sent {
+            s.await.expect("not cancelled").expect("delivered");
+        }
+
+        // The reference: one consumer, never interrupted.
+        let clean_out = dir.path().join("clean.jsonl");
+        let clean = consumer_config(dir.path(), &servers, &topic, &unique("clean"), &clean_out);
+        let child = start(&clean);
+        wait_until("the clean run", 120, || summaries(&clean_out).len() == jobs);
+        stop(child);
+
+        let out = dir.path().join("killed.jsonl");
+        let config = consumer_config(dir.path(), &servers, &topic, &unique("killed"), &out);
+        let mut progress = Vec::new();
+        for wait in [3500u64, 4300, 2800, 5100, 3900, 4600] {
+            let child = start(&config);
+            std::thread::sleep(Duration::from_millis(wait));
+            crash(child);
+            progress.push(summaries(&out).len());
+        }
+        eprintln!("summaries after each kill: {progress:?}");
+        assert!(
+            progress.iter().any(|n| *n > 0),
+            "no kill came after any progress: {progress:?}"
+        );
+        let child = start(&config);
+        wait_until("every job after the kills", 180, || {
+            summaries(&out).len() == jobs
+        });
+        stop(child);
+        assert_eq!(summaries(&out), summaries(&clean_out));
+    }
+}
