@@ -32,6 +32,8 @@ use tokio::time::Instant;
 pub struct Retention {
     pub inactive_grace: Duration,
     pub orphan_ttl: Duration,
+    /// Most jobs this shard holds; records of new jobs beyond it are refused.
+    pub max_jobs: usize,
 }
 
 /// What the shards' alert engines need: the rules, the clock, and the
@@ -85,6 +87,8 @@ pub struct Shard {
     ages: OldestEntries,
     /// Clusters whose job series have been set to 0 for every label value.
     clusters_seen: HashSet<String>,
+    /// Records refused because `max_jobs` was reached.
+    refused: u64,
     /// Alerts that were firing when the checkpoint restored was taken,
     /// announced again once the shard runs.
     restored_alerts: Vec<AlertEvent>,
@@ -114,6 +118,7 @@ impl Shard {
             ages: OldestEntries::new(ages),
             clusters_seen: HashSet::new(),
             restored_alerts: Vec::new(),
+            refused: 0,
         }
     }
 
@@ -256,6 +261,19 @@ impl Shard {
             id,
         });
         let new_key = key.clone().filter(|k| !self.state.jobs.contains_key(k));
+        if new_key.is_some() && self.state.jobs.len() >= self.retention.max_jobs {
+            self.refused += 1;
+            metrics::counter!("fluxpipe_jobs_refused_total", "reason" => "max_jobs").increment(1);
+            // The first, then every power of two: a flood stays readable.
+            if self.refused.is_power_of_two() {
+                tracing::warn!(
+                    held = self.state.jobs.len(),
+                    refused = self.refused,
+                    "operators.max_jobs reached: records of jobs not yet held are refused"
+                );
+            }
+            return;
+        }
         // The job as it was, for the metrics of what this record changes.
         let before = key
             .as_ref()
@@ -637,6 +655,7 @@ mod tests {
     const RETAIN: Retention = Retention {
         inactive_grace: Duration::from_secs(60),
         orphan_ttl: Duration::from_secs(600),
+        max_jobs: usize::MAX,
     };
 
     #[tokio::test]
@@ -668,6 +687,42 @@ mod tests {
         assert_eq!(shard.jobs_tracked(), 1);
         shard.expire(Instant::now() + Duration::from_secs(61)).await;
         assert_eq!(shard.jobs_tracked(), 0);
+    }
+
+    #[tokio::test]
+    async fn beyond_max_jobs_new_jobs_are_refused_and_held_ones_go_on() {
+        let (outputs, mut rx) = sink(r#"["jobs"]"#);
+        let mut shard = Shard::new(
+            outputs,
+            Retention {
+                max_jobs: 3,
+                ..RETAIN
+            },
+            NodeBoard::default(),
+            StateAges::default(),
+            AlertSetup::default(),
+        );
+        let evs = job_events();
+        // five jobs submitted; only the first three are held
+        for id in 1..=5 {
+            shard
+                .apply(routed(id, EventStream::Job, evs[0].clone()))
+                .await;
+        }
+        assert_eq!(shard.jobs_tracked(), 3);
+        assert_eq!(shard.refused, 2);
+        // the held ones run to the end; the refused ones stay unknown
+        for id in 1..=5 {
+            for ev in &evs[1..] {
+                shard.apply(routed(id, EventStream::Job, ev.clone())).await;
+            }
+        }
+        let mut ids = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            ids.push(serde_json::from_str::<serde_json::Value>(&r.line).unwrap()["id"].clone());
+        }
+        assert_eq!(ids, [1, 2, 3]);
+        assert_eq!(shard.jobs_tracked(), 3);
     }
 
     #[tokio::test]

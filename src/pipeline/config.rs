@@ -141,6 +141,18 @@ pub struct OperatorConfig {
     /// kept waiting for it before it is dropped with an anomaly.
     #[serde(default = "default_orphan_ttl")]
     pub orphan_ttl_secs: f64,
+    /// Most jobs held at once (all workers together). Records of a job not
+    /// yet held are refused beyond it (counted in
+    /// `fluxpipe_jobs_refused_total` and logged): a flood of submits for
+    /// jobs that never end cannot take all memory, and the jobs already
+    /// held keep being followed.
+    #[serde(default = "default_max_jobs")]
+    pub max_jobs: usize,
+}
+
+fn default_max_jobs() -> usize {
+    // About 2.5 GB at today's ~2.4 KB per job.
+    1_000_000
 }
 
 impl Default for OperatorConfig {
@@ -148,6 +160,7 @@ impl Default for OperatorConfig {
         OperatorConfig {
             inactive_grace_secs: default_inactive_grace(),
             orphan_ttl_secs: default_orphan_ttl(),
+            max_jobs: default_max_jobs(),
         }
     }
 }

@@ -34,10 +34,12 @@ const SHARD_QUEUE: usize = 1024;
 /// How long shutdown waits for in-flight records to reach the sinks.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn retention(op: &OperatorConfig) -> Retention {
+fn retention(op: &OperatorConfig, workers: usize) -> Retention {
     Retention {
         inactive_grace: Duration::from_secs_f64(op.inactive_grace_secs.max(0.0)),
         orphan_ttl: Duration::from_secs_f64(op.orphan_ttl_secs.max(0.0)),
+        // Keys spread evenly over the shards.
+        max_jobs: op.max_jobs.div_ceil(workers.max(1)).max(1),
     }
 }
 
@@ -113,7 +115,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         shard_txs.push(tx);
         let mut shard = Shard::new(
             outputs.clone(),
-            retention(&config.operators),
+            retention(&config.operators, workers),
             sink_ctx.nodes.clone(),
             sink_ctx.ages.clone(),
             alert_setup.clone(),
