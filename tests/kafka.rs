@@ -2,6 +2,7 @@
 //! mock cluster (in this process, on loopback: nothing to install) and, when
 //! `FLUXPIPE_KAFKA_BROKER` names one (`tests/run-all` starts tansu), a real
 //! Kafka-compatible broker.
+#![cfg(feature = "kafka")]
 
 mod common;
 use common::read_records;

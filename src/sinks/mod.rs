@@ -8,6 +8,7 @@ pub mod alertmanager;
 pub mod blackhole;
 pub mod file;
 pub mod http;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod prometheus;
 pub mod socket;
@@ -275,7 +276,10 @@ pub async fn run(
         SinkConfig::Socket(c) => socket::run(&name, c, rx).await,
         SinkConfig::Http(c) => http::run(&name, c, rx).await,
         SinkConfig::Alertmanager(c) => alertmanager::run(&name, c, rx).await,
+        #[cfg(feature = "kafka")]
         SinkConfig::Kafka(c) => kafka::run(&name, c, rx).await,
+        #[cfg(not(feature = "kafka"))]
+        SinkConfig::Kafka(_) => anyhow::bail!("this fluxpipe was built without Kafka support"),
     }
 }
 

@@ -6,6 +6,7 @@
 //! A new source is one new file here plus one line in [`run`].
 
 pub mod file;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod lines;
 pub mod socket;
@@ -155,7 +156,10 @@ pub async fn run(config: SourceConfig, ctx: SourceContext) -> anyhow::Result<Opt
         SourceConfig::Stdin(_) => stdin::run(ctx).await.map(|()| None),
         SourceConfig::Socket(c) => socket::run(c, ctx).await.map(|()| None),
         SourceConfig::File(c) => file::run(c, ctx).await.map(Some),
+        #[cfg(feature = "kafka")]
         SourceConfig::Kafka(c) => kafka::run(c, ctx).await.map(Some),
+        #[cfg(not(feature = "kafka"))]
+        SourceConfig::Kafka(_) => anyhow::bail!("this fluxpipe was built without Kafka support"),
     }
 }
 
