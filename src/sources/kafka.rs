@@ -254,6 +254,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
     // checkpoint.
     let mut offsets = restored;
     let mut reported: BTreeMap<u64, Offsets> = BTreeMap::new();
+    let mut errors = 0u64;
     // One handle waits for rounds, the other for checkpoints on disk.
     let mut rounds = ctx.checkpoint.clone();
     let mut disk = ctx.checkpoint.clone();
@@ -275,7 +276,12 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
                     Ok(m) => m,
                     Err(e) => {
                         metrics::counter!("fluxpipe_source_errors_total", "source" => ctx.name.to_string()).increment(1);
-                        tracing::warn!(source = %ctx.name, "Kafka: {e}");
+                        errors += 1;
+                        // The first few, then every power of two: a broker
+                        // that stays down does not flood the log.
+                        if errors <= 10 || errors.is_power_of_two() {
+                            tracing::warn!(source = %ctx.name, count = errors, "Kafka: {e}");
+                        }
                         continue;
                     }
                 };
