@@ -110,6 +110,38 @@ fn describe() {
         "fluxpipe_alerts_total",
         "Alerts fired and resolved, by rule and status."
     );
+    describe_counter!(
+        "fluxpipe_jobs_refused_total",
+        "Records of jobs not yet held, refused at operators.max_jobs."
+    );
+    describe_gauge!(
+        "fluxpipe_checkpoint_last_success_timestamp_seconds",
+        Unit::Seconds,
+        "When the last checkpoint was written (Unix time)."
+    );
+    describe_histogram!(
+        "fluxpipe_checkpoint_duration_seconds",
+        Unit::Seconds,
+        "Time to take one checkpoint: barrier, state, sinks, file."
+    );
+    describe_gauge!(
+        "fluxpipe_checkpoint_bytes",
+        Unit::Bytes,
+        "Size of the last checkpoint file."
+    );
+    describe_counter!(
+        "fluxpipe_checkpoint_failures_total",
+        "Checkpoints abandoned or not written."
+    );
+    describe_gauge!(
+        "fluxpipe_source_lag_bytes",
+        Unit::Bytes,
+        "Bytes of the tailed files not read yet, per file source."
+    );
+    describe_gauge!(
+        "fluxpipe_kafka_consumer_lag",
+        "Messages behind the end of each assigned partition, per Kafka source."
+    );
 }
 
 /// One node as the board knows it: its state, and the node-seconds it

@@ -61,11 +61,19 @@ fn scrape_after_the_corpus_gives_exact_values() {
         &config,
         format!(
             "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"B\"\n\
+             [sources.files]\ntype = \"file\"\ninclude = [{:?}]\ncluster = \"F\"\npoll_interval_ms = 20\n\
              [sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{port}\"\n",
-            dir.path().join("state")
+            dir.path().join("state"),
+            dir.path().join("f.eventlog"),
         ),
     )
     .expect("config");
+    // A tailed file, read to its end: its source lag is 0 bytes.
+    std::fs::write(
+        dir.path().join("f.eventlog"),
+        "{\"timestamp\":1.5,\"name\":\"online\",\"context\":{\"idset\":\"0\"}}\n",
+    )
+    .expect("file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
         .args(["run", "--config"])
         .arg(&config)
@@ -101,6 +109,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
             .get(s)
             .unwrap_or_else(|| panic!("no series {s} in\n{text}"))
     };
+    assert_eq!(get("fluxpipe_source_lag_bytes{source=\"files\"}"), 0.0);
     // flux-core's own answers for instance B: 18 jobs, 16 inactive.
     let fj: Value = serde_json::from_str(
         &std::fs::read_to_string(corpus().join("instances/B/flux-jobs-a.json")).expect("answers"),
@@ -212,7 +221,9 @@ fn scrape_after_the_corpus_gives_exact_values() {
         );
     }
 
+    // The file source tails on after stdin ends: SIGTERM stops it.
     drop(stdin);
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
     let status = child.wait().expect("wait");
     assert!(status.success());
 }

@@ -1353,8 +1353,17 @@ impl FileSource {
         }
     }
 
-    /// Close idle files; retire files renamed away once quiet at their end.
+    /// Close idle files; retire files renamed away once quiet at their end;
+    /// publish how far behind the files' ends reading is.
     fn housekeeping(&mut self) {
+        let behind: u64 = self
+            .tracked
+            .values()
+            .filter(|t| !t.done)
+            .map(|t| t.seen_len.saturating_sub(t.position))
+            .sum();
+        metrics::gauge!("fluxpipe_source_lag_bytes", "source" => self.ctx.name.to_string())
+            .set(behind as f64);
         let mut closed = 0;
         for t in self.tracked.values_mut() {
             if t.reader.is_none() {
