@@ -9,10 +9,8 @@
 //! holds is recognized as repeats.
 
 mod common;
-use common::{free_port, read_records};
+use common::{free_port, job_summaries};
 
-use serde_json::Value;
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
@@ -99,23 +97,6 @@ fn send_journal(port: u16, lines: std::sync::Arc<Vec<u8>>) -> std::thread::JoinH
     })
 }
 
-/// Job summaries by (cluster, id); a repeat must equal the first.
-fn summaries(out: &Path) -> BTreeMap<(String, u64), Value> {
-    let mut by_job = BTreeMap::new();
-    for r in read_records(out) {
-        let key = (
-            r["cluster"].as_str().unwrap_or_default().to_string(),
-            r["id"].as_u64().expect("job id"),
-        );
-        if let Some(first) = by_job.get(&key) {
-            assert_eq!(first, &r, "a repeated summary differs");
-        } else {
-            by_job.insert(key, r);
-        }
-    }
-    by_job
-}
-
 /// Run until `want` jobs are summarized (or the time is up), then SIGTERM.
 fn run_to_the_end(
     config: &Path,
@@ -127,7 +108,7 @@ fn run_to_the_end(
     let mut child = start(config);
     let sender = send_journal(port, journal.clone());
     let deadline = Instant::now() + Duration::from_secs(240);
-    while summaries(out).len() < want && Instant::now() < deadline {
+    while job_summaries(out).len() < want && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
     sender.join().expect("sender");
@@ -168,7 +149,7 @@ fn twenty_kills_lose_nothing() {
     let clean_out = dir.path().join("clean.jsonl");
     let clean = write_config(dir.path(), &dir.path().join("clean-data"), &clean_out, port);
     run_to_the_end(&clean, &clean_out, port, &journal, want);
-    let expected = summaries(&clean_out);
+    let expected = job_summaries(&clean_out);
     assert_eq!(expected.len(), want, "the clean run summarizes every job");
 
     // The same, killed 20 times.
@@ -185,10 +166,10 @@ fn twenty_kills_lose_nothing() {
         child.kill().expect("SIGKILL");
         child.wait().expect("wait");
         sender.join().expect("sender");
-        progress.push(summaries(&out).len());
+        progress.push(job_summaries(&out).len());
     }
     run_to_the_end(&config, &out, port, &journal, want);
-    let got = summaries(&out);
+    let got = job_summaries(&out);
     let missing: Vec<_> = expected
         .keys()
         .filter(|k| !got.contains_key(*k))

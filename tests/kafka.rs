@@ -5,7 +5,7 @@
 #![cfg(feature = "kafka")]
 
 mod common;
-use common::read_records;
+use common::job_summaries;
 
 use rdkafka::ClientConfig;
 use rdkafka::Message;
@@ -159,22 +159,6 @@ fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Job summaries by (cluster, id); a repeat must equal the first.
-fn summaries(path: &Path) -> BTreeMap<(String, u64), Value> {
-    let mut out = BTreeMap::new();
-    for r in read_records(path) {
-        let key = (
-            r["cluster"].as_str().unwrap_or_default().to_string(),
-            r["id"].as_u64().expect("id"),
-        );
-        if let Some(first) = out.get(&key) {
-            assert_eq!(first, &r, "a repeated summary differs");
-        }
-        out.insert(key, r);
-    }
-    out
-}
-
 /// Short group timeouts: tansu holds a join for half the session timeout.
 /// (A member killed with SIGKILL holds its partitions until its session
 /// times out.)
@@ -258,7 +242,7 @@ async fn sink_to_source_round_trip_keeps_every_record_and_its_key() {
         .expect("config");
         let child = start(&ship);
         wait_until("every job shipped", 120, || {
-            summaries(&jobs_here).len() == 300
+            job_summaries(&jobs_here).len() == 300
         });
         stop(child);
         let lines: Vec<String> = std::fs::read_to_string(&shipped)
@@ -310,10 +294,10 @@ async fn sink_to_source_round_trip_keeps_every_record_and_its_key() {
         let consume = consumer_config(dir.path(), &servers, &topic, &unique("g"), &jobs_there);
         let child = start(&consume);
         wait_until("every job consumed", 120, || {
-            summaries(&jobs_there).len() == 300
+            job_summaries(&jobs_there).len() == 300
         });
         stop(child);
-        assert_eq!(summaries(&jobs_there), summaries(&jobs_here));
+        assert_eq!(job_summaries(&jobs_there), job_summaries(&jobs_here));
     }
 }
 
@@ -358,7 +342,9 @@ async fn a_consumer_killed_again_and_again_loses_nothing() {
         let clean_out = dir.path().join("clean.jsonl");
         let clean = consumer_config(dir.path(), &servers, &topic, &unique("clean"), &clean_out);
         let child = start(&clean);
-        wait_until("the clean run", 120, || summaries(&clean_out).len() == jobs);
+        wait_until("the clean run", 120, || {
+            job_summaries(&clean_out).len() == jobs
+        });
         stop(child);
 
         let out = dir.path().join("killed.jsonl");
@@ -368,7 +354,7 @@ async fn a_consumer_killed_again_and_again_loses_nothing() {
             let child = start(&config);
             std::thread::sleep(Duration::from_millis(wait));
             crash(child);
-            progress.push(summaries(&out).len());
+            progress.push(job_summaries(&out).len());
         }
         eprintln!("summaries after each kill: {progress:?}");
         assert!(
@@ -377,9 +363,9 @@ async fn a_consumer_killed_again_and_again_loses_nothing() {
         );
         let child = start(&config);
         wait_until("every job after the kills", 180, || {
-            summaries(&out).len() == jobs
+            job_summaries(&out).len() == jobs
         });
         stop(child);
-        assert_eq!(summaries(&out), summaries(&clean_out));
+        assert_eq!(job_summaries(&out), job_summaries(&clean_out));
     }
 }

@@ -324,17 +324,19 @@ mod tests {
         st
     }
 
-    fn encoded(st: &State, head: &Head) -> Vec<u8> {
-        let clock = EventClock::default();
-        let shard = ShardStateRef {
+    fn shard_bytes(st: &State) -> Vec<u8> {
+        ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
             alerts: Vec::new(),
-            clock: &clock,
+            clock: &EventClock::default(),
         }
         .encode()
-        .unwrap();
-        encode(head, &[shard]).unwrap()
+        .unwrap()
+    }
+
+    fn encoded(st: &State, head: &Head) -> Vec<u8> {
+        encode(head, &[shard_bytes(st)]).unwrap()
     }
 
     #[test]
@@ -394,17 +396,7 @@ mod tests {
                 seq,
                 ..Head::default()
             };
-            let st = state_with(seq);
-            let clock = EventClock::default();
-            let shard = ShardStateRef {
-                jobs: &st.jobs,
-                resources: &st.resources,
-                alerts: Vec::new(),
-                clock: &clock,
-            }
-            .encode()
-            .unwrap();
-            store(dir.path(), &head, &[shard]).unwrap();
+            store(dir.path(), &head, &[shard_bytes(&state_with(seq))]).unwrap();
         }
         let back = load(dir.path()).unwrap().unwrap();
         assert_eq!(back.head.seq, 3);

@@ -42,3 +42,23 @@ pub fn read_records(path: &Path) -> Vec<serde_json::Value> {
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
+
+/// The job summaries of a JSON Lines file by (cluster, id). At-least-once
+/// delivery may repeat a summary; a repeat must equal the first.
+pub fn job_summaries(path: &Path) -> std::collections::BTreeMap<(String, u64), serde_json::Value> {
+    let mut out = std::collections::BTreeMap::new();
+    for r in read_records(path)
+        .into_iter()
+        .filter(|r| r["kind"] == "job")
+    {
+        let key = (
+            r["cluster"].as_str().unwrap_or_default().to_string(),
+            r["id"].as_u64().expect("job id"),
+        );
+        if let Some(first) = out.get(&key) {
+            assert_eq!(first, &r, "a repeated summary differs");
+        }
+        out.insert(key, r);
+    }
+    out
+}
