@@ -9,7 +9,7 @@
 //! holds is recognized as repeats.
 
 mod common;
-use common::{free_port, job_summaries};
+use common::{free_port, job_summaries, sigterm};
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -113,7 +113,7 @@ fn run_to_the_end(
     }
     sender.join().expect("sender");
     // SIGTERM: a clean stop.
-    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    sigterm(&child);
     let status = child.wait().expect("wait");
     assert!(status.success(), "fluxpipe exited with {status}");
 }

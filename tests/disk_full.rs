@@ -7,13 +7,13 @@
 //! read-only instead, which root would not notice).
 
 mod common;
-use common::read_records;
+use common::{read_records, sigterm, wait_until};
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn fluxpipe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
@@ -66,14 +66,6 @@ fn summaries(out: &Path) -> usize {
         .len()
 }
 
-fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn start(config: &Path, log: &Arc<Mutex<String>>) -> Child {
     let mut child = fluxpipe()
         .args(["run", "--config"])
@@ -93,7 +85,7 @@ fn start(config: &Path, log: &Arc<Mutex<String>>) -> Child {
 }
 
 fn stop(mut child: Child) {
-    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    sigterm(&child);
     let status = child.wait().expect("wait");
     assert!(status.success(), "fluxpipe exited with {status}");
 }

@@ -5,7 +5,7 @@
 #![cfg(feature = "kafka")]
 
 mod common;
-use common::job_summaries;
+use common::{job_summaries, sigterm, wait_until};
 
 use rdkafka::ClientConfig;
 use rdkafka::Message;
@@ -128,7 +128,7 @@ fn stop(mut running: Running) {
     let Some(mut child) = running.0.take() else {
         return;
     };
-    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    sigterm(&child);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(status) = child.try_wait().expect("wait") {
@@ -148,14 +148,6 @@ fn crash(mut running: Running) {
     if let Some(mut c) = running.0.take() {
         c.kill().expect("SIGKILL");
         c.wait().expect("wait");
-    }
-}
-
-fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -3,7 +3,7 @@
 //! the Debian package `prometheus`, installed by `.ci/run`) accepts it.
 
 mod common;
-use common::{corpus, free_port, http_get};
+use common::{corpus, free_port, http_get, sigterm};
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -223,7 +223,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
 
     // The file source tails on after stdin ends: SIGTERM stops it.
     drop(stdin);
-    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    sigterm(&child);
     let status = child.wait().expect("wait");
     assert!(status.success());
 }

@@ -242,20 +242,6 @@ impl Shard {
         } = routed;
         let stream = record.stream;
         let id = record.id;
-        // The event as it came, for the `events` feed, built only if wanted.
-        let event_out = match &record.body {
-            Body::Event(ev) if self.outputs.wants(OutputStream::Events) => {
-                Some(output::event(&cluster, stream, id, ev, &source))
-            }
-            Body::R(r) if self.outputs.wants(OutputStream::Events) => {
-                Some(output::r_document(&cluster, stream, id, r, &source))
-            }
-            _ => None,
-        };
-        let event_name = match &record.body {
-            Body::Event(ev) => Some((ev.name.clone(), ev.timestamp)),
-            _ => None,
-        };
         let key = id.map(|id| JobKey {
             cluster: cluster.to_string(),
             id,
@@ -274,6 +260,20 @@ impl Shard {
             }
             return;
         }
+        // The event as it came, for the `events` feed, built only if wanted.
+        let event_out = match &record.body {
+            Body::Event(ev) if self.outputs.wants(OutputStream::Events) => {
+                Some(output::event(&cluster, stream, id, ev, &source))
+            }
+            Body::R(r) if self.outputs.wants(OutputStream::Events) => {
+                Some(output::r_document(&cluster, stream, id, r, &source))
+            }
+            _ => None,
+        };
+        let event_name = match &record.body {
+            Body::Event(ev) => Some((ev.name.clone(), ev.timestamp)),
+            _ => None,
+        };
         // The job as it was, for the metrics of what this record changes.
         let before = key
             .as_ref()

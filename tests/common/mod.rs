@@ -62,3 +62,22 @@ pub fn job_summaries(path: &Path) -> std::collections::BTreeMap<(String, u64), s
     }
     out
 }
+
+/// Poll `done` every 50 ms; fail after `secs` naming `what`.
+pub fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Send SIGTERM to a process.
+pub fn sigterm(child: &std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .arg(child.id().to_string())
+        .status();
+}
