@@ -10,6 +10,17 @@ use crate::flux::jobid::JobId;
 use crate::flux::resource::{RankChange, ResourceState};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The input partition a job's (or a cluster's resource) state belongs to,
+/// when it comes from a partitioned source (Kafka). State is owned per
+/// partition: it goes when the partition is revoked, and comes back with it
+/// from the changelog.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Owner {
+    pub source: Arc<str>,
+    pub partition: i32,
+}
 
 /// A job's key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -29,6 +40,9 @@ pub struct JobEntry {
     exec_checked: bool,
     /// The same, for the exec service's `finish` response.
     protocol_checked: bool,
+    /// The input partition its records come from (partitioned sources).
+    #[serde(default)]
+    pub owner: Option<Owner>,
 }
 
 /// An anomaly with the key it concerns.

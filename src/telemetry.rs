@@ -223,6 +223,13 @@ impl NodeBoard {
         }
     }
 
+    /// Forget a cluster's nodes (its state moved to another member).
+    pub fn forget(&self, cluster: &str) {
+        if let Ok(mut board) = self.0.write() {
+            board.remove(cluster);
+        }
+    }
+
     /// The node series in the Prometheus text format.
     pub fn render(&self) -> String {
         let Ok(board) = self.0.read() else {

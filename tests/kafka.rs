@@ -42,6 +42,18 @@ impl Broker {
         }
     }
 
+    /// The input topic, and the group's changelog topic where fluxpipe
+    /// cannot create it (the mock cluster has no CreateTopics).
+    async fn create_topics(&self, topic: &str, partitions: i32, groups: &[&str]) {
+        self.create_topic(topic, partitions).await;
+        if let Broker::Mock(m) = self {
+            for g in groups {
+                m.create_topic(&format!("{g}-changelog"), partitions, 1)
+                    .expect("mock changelog topic");
+            }
+        }
+    }
+
     async fn create_topic(&self, topic: &str, partitions: i32) {
         match self {
             Broker::Mock(m) => m.create_topic(topic, partitions, 1).expect("mock topic"),
@@ -156,20 +168,35 @@ fn crash(mut running: Running) {
 /// times out.)
 const CONSUMER_OPTIONS: &str = "librdkafka_options = { \"session.timeout.ms\" = \"3000\", \"heartbeat.interval.ms\" = \"300\" }";
 
-fn consumer_config(dir: &Path, servers: &str, topic: &str, group: &str, out: &Path) -> PathBuf {
-    let config = dir.join(format!("{group}.toml"));
+/// A consumer's config; `member` names its data folder and config file
+/// (several members of one group each have their own). `extra` is added
+/// at the end (a metrics sink, say).
+fn member_config(
+    dir: &Path,
+    servers: &str,
+    topic: &str,
+    group: &str,
+    member: &str,
+    out: &Path,
+    extra: &str,
+) -> PathBuf {
+    let config = dir.join(format!("{member}.toml"));
     std::fs::write(
         &config,
         format!(
             "data_dir = {data:?}\nworkers = 2\n[checkpoint]\ninterval_secs = 0.3\n\
              [sources.k]\ntype = \"kafka\"\nbootstrap_servers = {servers:?}\ntopics = [{topic:?}]\n\
              group_id = {group:?}\ncluster = \"A\"\n{CONSUMER_OPTIONS}\n\
-             [sinks.out]\ntype = \"file\"\npath = {out:?}\ninputs = [\"jobs\"]\n",
-            data = dir.join(format!("{group}-data")),
+             [sinks.out]\ntype = \"file\"\npath = {out:?}\ninputs = [\"jobs\"]\n{extra}",
+            data = dir.join(format!("{member}-data")),
         ),
     )
     .expect("config");
     config
+}
+
+fn consumer_config(dir: &Path, servers: &str, topic: &str, group: &str, out: &Path) -> PathBuf {
+    member_config(dir, servers, topic, group, group, out, "")
 }
 
 /// Every message of a topic: (partition, key, payload).
@@ -215,7 +242,8 @@ async fn sink_to_source_round_trip_keeps_every_record_and_its_key() {
         let journal = dir.path().join("a.jsonl");
         generate(300, &journal);
         let topic = unique("flux-events");
-        broker.create_topic(&topic, 4).await;
+        let group = unique("g");
+        broker.create_topics(&topic, 4, &[&group]).await;
 
         // Ship: the events, normalized, to Kafka (and the same to a file).
         let shipped = dir.path().join("shipped.jsonl");
@@ -283,7 +311,7 @@ async fn sink_to_source_round_trip_keeps_every_record_and_its_key() {
 
         // Consume: a fluxpipe reading the topic rebuilds the same jobs.
         let jobs_there = dir.path().join("jobs-there.jsonl");
-        let consume = consumer_config(dir.path(), &servers, &topic, &unique("g"), &jobs_there);
+        let consume = consumer_config(dir.path(), &servers, &topic, &group, &jobs_there);
         let child = start(&consume);
         wait_until("every job consumed", 120, || {
             job_summaries(&jobs_there).len() == 300
@@ -303,7 +331,10 @@ async fn a_consumer_killed_again_and_again_loses_nothing() {
         let jobs = 2000;
         generate(jobs, &journal);
         let topic = unique("flux-journal");
-        broker.create_topic(&topic, 4).await;
+        let (clean_group, killed_group) = (unique("clean"), unique("killed"));
+        broker
+            .create_topics(&topic, 4, &[&clean_group, &killed_group])
+            .await;
 
         // The journal, keyed by job, as a forwarder would produce it.
         let producer: FutureProducer = ClientConfig::new()
@@ -332,7 +363,7 @@ async fn a_consumer_killed_again_and_again_loses_nothing() {
 
         // The reference: one consumer, never interrupted.
         let clean_out = dir.path().join("clean.jsonl");
-        let clean = consumer_config(dir.path(), &servers, &topic, &unique("clean"), &clean_out);
+        let clean = consumer_config(dir.path(), &servers, &topic, &clean_group, &clean_out);
         let child = start(&clean);
         wait_until("the clean run", 120, || {
             job_summaries(&clean_out).len() == jobs
@@ -340,7 +371,7 @@ async fn a_consumer_killed_again_and_again_loses_nothing() {
         stop(child);
 
         let out = dir.path().join("killed.jsonl");
-        let config = consumer_config(dir.path(), &servers, &topic, &unique("killed"), &out);
+        let config = consumer_config(dir.path(), &servers, &topic, &killed_group, &out);
         let mut progress = Vec::new();
         for wait in [3500u64, 4300, 2800, 5100, 3900, 4600] {
             let child = start(&config);

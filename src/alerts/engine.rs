@@ -312,21 +312,76 @@ impl Engine {
             .map(|(k, l)| (Subject::Node(k.clone()), l));
         let mut out = Vec::new();
         for (subject, list) in jobs.chain(nodes) {
-            for a in list {
-                let Some(rule) = self.rules.get(a.rule as usize) else {
-                    continue;
-                };
-                out.push(SavedCondition {
-                    subject: subject.clone(),
-                    rule: rule.name.clone(),
-                    since: a.since,
-                    delay: a.timer.deadline - a.starts,
-                    fired: a.fired,
-                    detail: a.detail.clone(),
-                });
-            }
+            self.save_list(&subject, list, &mut out);
         }
         out
+    }
+
+    /// The conditions holding now for one subject.
+    pub fn saved_for(&self, subject: &Subject) -> Vec<SavedCondition> {
+        let list = match subject {
+            Subject::Job(k) => self.jobs.get(k),
+            Subject::Node(n) => self.nodes.get(n),
+        };
+        let mut out = Vec::new();
+        if let Some(list) = list {
+            self.save_list(subject, list, &mut out);
+        }
+        out
+    }
+
+    /// The conditions holding for every node of a cluster.
+    pub fn saved_for_nodes(&self, cluster: &str) -> Vec<SavedCondition> {
+        let mut out = Vec::new();
+        for (key, list) in self.nodes.iter().filter(|(k, _)| k.cluster == cluster) {
+            self.save_list(&Subject::Node(key.clone()), list, &mut out);
+        }
+        out
+    }
+
+    fn save_list(&self, subject: &Subject, list: &[Active], out: &mut Vec<SavedCondition>) {
+        for a in list {
+            let Some(rule) = self.rules.get(a.rule as usize) else {
+                continue;
+            };
+            out.push(SavedCondition {
+                subject: subject.clone(),
+                rule: rule.name.clone(),
+                since: a.since,
+                delay: a.timer.deadline - a.starts,
+                fired: a.fired,
+                detail: a.detail.clone(),
+            });
+        }
+    }
+
+    /// Drop a subject's conditions without resolving them (its state moved
+    /// to another member of the group, which carries them on). Returns the
+    /// rules of those that had fired.
+    pub fn release(&mut self, subject: &Subject) -> Vec<usize> {
+        let actives = match subject {
+            Subject::Job(k) => self.jobs.remove(k),
+            Subject::Node(n) => self.nodes.remove(n),
+        };
+        let mut fired = Vec::new();
+        for a in actives.unwrap_or_default() {
+            if a.fired {
+                self.firing = self.firing.saturating_sub(1);
+                fired.push(a.rule as usize);
+            } else if let Some(t) = self.timers.get_mut(subject.cluster()) {
+                t.remove(&a.timer);
+            }
+        }
+        fired
+    }
+
+    /// Every node subject of a cluster with conditions.
+    pub fn node_subjects(&self, cluster: &str) -> Vec<NodeKey> {
+        self.nodes
+            .keys()
+            .filter(|k| k.cluster == cluster)
+            .cloned()
+            .collect()
     }
 
     /// Take back conditions from a checkpoint. Those whose rule is gone are

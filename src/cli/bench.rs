@@ -249,6 +249,7 @@ fn checkpoint_times(dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Chec
         resources: &state.resources,
         alerts: Vec::new(),
         clock: &clock,
+        resource_owners: &Default::default(),
     }
     .encode()?;
     let bytes = checkpoint::store(&folder, &Head::default(), &[shard])?;

@@ -8,9 +8,14 @@ pub mod ages;
 pub mod shard;
 
 use crate::decode::Record;
+use crate::pipeline::changelog::Change;
+use crate::pipeline::checkpoint::ShardState;
+use std::collections::BTreeSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
+
+pub use crate::state::Owner;
 
 /// A decoded record on its way to its shard.
 #[derive(Debug)]
@@ -19,6 +24,8 @@ pub struct Routed {
     pub cluster: Arc<str>,
     /// The source it came from.
     pub source: Arc<str>,
+    /// The partition it came from, for partitioned sources.
+    pub owner: Option<Owner>,
     pub record: Record,
 }
 
@@ -29,10 +36,29 @@ pub enum ShardMsg {
     /// A checkpoint barrier: every record before it is applied; the shard
     /// answers with its state, encoded.
     Barrier(oneshot::Sender<ShardSnapshot>),
+    /// Drop the state of these partitions of a source (revoked): no
+    /// output, no alert resolved; their new owner takes it from the
+    /// changelog.
+    Release {
+        source: Arc<str>,
+        partitions: BTreeSet<i32>,
+    },
+    /// Take over state restored from a changelog (a partition assigned).
+    Adopt(Box<ShardState>),
 }
 
-/// A shard's encoded state, or why it could not be encoded.
-pub type ShardSnapshot = Result<Vec<u8>, crate::pipeline::checkpoint::CheckpointError>;
+/// What a shard answers at a barrier.
+#[derive(Debug, Default)]
+pub struct BarrierReply {
+    /// Its whole state, encoded, for the local checkpoint.
+    pub state: Vec<u8>,
+    /// What changed since the previous barrier in state owned by
+    /// partitions whose source keeps a changelog.
+    pub changes: Vec<Change>,
+}
+
+/// A shard's answer at a barrier, or why its state could not be encoded.
+pub type ShardSnapshot = Result<BarrierReply, crate::pipeline::checkpoint::CheckpointError>;
 
 /// The pipeline has shut down: nothing more can be sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -83,6 +109,39 @@ impl Router {
 
     pub fn is_empty(&self) -> bool {
         self.shards.is_empty()
+    }
+
+    /// Tell every shard, behind what was already sent, to drop the state
+    /// of these partitions.
+    pub async fn release(
+        &self,
+        source: &Arc<str>,
+        partitions: BTreeSet<i32>,
+    ) -> Result<(), Closed> {
+        for shard in self.shards.iter() {
+            let msg = ShardMsg::Release {
+                source: source.clone(),
+                partitions: partitions.clone(),
+            };
+            shard.send(msg).await.map_err(|_| Closed)?;
+        }
+        Ok(())
+    }
+
+    /// Deal restored state out to the shards that own its keys.
+    pub async fn adopt(&self, state: ShardState) -> Result<(), Closed> {
+        let n = self.shards.len();
+        let parts = state.split(n, |c, id| Self::shard_index(n, c, id));
+        for (shard, part) in self.shards.iter().zip(parts) {
+            if part.is_empty() {
+                continue;
+            }
+            shard
+                .send(ShardMsg::Adopt(Box::new(part)))
+                .await
+                .map_err(|_| Closed)?;
+        }
+        Ok(())
     }
 
     /// Put a barrier behind everything already sent to every shard; one

@@ -7,7 +7,7 @@
 //! dropped with an anomaly after `orphan_ttl`.
 
 use super::ages::OldestEntries;
-use super::{Routed, ShardMsg, ShardSnapshot};
+use super::{BarrierReply, Owner, Routed, ShardMsg, ShardSnapshot};
 use crate::alerts::engine::{AlertEvent, Engine, Status, Subject};
 use crate::alerts::rule::Rule;
 use crate::alerts::{self, Clock, EventClock};
@@ -15,13 +15,13 @@ use crate::decode::Body;
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::output::{self, OutputRecord};
+use crate::pipeline::changelog::{self, Change, EntryRef};
 use crate::pipeline::checkpoint::{ShardState, ShardStateRef};
 use crate::pipeline::config::OutputStream;
 use crate::sinks::Outputs;
 use crate::state::{JobKey, KeyedAnomaly, State};
 use crate::telemetry::{NodeBoard, StateAges};
-use std::collections::HashSet;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -92,6 +92,21 @@ pub struct Shard {
     /// Alerts that were firing when the checkpoint restored was taken,
     /// announced again once the shard runs.
     restored_alerts: Vec<AlertEvent>,
+    /// The partitions clusters' resource state belongs to.
+    resource_owners: HashMap<String, Owner>,
+    /// Sources that keep a changelog: changes to state they own are
+    /// collected for it.
+    logged: HashSet<Arc<str>>,
+    /// State changed since the last barrier, with the partition it belongs
+    /// to (so a dropped job's tombstone finds its partition).
+    dirty: HashMap<Dirty, Owner>,
+}
+
+/// A changelog key: a job, or a cluster's resource state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Dirty {
+    Job(JobKey),
+    Resource(String),
 }
 
 impl Shard {
@@ -119,18 +134,179 @@ impl Shard {
             clusters_seen: HashSet::new(),
             restored_alerts: Vec::new(),
             refused: 0,
+            resource_owners: HashMap::new(),
+            logged: HashSet::new(),
+            dirty: HashMap::new(),
         }
     }
 
-    /// This shard's state, encoded for a checkpoint.
-    pub fn snapshot(&self) -> ShardSnapshot {
-        ShardStateRef {
+    /// Collect changes for the changelog of these sources.
+    pub fn with_changelog(mut self, sources: impl IntoIterator<Item = Arc<str>>) -> Self {
+        self.logged = sources.into_iter().collect();
+        self
+    }
+
+    /// This shard's state, encoded for a checkpoint, and the changes since
+    /// the last one for the changelog.
+    pub fn snapshot(&mut self) -> ShardSnapshot {
+        let state = ShardStateRef {
             jobs: &self.state.jobs,
             resources: &self.state.resources,
             alerts: self.alerts.saved(),
             clock: &self.event_clock,
+            resource_owners: &self.resource_owners,
         }
-        .encode()
+        .encode()?;
+        Ok(BarrierReply {
+            state,
+            changes: self.changes(),
+        })
+    }
+
+    /// The changed state, encoded (a tombstone for what is gone).
+    fn changes(&mut self) -> Vec<Change> {
+        let mut out = Vec::with_capacity(self.dirty.len());
+        for (dirty, owner) in std::mem::take(&mut self.dirty) {
+            let (key, value) = match &dirty {
+                Dirty::Job(key) => {
+                    let value = self.state.jobs.get(key).map(|entry| {
+                        EntryRef::Job {
+                            key,
+                            entry,
+                            alerts: self.alerts.saved_for(&Subject::Job(key.clone())),
+                            clock: self.event_clock.now(&key.cluster),
+                        }
+                        .encode()
+                    });
+                    (changelog::job_key(key), value)
+                }
+                Dirty::Resource(cluster) => {
+                    let value = self.state.resources.get(cluster).map(|state| {
+                        EntryRef::Resource {
+                            cluster,
+                            state,
+                            alerts: self.alerts.saved_for_nodes(cluster),
+                            clock: self.event_clock.now(cluster),
+                        }
+                        .encode()
+                    });
+                    (changelog::resource_key(cluster), value)
+                }
+            };
+            let value = match value.transpose() {
+                Ok(v) => v,
+                Err(e) => {
+                    // Cannot happen for state that was just applied; the
+                    // key keeps its previous value in the changelog.
+                    tracing::error!(%key, "cannot encode a changelog value: {e}");
+                    continue;
+                }
+            };
+            out.push(Change { owner, key, value });
+        }
+        out
+    }
+
+    /// Note that a job's state changed; `owner`: where its record came
+    /// from (a job keeps the partition that first sent it).
+    fn touch_job(&mut self, key: &JobKey, owner: Option<&Owner>) {
+        let Some(entry) = self.state.jobs.get_mut(key) else {
+            return;
+        };
+        if entry.owner.is_none() {
+            entry.owner = owner.cloned();
+        }
+        if let Some(o) = &entry.owner
+            && self.logged.contains(&o.source)
+        {
+            self.dirty.insert(Dirty::Job(key.clone()), o.clone());
+        }
+    }
+
+    /// The same for a cluster's resource state.
+    fn touch_resource(&mut self, cluster: &str, owner: Option<&Owner>) {
+        if !self.state.resources.contains_key(cluster) {
+            return;
+        }
+        if let Some(o) = owner {
+            self.resource_owners
+                .entry(cluster.to_string())
+                .or_insert_with(|| o.clone());
+        }
+        if let Some(o) = self.resource_owners.get(cluster)
+            && self.logged.contains(&o.source)
+        {
+            self.dirty
+                .insert(Dirty::Resource(cluster.to_string()), o.clone());
+        }
+    }
+
+    /// A job is about to be dropped: its tombstone goes to the changelog.
+    fn drop_job(&mut self, key: &JobKey) -> Option<crate::state::JobEntry> {
+        let entry = self.state.jobs.remove(key)?;
+        if let Some(o) = &entry.owner
+            && self.logged.contains(&o.source)
+        {
+            self.dirty.insert(Dirty::Job(key.clone()), o.clone());
+        }
+        Some(entry)
+    }
+
+    /// Drop the state owned by these partitions of `source`, as if it had
+    /// never been here: gauges and alerts go with it, nothing is emitted.
+    pub fn release(&mut self, source: &str, partitions: &BTreeSet<i32>) {
+        let owned = |o: Option<&Owner>| {
+            o.is_some_and(|o| &*o.source == source && partitions.contains(&o.partition))
+        };
+        let keys: Vec<JobKey> = self
+            .state
+            .jobs
+            .iter()
+            .filter(|(_, e)| owned(e.owner.as_ref()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &keys {
+            self.uncount(key);
+            self.dirty.remove(&Dirty::Job(key.clone()));
+        }
+        let clusters: Vec<String> = self
+            .resource_owners
+            .iter()
+            .filter(|(_, o)| owned(Some(o)))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for cluster in &clusters {
+            self.resource_owners.remove(cluster);
+            self.state.resources.remove(cluster);
+            self.nodes.forget(cluster);
+            for node in self.alerts.node_subjects(cluster) {
+                self.alerts.release(&Subject::Node(node));
+            }
+            self.dirty.remove(&Dirty::Resource(cluster.clone()));
+        }
+        self.report_tracked();
+        if !keys.is_empty() || !clusters.is_empty() {
+            tracing::info!(%source, ?partitions, jobs = keys.len(), clusters = clusters.len(), "released the state of revoked partitions");
+        }
+    }
+
+    /// Remove a job and take it out of the gauges and alerts, silently.
+    fn uncount(&mut self, key: &JobKey) {
+        let Some(entry) = self.state.jobs.remove(key) else {
+            return;
+        };
+        let job = &entry.job;
+        if job.submitted && !job.invalidated && job.state != JobState::Inactive {
+            metrics::gauge!("flux_jobs", "flux_cluster" => key.cluster.clone(), "state" => job.state.as_str())
+                .decrement(1.0);
+            self.ages.remove(&key.cluster, job.state, job.t_state());
+        }
+        for rule in self.alerts.release(&Subject::Job(key.clone())) {
+            if let Some(rule) = self.alerts.rules().get(rule) {
+                metrics::gauge!("flux_jobs_stuck", "flux_cluster" => key.cluster.clone(), "rule" => rule.name.clone())
+                    .decrement(1.0);
+            }
+        }
     }
 
     /// Take over state from a checkpoint, before the first record: the
@@ -138,9 +314,25 @@ impl Shard {
     /// fired) and the eviction deadlines (counted from now: the clock of
     /// the run that saved them is gone).
     pub fn restore(&mut self, saved: ShardState) {
+        self.restored_alerts = self.take_over(saved);
+    }
+
+    /// Take over state restored from a changelog while running; alerts that
+    /// were firing are announced again (same identity: a repeat).
+    pub async fn adopt(&mut self, saved: ShardState) {
+        let jobs = saved.jobs.len();
+        let alerts = self.take_over(saved);
+        tracing::debug!(jobs, "adopted restored state");
+        self.emit_alerts(&alerts).await;
+    }
+
+    fn take_over(&mut self, saved: ShardState) -> Vec<AlertEvent> {
         let now = Instant::now();
         for (cluster, t) in saved.clock.clusters() {
             self.event_clock.advance(cluster, t);
+        }
+        for (cluster, owner) in saved.resource_owners {
+            self.resource_owners.insert(cluster, owner);
         }
         for (cluster, res) in saved.resources {
             self.first_sight(&cluster);
@@ -153,6 +345,8 @@ impl Shard {
         }
         for (key, entry) in saved.jobs {
             self.first_sight(&key.cluster);
+            // Held already (left from a checkpoint): the restored one wins.
+            self.uncount(&key);
             let job = &entry.job;
             if job.state == JobState::Inactive {
                 self.inactive
@@ -167,8 +361,9 @@ impl Shard {
             }
             self.state.jobs.insert(key, entry);
         }
-        self.restored_alerts = self.alerts.restore(saved.alerts);
+        let alerts = self.alerts.restore(saved.alerts);
         self.report_tracked();
+        alerts
     }
 
     /// Every known label value of the job series is exported, with 0 until
@@ -220,6 +415,10 @@ impl Shard {
                     Some(ShardMsg::Barrier(reply)) => {
                         let _ = reply.send(self.snapshot());
                     }
+                    Some(ShardMsg::Release { source, partitions }) => {
+                        self.release(&source, &partitions);
+                    }
+                    Some(ShardMsg::Adopt(saved)) => self.adopt(*saved).await,
                     None => break,
                 },
                 _ = tick.tick() => self.expire(Instant::now()).await,
@@ -238,6 +437,7 @@ impl Shard {
         let Routed {
             cluster,
             source,
+            owner,
             record,
         } = routed;
         let stream = record.stream;
@@ -303,6 +503,15 @@ impl Shard {
             _ => None,
         };
         let fx = self.state.apply(&cluster, record);
+        if !fx.duplicate {
+            match &key {
+                Some(key) => self.touch_job(key, owner.as_ref()),
+                None if stream == crate::decode::EventStream::Resource => {
+                    self.touch_resource(&cluster, owner.as_ref());
+                }
+                None => {}
+            }
+        }
         if !fx.duplicate {
             self.alert_on(&cluster, key.as_ref(), event_ts, &fx).await;
         }
@@ -423,8 +632,13 @@ impl Shard {
         self.emit_alerts(&out).await;
     }
 
-    async fn emit_alerts(&self, events: &[AlertEvent]) {
+    async fn emit_alerts(&mut self, events: &[AlertEvent]) {
         for a in events {
+            // Fired or resolved: the subject's saved conditions changed.
+            match &a.subject {
+                Subject::Job(k) => self.touch_job(k, None),
+                Subject::Node(n) => self.touch_resource(&n.cluster, None),
+            }
             let Some(rule) = self.alerts.rules().get(a.rule) else {
                 continue;
             };
@@ -554,7 +768,7 @@ impl Shard {
                     .get(&key)
                     .is_some_and(|e| e.job.state == JobState::Inactive)
             {
-                self.state.jobs.remove(&key);
+                self.drop_job(&key);
                 metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "inactive")
                     .increment(1);
             }
@@ -572,7 +786,7 @@ impl Shard {
                     .jobs
                     .get(&key)
                     .map_or(0.0, |e| e.job.last_timestamp().unwrap_or(0.0));
-                self.state.jobs.remove(&key);
+                self.drop_job(&key);
                 self.alerts
                     .forget(&Subject::Job(key.clone()), at, &mut gone_alerts);
                 metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "orphan").increment(1);
@@ -619,6 +833,7 @@ mod tests {
         Routed {
             cluster: Arc::from("c"),
             source: Arc::from("test"),
+            owner: None,
             record: Record {
                 cluster: None,
                 stream,

@@ -17,6 +17,7 @@
 use crate::alerts::EventClock;
 use crate::alerts::engine::{SavedCondition, Subject};
 use crate::flux::resource::ResourceState;
+use crate::operators::Owner;
 use crate::state::{JobEntry, JobKey};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -71,6 +72,57 @@ pub struct ShardState {
     pub resources: Vec<(String, ResourceState)>,
     pub alerts: Vec<SavedCondition>,
     pub clock: EventClock,
+    /// The partitions clusters' resource state belongs to (partitioned
+    /// sources only; jobs carry theirs).
+    #[serde(default)]
+    pub resource_owners: Vec<(String, Owner)>,
+}
+
+impl ShardState {
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.resources.is_empty() && self.alerts.is_empty()
+    }
+
+    /// Deal the entries out to `out` by `pick(cluster, job id)`.
+    pub fn split_into(self, out: &mut [ShardState], pick: impl Fn(&str, Option<u64>) -> usize) {
+        let n = out.len();
+        if n == 0 {
+            return;
+        }
+        let pick = |cluster: &str, id: Option<u64>| pick(cluster, id).min(n - 1);
+        for (key, entry) in self.jobs {
+            out[pick(&key.cluster, Some(key.id.0))]
+                .jobs
+                .push((key, entry));
+        }
+        for (cluster, res) in self.resources {
+            out[pick(&cluster, None)].resources.push((cluster, res));
+        }
+        for (cluster, owner) in self.resource_owners {
+            out[pick(&cluster, None)]
+                .resource_owners
+                .push((cluster, owner));
+        }
+        for c in self.alerts {
+            let i = match &c.subject {
+                Subject::Job(k) => pick(&k.cluster, Some(k.id.0)),
+                Subject::Node(node) => pick(&node.cluster, None),
+            };
+            out[i].alerts.push(c);
+        }
+        for s in out.iter_mut() {
+            for (c, t) in self.clock.clusters() {
+                s.clock.advance(c, t);
+            }
+        }
+    }
+
+    /// The entries dealt out to `n` shards.
+    pub fn split(self, n: usize, pick: impl Fn(&str, Option<u64>) -> usize) -> Vec<ShardState> {
+        let mut out: Vec<ShardState> = (0..n.max(1)).map(|_| ShardState::default()).collect();
+        self.split_into(&mut out, pick);
+        out
+    }
 }
 
 /// One shard's state, borrowed for encoding; the same layout as
@@ -83,6 +135,8 @@ pub struct ShardStateRef<'a> {
     pub resources: &'a HashMap<String, ResourceState>,
     pub alerts: Vec<SavedCondition>,
     pub clock: &'a EventClock,
+    #[serde(serialize_with = "as_seq")]
+    pub resource_owners: &'a HashMap<String, Owner>,
 }
 
 /// A map as a sequence of (key, value) pairs: keys need not be strings.
@@ -114,30 +168,9 @@ impl Checkpoint {
         n: usize,
         shard_of: impl Fn(&str, Option<u64>) -> usize,
     ) -> (Head, Vec<ShardState>) {
-        let n = n.max(1);
-        let mut out: Vec<ShardState> = (0..n).map(|_| ShardState::default()).collect();
-        let pick = |cluster: &str, id: Option<u64>| shard_of(cluster, id).min(n - 1);
+        let mut out: Vec<ShardState> = (0..n.max(1)).map(|_| ShardState::default()).collect();
         for shard in self.shards {
-            for (key, entry) in shard.jobs {
-                out[pick(&key.cluster, Some(key.id.0))]
-                    .jobs
-                    .push((key, entry));
-            }
-            for (cluster, res) in shard.resources {
-                out[pick(&cluster, None)].resources.push((cluster, res));
-            }
-            for c in shard.alerts {
-                let i = match &c.subject {
-                    Subject::Job(k) => pick(&k.cluster, Some(k.id.0)),
-                    Subject::Node(node) => pick(&node.cluster, None),
-                };
-                out[i].alerts.push(c);
-            }
-            for s in &mut out {
-                for (c, t) in shard.clock.clusters() {
-                    s.clock.advance(c, t);
-                }
-            }
+            shard.split_into(&mut out, &shard_of);
         }
         (self.head, out)
     }
@@ -330,6 +363,7 @@ mod tests {
             resources: &st.resources,
             alerts: Vec::new(),
             clock: &EventClock::default(),
+            resource_owners: &HashMap::new(),
         }
         .encode()
         .unwrap()

@@ -338,6 +338,10 @@ macro_rules! sink_config {
     };
 }
 
+fn default_true() -> bool {
+    true
+}
+
 fn default_cluster() -> String {
     "default".into()
 }
@@ -466,10 +470,30 @@ source_config! {
         bootstrap_servers: String,
         topics: Vec<String>,
         group_id: String,
+        /// Keep job and node state in a changelog topic so that members of
+        /// the group can take partitions over from each other (scale-out).
+        /// Off: one instance per group only.
+        #[serde(default = "default_true")]
+        changelog: bool,
+        /// The changelog topic; default `<group_id>-changelog`. Created
+        /// (compacted, as many partitions as the input topic) if missing.
+        #[serde(default)]
+        changelog_topic: Option<String>,
         /// Passed to librdkafka as they are (SASL, TLS, tuning); they win
         /// over fluxpipe's own settings.
         #[serde(default)]
         librdkafka_options: BTreeMap<String, String>,
+    }
+}
+
+impl KafkaSourceConfig {
+    /// The changelog topic, if the source keeps one.
+    pub fn changelog_topic(&self) -> Option<String> {
+        self.changelog.then(|| {
+            self.changelog_topic
+                .clone()
+                .unwrap_or_else(|| format!("{}-changelog", self.group_id))
+        })
     }
 }
 
@@ -863,6 +887,18 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
                             format!("sources.{name}.{k_}: must not be empty"),
                         ));
                     }
+                }
+                // A job's state is owned by one input partition; across
+                // topics, the same partition number would not go to the
+                // same member.
+                if k.changelog && k.topics.len() > 1 {
+                    errors.push(loc.error(
+                        &key("topics"),
+                        None,
+                        format!(
+                            "sources.{name}.topics: a source with a changelog reads one topic (use one source per topic, or set changelog = false for a single instance)"
+                        ),
+                    ));
                 }
             }
         }

@@ -13,7 +13,11 @@
 //!    round waits until every sink is done with what was queued for it
 //!    (delivered, or given up and counted), so no output of a saved record
 //!    is lost in a crash.
-//! 5. Positions and states are written as one file ([`super::checkpoint`]).
+//! 5. Sources that keep a changelog (Kafka) write the state changes of
+//!    their partitions, each partition's closed by the offset it stands
+//!    at ([`super::changelog`]), and wait for the broker's acknowledgement.
+//! 6. Positions and states are written as one file ([`super::checkpoint`]);
+//!    then sources may commit the positions upstream.
 //!
 //! A round that takes longer than `checkpoint.timeout_secs` at any step is
 //! abandoned (logged, counted) and the previous checkpoint stays. Sources
@@ -24,12 +28,13 @@
 //! shards and sinks have drained, the final state is saved with the
 //! sources' final positions ([`super::topology`]).
 
+use super::changelog::Change;
 use super::checkpoint::{self, Head};
 use crate::operators::Router;
 use crate::sinks::SinkCounters;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -52,6 +57,18 @@ pub enum SourceReport {
     },
 }
 
+/// The state changes of one round for a source's changelog; answer
+/// `done` once the broker holds them.
+#[derive(Debug)]
+pub struct ChangelogBatch {
+    pub seq: u64,
+    pub changes: Vec<Change>,
+    pub done: oneshot::Sender<Result<(), String>>,
+}
+
+/// Where a source that keeps a changelog takes its batches from.
+pub type ChangelogRx = mpsc::Receiver<ChangelogBatch>;
+
 /// A source's end of the protocol.
 #[derive(Debug, Clone)]
 pub struct CheckpointLink {
@@ -60,6 +77,7 @@ pub struct CheckpointLink {
     written: watch::Receiver<u64>,
     reports: mpsc::Sender<SourceReport>,
     restored: Option<Arc<str>>,
+    changelog: Arc<Mutex<Option<ChangelogRx>>>,
 }
 
 impl CheckpointLink {
@@ -74,7 +92,14 @@ impl CheckpointLink {
             written,
             reports,
             restored: restored.map(Arc::from),
+            changelog: Arc::default(),
         }
+    }
+
+    /// The changelog batches for this source, if it keeps a changelog
+    /// (once: the first caller takes them).
+    pub fn take_changelog(&self) -> Option<ChangelogRx> {
+        self.changelog.lock().ok().and_then(|mut c| c.take())
     }
 
     /// The positions this source saved in the checkpoint restored, in its
@@ -165,6 +190,11 @@ pub struct Coordinator {
     running: usize,
     positions: BTreeMap<String, String>,
     seq: u64,
+    /// Sources that keep a changelog.
+    changelogs: HashMap<Arc<str>, mpsc::Sender<ChangelogBatch>>,
+    /// Changes not yet in a changelog (a round failed after the shards
+    /// handed them over): they go with the next round.
+    carry: HashMap<Arc<str>, Vec<Change>>,
 }
 
 /// Why a round was abandoned.
@@ -180,6 +210,8 @@ enum Abandoned {
     Encode(checkpoint::CheckpointError),
     #[error("sinks still busy after {0:?}: {1}")]
     Sinks(Duration, String),
+    #[error("changelog of source {0}: {1}")]
+    Changelog(Arc<str>, String),
     #[error(transparent)]
     Write(checkpoint::CheckpointError),
 }
@@ -210,20 +242,29 @@ impl Coordinator {
             running: 0,
             positions: restored.map(|h| h.sources.clone()).unwrap_or_default(),
             seq: restored.map_or(0, |h| h.seq),
+            changelogs: HashMap::new(),
+            carry: HashMap::new(),
         }
     }
 
-    /// The link for a source; `positions`: whether it takes part in rounds.
-    pub fn link(&mut self, source: &str, positions: bool) -> CheckpointLink {
+    /// The link for a source; `positions`: whether it takes part in rounds;
+    /// `changelog`: whether it keeps a changelog.
+    pub fn link(&mut self, source: &str, positions: bool, changelog: bool) -> CheckpointLink {
         self.running += 1;
         if positions {
             self.live.insert(source.into());
         }
+        let batches = changelog.then(|| {
+            let (tx, rx) = mpsc::channel(1);
+            self.changelogs.insert(source.into(), tx);
+            rx
+        });
         CheckpointLink {
             requests: self.requests.subscribe(),
             written: self.written.subscribe(),
             reports: self.report_tx.clone(),
             restored: self.positions.get(source).map(|p| Arc::from(p.as_str())),
+            changelog: Arc::new(Mutex::new(batches)),
         }
     }
 
@@ -328,15 +369,23 @@ impl Coordinator {
             .map_err(|_| Abandoned::ShardTimeout(timeout))?
             .map_err(|_| Abandoned::Shards)?;
         drop(round.resume);
-        // 3. Each shard's state.
+        // 3. Each shard's state, and its changes for the changelogs.
         let mut shards = Vec::with_capacity(replies.len());
         for reply in replies {
-            let state = tokio::time::timeout_at(deadline, reply)
+            let reply = tokio::time::timeout_at(deadline, reply)
                 .await
                 .map_err(|_| Abandoned::ShardTimeout(timeout))?
                 .map_err(|_| Abandoned::Shards)?
                 .map_err(Abandoned::Encode)?;
-            shards.push(state);
+            for change in reply.changes {
+                if self.changelogs.contains_key(&change.owner.source) {
+                    self.carry
+                        .entry(change.owner.source.clone())
+                        .or_default()
+                        .push(change);
+                }
+            }
+            shards.push(reply.state);
         }
         // 4. Sinks done with the outputs of what the shards applied.
         let marks = self.sinks.watermarks();
@@ -354,7 +403,9 @@ impl Coordinator {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        // 5. One file.
+        // 5. The changelogs: their positions are those of this round.
+        self.write_changelogs(deadline).await?;
+        // 6. One file.
         for (source, p) in round.positions {
             self.positions.insert(source, p);
         }
@@ -366,6 +417,43 @@ impl Coordinator {
         write(self.dir.clone(), head, shards)
             .await
             .map_err(Abandoned::Write)
+    }
+
+    /// Hand each changelog its changes (a source without any still gets
+    /// the round: its offsets may have moved) and wait for them to be
+    /// written. What fails stays for the next round.
+    async fn write_changelogs(&mut self, deadline: Instant) -> Result<(), Abandoned> {
+        let sources: Vec<Arc<str>> = self.changelogs.keys().cloned().collect();
+        for source in sources {
+            let Some(tx) = self.changelogs.get(&source) else {
+                continue;
+            };
+            let changes = self.carry.remove(&source).unwrap_or_default();
+            let (done, reply) = oneshot::channel();
+            let batch = ChangelogBatch {
+                seq: self.seq,
+                changes,
+                done,
+            };
+            let result = match tx.send(batch).await {
+                Ok(()) => match tokio::time::timeout_at(deadline, reply).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(_)) => Err("the source stopped".to_string()),
+                    Err(_) => Err(format!("not written in {:?}", self.schedule.timeout)),
+                },
+                Err(mpsc::error::SendError(batch)) => {
+                    // The source has stopped; its changes wait for a restart
+                    // (they are in the local checkpoint either way).
+                    self.changelogs.remove(&source);
+                    self.carry.insert(source.clone(), batch.changes);
+                    continue;
+                }
+            };
+            if let Err(e) = result {
+                return Err(Abandoned::Changelog(source, e));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -71,6 +71,16 @@ fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<ShardSt
     Ok((Some(head), shards))
 }
 
+/// Sources whose partitions' state goes to a changelog.
+fn changelog_sources(config: &Config) -> Vec<Arc<str>> {
+    config
+        .sources
+        .iter()
+        .filter(|(_, s)| sources::keeps_changelog(s))
+        .map(|(n, _)| Arc::from(n.as_str()))
+        .collect()
+}
+
 /// Run a validated pipeline until shutdown.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     std::fs::create_dir_all(&config.data_dir)
@@ -121,6 +131,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             alert_setup.clone(),
         );
         shard.restore(saved);
+        let shard = shard.with_changelog(changelog_sources(&config));
         shard_tasks.spawn(shard.run(rx));
     }
     let router = Router::new(shard_txs);
@@ -134,7 +145,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
 
     let mut source_tasks = JoinSet::new();
     for (name, source) in &config.sources {
-        let link = coordinator.link(name, sources::has_positions(source));
+        let link = coordinator.link(
+            name,
+            sources::has_positions(source),
+            sources::keeps_changelog(source),
+        );
         let ctx = SourceContext::new(
             name,
             source.decode(),
@@ -187,7 +202,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let drain = async {
         while let Some(done) = shard_tasks.join_next().await {
             match done {
-                Ok(Ok(state)) => states.push(state),
+                Ok(Ok(reply)) => states.push(reply.state),
                 Ok(Err(e)) => tracing::error!("cannot encode a shard's final state: {e}"),
                 Err(e) => tracing::error!("shard task: {e}"),
             }

@@ -13,7 +13,7 @@ pub mod socket;
 pub mod stdin;
 
 use crate::decode::{self, Origin, Record};
-use crate::operators::{Closed, Routed, Router};
+use crate::operators::{Closed, Owner, Routed, Router};
 use crate::output::{self, OutputRecord};
 use crate::pipeline::config::{DecodeConfig, OutputStream, SourceConfig};
 use crate::pipeline::coordinator::CheckpointLink;
@@ -84,6 +84,18 @@ impl SourceContext {
         origin: &Origin,
         location: &(dyn Fn() -> String + Sync),
     ) -> Result<(), Closed> {
+        self.partition_line(line, origin, location, None).await
+    }
+
+    /// The same for a line read from a partition (`owner`) of a
+    /// partitioned source: the state its records build belongs to it.
+    pub async fn partition_line(
+        &self,
+        line: Line,
+        origin: &Origin,
+        location: &(dyn Fn() -> String + Sync),
+        owner: Option<&Owner>,
+    ) -> Result<(), Closed> {
         metrics::counter!("fluxpipe_events_received_total", "source" => self.name.to_string())
             .increment(1);
         let bytes = match line {
@@ -109,7 +121,7 @@ impl SourceContext {
             if record.body == decode::Body::Sentinel {
                 continue;
             }
-            self.record(record).await?;
+            self.route(record, owner.cloned()).await?;
         }
         Ok(())
     }
@@ -117,6 +129,10 @@ impl SourceContext {
     /// Route one ready-made record (an R document read whole, say): its
     /// own cluster, or this source's.
     pub async fn record(&self, record: Record) -> Result<(), Closed> {
+        self.route(record, None).await
+    }
+
+    async fn route(&self, record: Record, owner: Option<Owner>) -> Result<(), Closed> {
         let cluster = match &record.cluster {
             Some(c) => Arc::from(c.as_str()),
             None => self.cluster.clone(),
@@ -125,9 +141,15 @@ impl SourceContext {
             .send(Routed {
                 cluster,
                 source: self.name.clone(),
+                owner,
                 record,
             })
             .await
+    }
+
+    /// The router, for partitioned sources that release and adopt state.
+    pub fn router(&self) -> &Router {
+        &self.router
     }
 
     /// Count, log (sparingly) and forward input that could not be decoded.
@@ -161,6 +183,11 @@ pub async fn run(config: SourceConfig, ctx: SourceContext) -> anyhow::Result<Opt
         #[cfg(not(feature = "kafka"))]
         SourceConfig::Kafka(_) => anyhow::bail!("this fluxpipe was built without Kafka support"),
     }
+}
+
+/// Whether a source keeps its partitions' state in a changelog.
+pub fn keeps_changelog(config: &SourceConfig) -> bool {
+    matches!(config, SourceConfig::Kafka(k) if k.changelog && cfg!(feature = "kafka"))
 }
 
 /// Whether a source of this type has positions to checkpoint (and takes

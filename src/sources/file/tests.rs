@@ -78,7 +78,7 @@ fn start(dir: &Path, keys: &str, tuning: Tuning) -> Running {
 fn record(msg: ShardMsg) -> Routed {
     match msg {
         ShardMsg::Record(r) => r,
-        ShardMsg::Barrier(_) => panic!("unexpected barrier"),
+        other => panic!("unexpected {other:?}"),
     }
 }
 
