@@ -199,6 +199,33 @@ fn consumer_config(dir: &Path, servers: &str, topic: &str, group: &str, out: &Pa
     member_config(dir, servers, topic, group, group, out, "")
 }
 
+/// Journal lines to a topic, keyed by cluster and job as a forwarder keys
+/// them, each delivered before this returns.
+async fn produce(servers: &str, topic: &str, lines: &[&str]) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", servers)
+        .set("enable.idempotence", "true")
+        .set("partitioner", "murmur2_random")
+        .create()
+        .expect("producer");
+    let mut sent = Vec::new();
+    for line in lines {
+        let v: Value = serde_json::from_str(line).expect("journal line");
+        let key = match v["id"].as_i64() {
+            Some(id) if id >= 0 => format!("A/{id}"),
+            _ => "A".to_string(),
+        };
+        let queued = producer
+            .send_result(FutureRecord::to(topic).key(&key).payload(*line))
+            .map_err(|(e, _)| e)
+            .expect("queued");
+        sent.push(queued);
+    }
+    for s in sent {
+        s.await.expect("not cancelled").expect("delivered");
+    }
+}
+
 /// Every message of a topic: (partition, key, payload).
 fn read_topic(
     servers: &str,
@@ -337,29 +364,9 @@ async fn a_consumer_killed_again_and_again_loses_nothing() {
             .await;
 
         // The journal, keyed by job, as a forwarder would produce it.
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &servers)
-            .set("enable.idempotence", "true")
-            .set("partitioner", "murmur2_random")
-            .create()
-            .expect("producer");
         let text = std::fs::read_to_string(&journal).expect("journal");
-        let mut sent = Vec::new();
-        for line in text.lines() {
-            let v: Value = serde_json::from_str(line).expect("journal line");
-            let key = match v["id"].as_i64() {
-                Some(id) if id >= 0 => format!("A/{id}"),
-                _ => "A".to_string(),
-            };
-            let queued = producer
-                .send_result(FutureRecord::to(&topic).key(&key).payload(line))
-                .map_err(|(e, _)| e)
-                .expect("queued");
-            sent.push(queued);
-        }
-        for s in sent {
-            s.await.expect("not cancelled").expect("delivered");
-        }
+        let lines: Vec<&str> = text.lines().collect();
+        produce(&servers, &topic, &lines).await;
 
         // The reference: one consumer, never interrupted.
         let clean_out = dir.path().join("clean.jsonl");
@@ -390,5 +397,169 @@ async fn a_consumer_killed_again_and_again_loses_nothing() {
         });
         stop(child);
         assert_eq!(job_summaries(&out), job_summaries(&clean_out));
+    }
+}
+
+/// The gauges of a scrape that add up across the members of a group:
+/// `flux_jobs` and the node series (not counters, histograms, or oldest
+/// timestamps).
+fn gauges(port: u16) -> BTreeMap<String, f64> {
+    let Some((200, body)) = common::http_get(port, "/metrics") else {
+        return BTreeMap::new();
+    };
+    body.lines()
+        .filter(|l| l.starts_with("flux_jobs{") || l.starts_with("flux_node"))
+        .filter(|l| !l.contains("_total") && !l.contains("_bucket") && !l.contains("timestamp"))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Series by series, the sum over the members (zeros left out: a member
+/// that never saw a cluster has no series where another has a 0).
+fn summed(scrapes: &[BTreeMap<String, f64>]) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for s in scrapes {
+        for (k, v) in s {
+            *out.entry(k.clone()).or_default() += v;
+        }
+    }
+    out.retain(|_, v| *v != 0.0);
+    out
+}
+
+/// The union of several members' job summaries; a summary repeated (same
+/// job) must be the same record, `record_id` included.
+fn union(paths: &[PathBuf]) -> BTreeMap<(String, u64), Value> {
+    let mut out = BTreeMap::new();
+    for p in paths {
+        for (k, v) in job_summaries(p) {
+            if let Some(first) = out.get(&k) {
+                assert_eq!(first, &v, "two members summarized job {k:?} differently");
+            }
+            out.insert(k, v);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_of_a_group_one_killed_and_replaced_agree_with_one_instance() {
+    for broker in brokers() {
+        let servers = broker.servers();
+        eprintln!("scale-out on the {} at {servers}", broker.name());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let journal = dir.path().join("a.jsonl");
+        generate(3000, &journal);
+        let text = std::fs::read_to_string(&journal).expect("journal");
+        // 80% of the traffic: some jobs are still running at the end, so the
+        // job gauges have something to agree on.
+        let lines: Vec<&str> = text.lines().collect();
+        let lines = &lines[..lines.len() * 4 / 5];
+        let finished = lines
+            .iter()
+            .filter(|l| l.contains("\"name\":\"clean\""))
+            .count();
+        let topic = unique("flux-scale");
+        let (group, single) = (unique("group"), unique("single"));
+        broker.create_topics(&topic, 6, &[&group, &single]).await;
+        let metrics = |port: u16| {
+            format!("[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{port}\"\n")
+        };
+        let member = |name: &str, port: u16| {
+            let out = dir.path().join(format!("{name}.jsonl"));
+            let config = member_config(
+                dir.path(),
+                &servers,
+                &topic,
+                &group,
+                name,
+                &out,
+                &metrics(port),
+            );
+            (config, out, port)
+        };
+        let (a, b, c, d) = (
+            member("a", common::free_port()),
+            member("b", common::free_port()),
+            member("c", common::free_port()),
+            member("d", common::free_port()),
+        );
+
+        // Phase 1: three members share the first part of the traffic.
+        let third = lines.len() / 3;
+        produce(&servers, &topic, &lines[..third]).await;
+        let (run_a, run_b, run_c) = (start(&a.0), start(&b.0), start(&c.0));
+        wait_until("every member has summarized jobs", 120, || {
+            [&a.1, &b.1, &c.1]
+                .iter()
+                .all(|p| !job_summaries(p).is_empty())
+        });
+        // A few checkpoint rounds: the changelog holds b's jobs.
+        std::thread::sleep(Duration::from_secs(2));
+
+        // Phase 2: b dies mid-stream; a and c take its partitions over
+        // from the changelog once its session times out.
+        crash(run_b);
+        produce(&servers, &topic, &lines[third..2 * third]).await;
+        std::thread::sleep(Duration::from_secs(6));
+
+        // Phase 3: a replacement with an empty disk joins and is given
+        // partitions that a and c held.
+        let run_d = start(&d.0);
+        produce(&servers, &topic, &lines[2 * third..]).await;
+        let outs = [a.1.clone(), b.1.clone(), c.1.clone(), d.1.clone()];
+        wait_until("every finished job summarized by the group", 180, || {
+            union(&outs).len() == finished
+        });
+
+        // The reference: one instance, the same input.
+        let single_out = dir.path().join("single.jsonl");
+        let single_port = common::free_port();
+        let single_config = member_config(
+            dir.path(),
+            &servers,
+            &topic,
+            &single,
+            "single",
+            &single_out,
+            &metrics(single_port),
+        );
+        let run_single = start(&single_config);
+        wait_until("every finished job summarized by one instance", 180, || {
+            job_summaries(&single_out).len() == finished
+        });
+        assert_eq!(
+            union(&outs),
+            job_summaries(&single_out),
+            "the same job summaries"
+        );
+        assert!(
+            !job_summaries(&d.1).is_empty() || !job_summaries(&b.1).is_empty(),
+            "the killed member or its replacement did some of the work"
+        );
+
+        // The gauges of the live members add up to the single instance's.
+        let mut last = (BTreeMap::new(), BTreeMap::new());
+        let agreed = (0..300).any(|_| {
+            let group_sum = summed(&[gauges(a.2), gauges(c.2), gauges(d.2)]);
+            let reference = summed(&[gauges(single_port)]);
+            let same = !reference.is_empty() && group_sum == reference;
+            last = (group_sum, reference);
+            if !same {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            same
+        });
+        assert!(
+            agreed,
+            "the group's gauges {:#?}\ndiffer from one instance's {:#?}",
+            last.0, last.1
+        );
+        for run in [run_a, run_c, run_d, run_single] {
+            stop(run);
+        }
     }
 }
