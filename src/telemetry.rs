@@ -142,6 +142,18 @@ fn describe() {
         "fluxpipe_kafka_consumer_lag",
         "Messages behind the end of each assigned partition, per Kafka source."
     );
+    describe_gauge!(
+        "fluxpipe_kafka_partitions_owned",
+        "Input partitions this member has taken over, per Kafka source."
+    );
+    describe_counter!(
+        "fluxpipe_kafka_partitions_taken_over_total",
+        "Partitions taken over, by where their state came from (checkpoint, changelog)."
+    );
+    describe_counter!(
+        "fluxpipe_changelog_records_total",
+        "State changes and offset markers written to a Kafka source's changelog topic."
+    );
 }
 
 /// One node as the board knows it: its state, and the node-seconds it

@@ -904,6 +904,109 @@ mod tests {
         assert_eq!(shard.jobs_tracked(), 0);
     }
 
+    fn owned(mut r: Routed, partition: i32) -> Routed {
+        r.owner = Some(Owner {
+            source: Arc::from("k"),
+            partition,
+        });
+        r
+    }
+
+    fn plain_shard(outputs: Outputs) -> Shard {
+        Shard::new(
+            outputs,
+            RETAIN,
+            NodeBoard::default(),
+            StateAges::default(),
+            AlertSetup::default(),
+        )
+        .with_changelog([Arc::from("k")])
+    }
+
+    fn key(id: u64) -> JobKey {
+        JobKey {
+            cluster: "c".into(),
+            id: JobId(id),
+        }
+    }
+
+    #[tokio::test]
+    async fn changes_of_owned_state_rebuild_the_same_jobs_in_another_shard() {
+        let (outputs, _rx) = sink(r#"["jobs"]"#);
+        let mut a = plain_shard(outputs.clone());
+        let evs = job_events();
+        // job 7 half way, owned by partition 2; job 8 done, partition 3;
+        // job 9 from an unpartitioned source.
+        for ev in evs.iter().take(4) {
+            a.apply(owned(routed(7, EventStream::Job, ev.clone()), 2))
+                .await;
+        }
+        for ev in &evs {
+            a.apply(owned(routed(8, EventStream::Job, ev.clone()), 3))
+                .await;
+            a.apply(routed(9, EventStream::Job, ev.clone())).await;
+        }
+        let changes = a.snapshot().unwrap().changes;
+        let mut keys: Vec<(i32, &str, bool)> = changes
+            .iter()
+            .map(|c| (c.owner.partition, c.key.as_str(), c.value.is_some()))
+            .collect();
+        keys.sort();
+        assert_eq!(keys, vec![(2, "job/c/7", true), (3, "job/c/8", true)]);
+        assert!(a.snapshot().unwrap().changes.is_empty(), "nothing new");
+
+        // Partition 2's changelog, read back into another shard.
+        let mut restorer = changelog::Restorer::new("t");
+        for c in changes.iter().filter(|c| c.owner.partition == 2) {
+            restorer.push(c.key.as_bytes(), c.value.as_deref());
+        }
+        restorer.push(b"offset/t", Some(&changelog::encode_marker(42).unwrap()));
+        let owner = Owner {
+            source: Arc::from("k"),
+            partition: 2,
+        };
+        let restored = restorer.finish(&owner);
+        assert_eq!(restored.offset, Some(42));
+        let mut b = plain_shard(outputs);
+        b.adopt(restored.state).await;
+        assert_eq!(b.jobs_tracked(), 1);
+        assert_eq!(
+            b.state.jobs[&key(7)].summary(),
+            a.state.jobs[&key(7)].summary()
+        );
+        // The rest of job 7 goes on in b as it would have in a.
+        for ev in evs.iter().skip(4) {
+            a.apply(owned(routed(7, EventStream::Job, ev.clone()), 2))
+                .await;
+            b.apply(owned(routed(7, EventStream::Job, ev.clone()), 2))
+                .await;
+        }
+        assert_eq!(
+            b.state.jobs[&key(7)].summary(),
+            a.state.jobs[&key(7)].summary()
+        );
+        assert_eq!(b.state.jobs[&key(7)].job.state, JobState::Inactive);
+
+        // a gives partition 2 up: job 7 goes, silently; 8 and 9 stay.
+        a.snapshot().unwrap();
+        a.release("k", &BTreeSet::from([2]));
+        assert_eq!(a.jobs_tracked(), 2);
+        assert!(!a.state.jobs.contains_key(&key(7)));
+        assert!(a.snapshot().unwrap().changes.is_empty());
+
+        // Dropped after the grace: a tombstone for the owned job only.
+        a.expire(Instant::now() + Duration::from_secs(61)).await;
+        assert_eq!(a.jobs_tracked(), 0);
+        let gone: Vec<(String, bool)> = a
+            .snapshot()
+            .unwrap()
+            .changes
+            .into_iter()
+            .map(|c| (c.key, c.value.is_some()))
+            .collect();
+        assert_eq!(gone, vec![("job/c/8".to_string(), false)]);
+    }
+
     #[tokio::test]
     async fn beyond_max_jobs_new_jobs_are_refused_and_held_ones_go_on() {
         let (outputs, mut rx) = sink(r#"["jobs"]"#);

@@ -247,7 +247,7 @@ impl Writer {
             .lock()
             .map_err(|_| "fence poisoned".to_string())?;
         let owned = |p: i32| fence.owned.contains(&p);
-        let mut dropped = 0usize;
+        let (mut sent, mut dropped) = (0usize, 0usize);
         for c in changes.iter().filter(|c| owned(c.owner.partition)) {
             let record = BaseRecord::<str, [u8]>::to(&self.topic)
                 .partition(c.owner.partition)
@@ -256,7 +256,9 @@ impl Writer {
                 Some(v) => record.payload(v),
                 None => record,
             };
-            if !self.send(record)? {
+            if self.send(record)? {
+                sent += 1;
+            } else {
                 dropped += 1;
             }
         }
@@ -279,6 +281,9 @@ impl Writer {
             self.send(record)?;
         }
         self.settle()?;
+        let written = sent + markers.len();
+        metrics::counter!("fluxpipe_changelog_records_total", "source" => self.source.to_string())
+            .increment(written as u64);
         for (p, o, _) in markers {
             self.marked.insert(p, o);
         }

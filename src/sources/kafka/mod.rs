@@ -108,8 +108,8 @@ fn parse_positions(text: Option<&str>) -> Result<Offsets> {
 /// What the rebalance callbacks share with the source task.
 #[derive(Default)]
 struct Shared {
-    /// Offsets covered by a checkpoint on disk: what is committed when a
-    /// partition is revoked.
+    /// Offsets of partitions taken over, covered by a checkpoint on disk:
+    /// what is committed when a partition is revoked.
     checkpointed: Offsets,
     /// Assigned (and paused) since the task last looked: to take over.
     assigned: Vec<(String, i32)>,
@@ -174,9 +174,6 @@ impl ConsumerContext for GroupContext {
                 };
                 if let Err(e) = consumer.pause(tpl) {
                     tracing::error!(source = %self.source, "cannot pause assigned partitions: {e}");
-                }
-                if let Ok(mut f) = self.fence.lock() {
-                    f.owned.extend(partitions.iter().map(|(_, p)| *p));
                 }
                 tracing::info!(source = %self.source, partitions = ?partitions, "partitions assigned");
                 if let Ok(mut s) = self.shared.lock() {
@@ -296,8 +293,11 @@ struct Member {
     shared: Arc<Mutex<Shared>>,
     /// The changelog topic, if the source keeps one.
     changelog: Option<String>,
-    /// Partitions taken over: their records are handed on.
+    /// Partitions taken over: their records are handed on, their offsets
+    /// committed.
     owned: BTreeSet<(String, i32)>,
+    /// The same partitions, for the changelog writer.
+    fence: Arc<Mutex<changelog::Fence>>,
     /// Next offset to hand on, per partition with a known position.
     offsets: Offsets,
     /// Assigned, not yet taken over, with the first offset of any of
@@ -338,6 +338,7 @@ impl Member {
             }
         }
         self.release(&revoked).await?;
+        self.count_owned();
         if assigned.is_empty() {
             return Ok(());
         }
@@ -373,9 +374,11 @@ impl Member {
         let (topic, partition) = key.clone();
         let committed = self.committed(&key).await;
         let local = self.offsets.get(&key).copied();
+        let mut from = "changelog";
         let start = match local {
             Some(l) if committed.is_none_or(|c| l >= c) => {
                 tracing::info!(source = %self.ctx.name, %topic, partition, offset = l, "taking over from the local checkpoint");
+                from = "checkpoint";
                 Some(l)
             }
             _ => {
@@ -386,7 +389,10 @@ impl Member {
                 }
                 let restored = match &self.changelog {
                     Some(log) => self.restore(log.clone(), partition).await?,
-                    None => None,
+                    None => {
+                        from = "none";
+                        None
+                    }
                 };
                 restored.or(committed)
             }
@@ -418,8 +424,19 @@ impl Member {
             self.offsets.insert(key.clone(), o);
         }
         tracing::info!(source = %self.ctx.name, %topic, partition, offset = ?start, "partition taken over");
+        if let Ok(mut f) = self.fence.lock() {
+            f.owned.insert(partition);
+        }
         self.owned.insert(key);
+        self.count_owned();
+        metrics::counter!("fluxpipe_kafka_partitions_taken_over_total", "source" => self.ctx.name.to_string(), "from" => from)
+            .increment(1);
         Ok(())
+    }
+
+    fn count_owned(&self) {
+        metrics::gauge!("fluxpipe_kafka_partitions_owned", "source" => self.ctx.name.to_string())
+            .set(self.owned.len() as f64);
     }
 
     /// The group's committed offset of a partition.
@@ -495,10 +512,8 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
             .await
             .with_context(|| format!("source {}: changelog topic {topic}", ctx.name))?;
     }
-    let shared = Arc::new(Mutex::new(Shared {
-        checkpointed: restored.clone(),
-        ..Shared::default()
-    }));
+    // Nothing is committed for a partition before it is taken over.
+    let shared = Arc::new(Mutex::new(Shared::default()));
     let rebalanced = Arc::new(Notify::new());
     let fence = Arc::new(Mutex::new(changelog::Fence::default()));
     let reported: Arc<Mutex<BTreeMap<u64, Offsets>>> = Arc::default();
@@ -525,7 +540,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
             &config,
             ctx.name.clone(),
             topic.clone(),
-            fence,
+            fence.clone(),
             reported.clone(),
         )?;
         tokio::spawn(writer.run(batches));
@@ -540,6 +555,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
         shared: shared.clone(),
         changelog: changelog_topic,
         owned: BTreeSet::new(),
+        fence,
         taking_over: BTreeMap::new(),
     };
     let mut errors = 0u64;
@@ -551,7 +567,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
             biased;
             _ = ctx.shutdown.cancelled() => break,
             seq = disk.next_written() => {
-                commit_checkpointed(&consumer, &shared, &reported, seq, CommitMode::Async, &ctx.name);
+                commit_checkpointed(&consumer, &shared, &reported, &member.owned, seq, CommitMode::Async, &ctx.name);
             }
             // A checkpoint round: `biased` puts it before the next message.
             seq = rounds.requested() => {
@@ -647,6 +663,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
         &consumer,
         &shared,
         &reported,
+        &member.owned,
         seq,
         CommitMode::Sync,
         &ctx.name,
@@ -662,6 +679,7 @@ fn commit_checkpointed(
     consumer: &StreamConsumer<GroupContext>,
     shared: &Mutex<Shared>,
     reported: &Mutex<BTreeMap<u64, Offsets>>,
+    owned: &BTreeSet<(String, i32)>,
     seq: u64,
     mode: CommitMode,
     source: &str,
@@ -678,16 +696,20 @@ fn commit_checkpointed(
         return;
     };
     if let Ok(mut s) = shared.lock() {
-        s.checkpointed
-            .extend(offsets.iter().map(|(k, v)| (k.clone(), *v)));
+        s.checkpointed.extend(
+            offsets
+                .iter()
+                .filter(|(k, _)| owned.contains(*k))
+                .map(|(k, v)| (k.clone(), *v)),
+        );
     }
     let result: KafkaResult<()> = (|| {
         let mut tpl = TopicPartitionList::new();
-        let assigned = consumer.assignment()?;
-        for ((topic, p), o) in &offsets {
-            // Only partitions still ours: another member owns the rest now.
-            if assigned.find_partition(topic, *p).is_some() {
-                tpl.add_partition_offset(topic, *p, Offset::Offset(*o))?;
+        for (key, o) in &offsets {
+            // Only partitions taken over: another member owns the others,
+            // or the offsets saved for them are older than the group's.
+            if owned.contains(key) {
+                tpl.add_partition_offset(&key.0, key.1, Offset::Offset(*o))?;
             }
         }
         if tpl.count() > 0 {
