@@ -42,14 +42,14 @@ pub struct Change {
 pub enum Entry {
     Job {
         key: JobKey,
-        entry: JobEntry,
+        entry: Box<JobEntry>,
         alerts: Vec<SavedCondition>,
         /// The cluster's event clock when it was written.
         clock: Option<f64>,
     },
     Resource {
         cluster: String,
-        state: ResourceState,
+        state: Box<ResourceState>,
         alerts: Vec<SavedCondition>,
         clock: Option<f64>,
     },
@@ -210,7 +210,7 @@ impl Restorer {
                         clock.advance(&key.cluster, t);
                     }
                     entry.owner = Some(owner.clone());
-                    out.state.jobs.push((key, entry));
+                    out.state.jobs.push((key, *entry));
                     out.state.alerts.extend(alerts);
                 }
                 Ok(Entry::Resource {
@@ -225,7 +225,7 @@ impl Restorer {
                     out.state
                         .resource_owners
                         .push((cluster.clone(), owner.clone()));
-                    out.state.resources.push((cluster, state));
+                    out.state.resources.push((cluster, *state));
                     out.state.alerts.extend(alerts);
                 }
                 Err(_) => out.skipped += 1,

@@ -113,6 +113,8 @@ struct Shared {
     checkpointed: Offsets,
     /// Assigned (and paused) since the task last looked: to take over.
     assigned: Vec<(String, i32)>,
+    /// An assignment (possibly empty) came since the task last looked.
+    assignment_seen: bool,
     /// Revoked since the task last looked: to release.
     revoked: Vec<(String, i32)>,
 }
@@ -178,6 +180,7 @@ impl ConsumerContext for GroupContext {
                 tracing::info!(source = %self.source, partitions = ?partitions, "partitions assigned");
                 if let Ok(mut s) = self.shared.lock() {
                     s.assigned.extend(partitions);
+                    s.assignment_seen = true;
                 }
                 r
             }
@@ -322,10 +325,11 @@ impl Member {
 
     /// Act on what the rebalance callbacks noted.
     async fn rebalanced(&mut self) -> Result<()> {
-        let (assigned, revoked) = match self.shared.lock() {
+        let (assigned, revoked, seen) = match self.shared.lock() {
             Ok(mut s) => (
                 std::mem::take(&mut s.assigned),
                 std::mem::take(&mut s.revoked),
+                std::mem::take(&mut s.assignment_seen),
             ),
             Err(_) => return Ok(()),
         };
@@ -339,11 +343,13 @@ impl Member {
         }
         self.release(&revoked).await?;
         self.count_owned();
-        if assigned.is_empty() {
+        if !seen {
             return Ok(());
         }
         // The first assignment settles which partitions the local
-        // checkpoint's state is still good for.
+        // checkpoint's state is still good for: the rest would count twice
+        // in the group's gauges (if one comes back later, it is taken over
+        // from the changelog).
         if let Some(unclaimed) = self.unclaimed.take() {
             let stale: Vec<(String, i32)> = unclaimed
                 .into_iter()
