@@ -91,7 +91,9 @@ pub struct Counts {
 /// All jobs and ranks.
 #[derive(Debug, Default)]
 pub struct State {
-    pub jobs: HashMap<JobKey, JobEntry>,
+    /// Boxed: the table itself stays small (it doubles, with slack, as it
+    /// grows), each job one allocation of its exact size.
+    pub jobs: HashMap<JobKey, Box<JobEntry>>,
     pub resources: HashMap<String, ResourceState>,
     pub counts: Counts,
 }
@@ -193,10 +195,11 @@ impl State {
 
     /// Jobs to list: submitted and not invalidated, sorted by key.
     pub fn listed_jobs(&self) -> Vec<(&JobKey, &JobEntry)> {
-        let mut jobs: Vec<_> = self
+        let mut jobs: Vec<(&JobKey, &JobEntry)> = self
             .jobs
             .iter()
             .filter(|(_, e)| e.job.submitted && !e.job.invalidated)
+            .map(|(k, e)| (k, &**e))
             .collect();
         jobs.sort_by(|a, b| a.0.cmp(b.0));
         jobs

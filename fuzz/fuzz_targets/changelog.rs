@@ -3,7 +3,7 @@
 //! look like fluxpipe's own, and each value tried framed and raw.
 #![no_main]
 
-use fluxpipe::pipeline::changelog::Restorer;
+use fluxpipe::pipeline::changelog::{FORMAT, Restorer};
 use fluxpipe::state::Owner;
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
             2 => b"offset/t".to_vec(),
             _ => key.to_vec(),
         };
-        let value = (!value.is_empty()).then(|| [&[1u8][..], value].concat());
+        let value = (!value.is_empty()).then(|| [&[FORMAT][..], value].concat());
         restorer.push(&key, value.as_deref());
         restorer.push(&key, Some(chunk));
     }

@@ -9,8 +9,6 @@
 //! status equals the job's `finish` status, a `start` response matches the
 //! job's `start` event, ...) are the caller's, through the accessors.
 
-use std::collections::HashSet;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
@@ -54,7 +52,9 @@ pub struct ExecLog {
     /// logs interleave the two writers with slightly crossed timestamps
     /// (`recoverable` a fraction of a millisecond before `shell.start`).
     last_system_ts: Option<f64>,
-    seen: HashSet<(u64, String)>,
+    /// Each event applied, as a 64-bit digest of its timestamp and name,
+    /// sorted: repeats are recognized without keeping names per job.
+    seen: Vec<u64>,
 }
 
 /// Events whose context RFC 50 says SHALL be empty.
@@ -133,11 +133,11 @@ impl ExecLog {
     /// Apply one event of the exec eventlog, in log order.
     pub fn apply(&mut self, ev: &Event) -> ExecApplied {
         let mut out = ExecApplied::default();
-        let key = (ev.timestamp.to_bits(), ev.name.clone());
-        if self.seen.contains(&key) {
+        let key = event_digest(ev);
+        let Err(slot) = self.seen.binary_search(&key) else {
             out.skipped_duplicate = true;
             return out;
-        }
+        };
         let mut flag = |kind, msg: String| {
             out.anomalies
                 .push(Anomaly::new(Stream::Exec, kind, msg).at(&ev.name, ev.timestamp));
@@ -282,10 +282,18 @@ impl ExecLog {
             }
             _ => {}
         }
-        self.seen.insert(key);
+        self.seen.insert(slot, key);
         self.events += 1;
         out
     }
+}
+
+/// An exec event's identity: timestamp and name, digested.
+fn event_digest(ev: &Event) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&ev.timestamp.to_bits().to_le_bytes());
+    h.update(ev.name.as_bytes());
+    h.digest()
 }
 
 fn context_kind(e: &ContextError) -> AnomalyKind {

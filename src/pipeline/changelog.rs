@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use thiserror::Error;
 
 /// The format byte every value starts with.
-const FORMAT: u8 = 1;
+pub const FORMAT: u8 = 2;
 
 /// One change to write: the partition it belongs to, its key, and its new
 /// value (`None`: the state is gone).

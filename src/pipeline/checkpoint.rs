@@ -29,7 +29,7 @@ use thiserror::Error;
 pub const FILE_NAME: &str = "checkpoint.bin";
 const MAGIC: &[u8; 20] = b"fluxpipe checkpoint\n";
 /// Bumped whenever the payload's layout changes incompatibly.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const HEADER_LEN: usize = MAGIC.len() + 4 + 8 + 8;
 
 #[derive(Debug, Error)]
@@ -130,7 +130,7 @@ impl ShardState {
 #[derive(Serialize)]
 pub struct ShardStateRef<'a> {
     #[serde(serialize_with = "as_seq")]
-    pub jobs: &'a HashMap<JobKey, JobEntry>,
+    pub jobs: &'a HashMap<JobKey, Box<JobEntry>>,
     #[serde(serialize_with = "as_seq")]
     pub resources: &'a HashMap<String, ResourceState>,
     pub alerts: Vec<SavedCondition>,
@@ -402,10 +402,10 @@ mod tests {
             decode(b"hello", p),
             Err(CheckpointError::NotACheckpoint { .. })
         ));
-        let mut v2 = bytes.clone();
-        v2[MAGIC.len()] = 2;
+        let mut other = bytes.clone();
+        other[MAGIC.len()] = VERSION as u8 + 1;
         assert!(matches!(
-            decode(&v2, p),
+            decode(&other, p),
             Err(CheckpointError::Version { .. })
         ));
         assert!(matches!(

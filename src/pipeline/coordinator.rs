@@ -55,6 +55,9 @@ pub enum SourceReport {
         source: Arc<str>,
         positions: Option<String>,
     },
+    /// A source needs a checkpoint soon (a partition is being handed to
+    /// another member): the next round starts now.
+    Hurry,
 }
 
 /// The state changes of one round for a source's changelog; answer
@@ -155,6 +158,12 @@ impl CheckpointLink {
         }
     }
 
+    /// Ask for a round now rather than at the next interval (the request
+    /// is dropped if the coordinator is busy: a round is coming anyway).
+    pub fn hurry(&self) {
+        let _ = self.reports.try_send(SourceReport::Hurry);
+    }
+
     /// Tell the coordinator this source has stopped.
     pub async fn finish(&self, source: &Arc<str>, positions: Option<String>) {
         let report = SourceReport::Finished {
@@ -192,6 +201,8 @@ pub struct Coordinator {
     seq: u64,
     /// Sources that keep a changelog.
     changelogs: HashMap<Arc<str>, mpsc::Sender<ChangelogBatch>>,
+    /// A round was asked for while one was under way.
+    hurried: bool,
     /// Changes not yet in a changelog (a round failed after the shards
     /// handed them over): they go with the next round.
     carry: HashMap<Arc<str>, Vec<Change>>,
@@ -244,6 +255,7 @@ impl Coordinator {
             seq: restored.map_or(0, |h| h.seq),
             changelogs: HashMap::new(),
             carry: HashMap::new(),
+            hurried: false,
         }
     }
 
@@ -280,6 +292,7 @@ impl Coordinator {
         while self.running > 0 {
             tokio::select! {
                 report = self.reports.recv() => match report {
+                    Some(SourceReport::Hurry) => next = Some(Instant::now()),
                     Some(r) => self.note(r, None),
                     None => break,
                 },
@@ -302,7 +315,11 @@ impl Coordinator {
                             tracing::error!(seq = self.seq, "checkpoint abandoned (the previous one stays): {e}");
                         }
                     }
-                    next = interval.map(|i| Instant::now() + i);
+                    next = if std::mem::take(&mut self.hurried) {
+                        Some(Instant::now())
+                    } else {
+                        interval.map(|i| Instant::now() + i)
+                    };
                 }
             }
         }
@@ -325,6 +342,8 @@ impl Coordinator {
                     r.waiting.remove(&source);
                 }
             }
+            // A round is under way: another one right after it.
+            SourceReport::Hurry => self.hurried = true,
             SourceReport::Positions {
                 source,
                 seq,

@@ -22,10 +22,14 @@
 //! over: from the local checkpoint if that is not behind the group's
 //! committed offset (the fast path), else from the changelog topic
 //! (`changelog`), read to its end; reading resumes at the offset that state
-//! is the state after. A partition revoked is released: its state leaves
-//! the shards (gauges, alerts) silently, and its new owner carries it on.
-//! Records applied after the last checkpoint are applied again by the new
-//! owner: their outputs repeat, with the same `record_id`.
+//! is the state after. A partition revoked (cooperative rebalancing) stops
+//! being read, one more checkpoint round is taken at once (its changes and
+//! offset marker go to the changelog, its offset is committed), and only
+//! then is it unassigned and its state released from the shards (gauges,
+//! alerts) silently: its new owner carries on exactly where this member
+//! stopped. After a crash, or if that round does not come within 30 s, the
+//! new owner starts from the last round instead and applies the records
+//! since again: their outputs repeat, with the same `record_id`.
 //!
 //! **Backpressure.** When the pipeline is full the assigned partitions are
 //! paused (librdkafka stops fetching) until the record goes through.
@@ -115,8 +119,13 @@ struct Shared {
     assigned: Vec<(String, i32)>,
     /// An assignment (possibly empty) came since the task last looked.
     assignment_seen: bool,
-    /// Revoked since the task last looked: to release.
+    /// Revoked since the task last looked, not unassigned yet: to hand
+    /// over after one more checkpoint.
+    revoking: Vec<(String, i32)>,
+    /// Revoked and unassigned since the task last looked: to release.
     revoked: Vec<(String, i32)>,
+    /// The consumer is closing: revocations are immediate.
+    closing: bool,
 }
 
 struct GroupContext {
@@ -185,53 +194,22 @@ impl ConsumerContext for GroupContext {
                 r
             }
             E::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                // No changelog write for them from now on (one in flight
-                // finishes first): their next owner may read it any time.
-                if let Ok(mut f) = self.fence.lock() {
-                    for (_, p) in &partitions {
-                        f.owned.remove(p);
+                let closing = consumer.closed() || self.shared.lock().map_or(true, |s| s.closing);
+                if cooperative && !closing {
+                    // Handed over after one more checkpoint round, so the
+                    // next owner starts exactly where this one stopped: the
+                    // task unassigns them then (librdkafka waits for it).
+                    if let Err(e) = consumer.pause(tpl) {
+                        tracing::error!(source = %self.source, "cannot pause revoked partitions: {e}");
                     }
-                }
-                // Commit what the checkpoint covers before another member
-                // takes the partitions over.
-                let checkpointed = self
-                    .shared
-                    .lock()
-                    .map(|s| s.checkpointed.clone())
-                    .unwrap_or_default();
-                let mut commit = TopicPartitionList::new();
-                for key in &partitions {
-                    if let Some(o) = checkpointed.get(key) {
-                        let _ = commit.add_partition_offset(&key.0, key.1, Offset::Offset(*o));
+                    tracing::info!(source = %self.source, partitions = ?partitions, "partitions revoked: handing them over after a last checkpoint");
+                    if let Ok(mut s) = self.shared.lock() {
+                        s.revoking.extend(partitions);
                     }
+                    self.rebalanced.notify_one();
+                    return;
                 }
-                if commit.count() > 0
-                    && let Err(e) = consumer.commit(&commit, CommitMode::Sync)
-                {
-                    tracing::warn!(source = %self.source, "commit at revocation failed: {e}");
-                }
-                tracing::info!(source = %self.source, partitions = ?partitions, "partitions revoked");
-                // Offsets of rounds not yet on disk are not ours to commit
-                // or write any more (the partition may even come back,
-                // further on).
-                if let Ok(mut r) = self.reported.lock() {
-                    for offsets in r.values_mut() {
-                        for key in &partitions {
-                            offsets.remove(key);
-                        }
-                    }
-                }
-                if let Ok(mut s) = self.shared.lock() {
-                    for key in &partitions {
-                        s.checkpointed.remove(key);
-                    }
-                    s.revoked.extend(partitions);
-                }
-                if cooperative {
-                    consumer.incremental_unassign(tpl)
-                } else {
-                    consumer.unassign()
-                }
+                self.hand_over(consumer, &partitions, cooperative)
             }
             other => {
                 tracing::error!(source = %self.source, "rebalance error: {other:?}");
@@ -245,6 +223,64 @@ impl ConsumerContext for GroupContext {
     }
 
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, _: &Rebalance<'_>) {}
+}
+
+impl GroupContext {
+    /// Let revoked partitions go: no changelog write for them from now on
+    /// (one in flight finishes first: their next owner may read the
+    /// changelog any time), what the checkpoint covers committed, then
+    /// unassigned; the task releases their state.
+    fn hand_over<C: Consumer<GroupContext>>(
+        &self,
+        consumer: &C,
+        partitions: &[(String, i32)],
+        cooperative: bool,
+    ) -> KafkaResult<()> {
+        if let Ok(mut f) = self.fence.lock() {
+            for (_, p) in partitions {
+                f.owned.remove(p);
+            }
+        }
+        let checkpointed = self
+            .shared
+            .lock()
+            .map(|s| s.checkpointed.clone())
+            .unwrap_or_default();
+        let mut commit = TopicPartitionList::new();
+        let mut unassign = TopicPartitionList::new();
+        for key in partitions {
+            unassign.add_partition(&key.0, key.1);
+            if let Some(o) = checkpointed.get(key) {
+                let _ = commit.add_partition_offset(&key.0, key.1, Offset::Offset(*o));
+            }
+        }
+        if commit.count() > 0
+            && let Err(e) = consumer.commit(&commit, CommitMode::Sync)
+        {
+            tracing::warn!(source = %self.source, "commit at revocation failed (the changelog still tells the next owner where to start): {e}");
+        }
+        tracing::info!(source = %self.source, partitions = ?partitions, "partitions handed over");
+        // Offsets of rounds not yet on disk are not ours to commit or
+        // write any more (the partition may even come back, further on).
+        if let Ok(mut r) = self.reported.lock() {
+            for offsets in r.values_mut() {
+                for key in partitions {
+                    offsets.remove(key);
+                }
+            }
+        }
+        if let Ok(mut s) = self.shared.lock() {
+            for key in partitions {
+                s.checkpointed.remove(key);
+            }
+            s.revoked.extend(partitions.iter().cloned());
+        }
+        if cooperative {
+            consumer.incremental_unassign(&unassign)
+        } else {
+            consumer.unassign()
+        }
+    }
 }
 
 /// The consumer's settings: fluxpipe's, then the user's on top.
@@ -309,7 +345,17 @@ struct Member {
     /// Partitions whose state the local checkpoint brought and no
     /// assignment has claimed yet (until the first assignment).
     unclaimed: Option<BTreeSet<(String, i32)>>,
+    /// Revoked partitions waiting for a checkpoint round reported after
+    /// their last record (the round's number, exclusive) to hand over.
+    leaving: BTreeMap<(String, i32), u64>,
+    /// Hand over by then even without that round.
+    leave_by: Option<tokio::time::Instant>,
+    /// The last round this source reported positions for.
+    last_reported: u64,
 }
+
+/// Longest a revoked partition waits for its last checkpoint.
+const HAND_OVER_WAIT: Duration = Duration::from_secs(30);
 
 impl Member {
     /// Drop the state of partitions this member no longer has.
@@ -323,16 +369,52 @@ impl Member {
             .await
     }
 
+    /// Hand the leaving partitions over once a round reported after
+    /// their last record is on disk (or `now`, when waiting is over).
+    async fn hand_over(&mut self, now: bool) -> Result<()> {
+        if self.leaving.is_empty() {
+            return Ok(());
+        }
+        let written = self.ctx.checkpoint.written();
+        if !now && !self.leaving.values().all(|after| written > *after) {
+            return Ok(());
+        }
+        let keys: Vec<(String, i32)> = std::mem::take(&mut self.leaving).into_keys().collect();
+        self.leave_by = None;
+        let consumer = self.consumer.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            consumer.context().hand_over(&*consumer, &keys, true)
+        })
+        .await
+        .context("partition hand-over")?;
+        if let Err(e) = done {
+            tracing::error!(source = %self.ctx.name, "cannot unassign revoked partitions: {e}");
+        }
+        self.rebalanced().await
+    }
+
     /// Act on what the rebalance callbacks noted.
     async fn rebalanced(&mut self) -> Result<()> {
-        let (assigned, revoked, seen) = match self.shared.lock() {
+        let (assigned, revoking, revoked, seen) = match self.shared.lock() {
             Ok(mut s) => (
                 std::mem::take(&mut s.assigned),
+                std::mem::take(&mut s.revoking),
                 std::mem::take(&mut s.revoked),
                 std::mem::take(&mut s.assignment_seen),
             ),
             Err(_) => return Ok(()),
         };
+        if !revoking.is_empty() {
+            // Their records stop here; the next round saves the state
+            // after them, then they go.
+            for key in revoking {
+                // Not taken over yet: nothing to save, nothing to restore.
+                self.taking_over.remove(&key);
+                self.leaving.insert(key, self.last_reported);
+            }
+            self.leave_by = Some(tokio::time::Instant::now() + HAND_OVER_WAIT);
+            self.ctx.checkpoint.hurry();
+        }
         for key in &revoked {
             self.owned.remove(key);
             self.offsets.remove(key);
@@ -563,6 +645,9 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
         owned: BTreeSet::new(),
         fence,
         taking_over: BTreeMap::new(),
+        leaving: BTreeMap::new(),
+        leave_by: None,
+        last_reported: 0,
     };
     let mut errors = 0u64;
     // One handle waits for rounds, the other for checkpoints on disk.
@@ -574,21 +659,28 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
             _ = ctx.shutdown.cancelled() => break,
             seq = disk.next_written() => {
                 commit_checkpointed(&consumer, &shared, &reported, &member.owned, seq, CommitMode::Async, &ctx.name);
+                if !going_on(member.hand_over(false).await)? {
+                    break;
+                }
+            }
+            _ = sleep_until(member.leave_by), if member.leave_by.is_some() => {
+                tracing::warn!(source = %ctx.name, "no checkpoint of the revoked partitions in time: handing them over as of the last one (their next owner re-reads the rest)");
+                if !going_on(member.hand_over(true).await)? {
+                    break;
+                }
             }
             // A checkpoint round: `biased` puts it before the next message.
             seq = rounds.requested() => {
                 if let Ok(mut r) = reported.lock() {
                     r.insert(seq, member.offsets.clone());
                 }
+                member.last_reported = seq;
                 let text = serde_json::to_string(&Positions::from_offsets(&member.offsets))?;
                 ctx.checkpoint.report(&ctx.name, seq, text).await;
             }
             _ = rebalanced.notified() => {
-                if let Err(e) = member.rebalanced().await {
-                    if e.is::<Closed>() {
-                        break;
-                    }
-                    return Err(e);
+                if !going_on(member.rebalanced().await)? {
+                    break;
                 }
             }
             msg = consumer.recv() => {
@@ -607,6 +699,10 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
                 };
                 tracing::trace!(source = %ctx.name, topic = msg.topic(), partition = msg.partition(), offset = msg.offset(), "message");
                 let key = (msg.topic().to_string(), msg.partition());
+                if member.leaving.contains_key(&key) {
+                    // Revoked: its next owner reads it.
+                    continue;
+                }
                 if !member.owned.contains(&key) {
                     // Not taken over yet: read again from where the
                     // takeover starts (or from here).
@@ -661,6 +757,16 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
             }
         }
     }
+    // From here on revocations (the consumer closing) are immediate, and
+    // librdkafka must not wait for partitions still to hand over.
+    if let Ok(mut s) = shared.lock() {
+        s.closing = true;
+    }
+    if let Err(e) = member.hand_over(true).await
+        && !e.is::<Closed>()
+    {
+        tracing::warn!(source = %ctx.name, "handing partitions over at shutdown: {e:#}");
+    }
     // What the last checkpoint on disk covers goes to the group now; the
     // final checkpoint (written after the pipeline drains) holds the rest,
     // and a restart of this instance resumes from it.
@@ -677,6 +783,22 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
     Ok(serde_json::to_string(&Positions::from_offsets(
         &member.offsets,
     ))?)
+}
+
+/// `Ok(false)`: the pipeline is shutting down (its operators are gone).
+fn going_on(r: Result<()>) -> Result<bool> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.is::<Closed>() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Commit the offsets reported for round `seq` (now on disk) and forget
