@@ -4,6 +4,13 @@ use clap::{Parser, Subcommand};
 use fluxpipe::cli;
 use std::process::ExitCode;
 
+// jemalloc, as Vector runs on: millions of small, long-lived job entries
+// made and freed by different threads fragment the system allocator's
+// per-thread arenas (measured by `fluxpipe bench`, README "Benchmark").
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "fluxpipe",

@@ -467,9 +467,13 @@ fn memory(exe: &Path, dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Me
         dir,
         "memory",
         &format!(
-            "data_dir = {}\n[sources.in]\ntype = \"stdin\"\ncluster = \"bench\"\n\
+            "data_dir = {}\n[operators]\nmax_jobs = {}\n\
+             [sources.in]\ntype = \"stdin\"\ncluster = \"bench\"\n\
              [sinks.out]\ntype = \"stdout\"\ninputs = [\"transitions\"]\n",
-            toml_path(&dir.join("state-memory"))
+            toml_path(&dir.join("state-memory")),
+            // Every job held: the cap is split over the shards, and one
+            // shard may get more than its even share.
+            jobs.saturating_mul(2).max(1000)
         ),
     )?;
     let mut child = spawn_run(exe, &config, Stdio::piped())?;
@@ -510,9 +514,14 @@ fn memory(exe: &Path, dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Me
     let (stdin, expected) = writer
         .join()
         .map_err(|_| anyhow!("the writer thread panicked"))??;
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    while count.load(Ordering::Relaxed) < expected && Instant::now() < deadline {
+    // Until every transition is out, or none has come for 30 s.
+    let (mut last, mut moved) = (0, Instant::now());
+    while count.load(Ordering::Relaxed) < expected && moved.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(20));
+        let now = count.load(Ordering::Relaxed);
+        if now != last {
+            (last, moved) = (now, Instant::now());
+        }
     }
     let fed_secs = start.elapsed().as_secs_f64();
     let got = count.load(Ordering::Relaxed);
