@@ -329,22 +329,20 @@ async fn a_flooding_or_stalled_client_starves_nobody() {
     assert!(waited < Duration::from_secs(5), "{waited:?}");
 
     drop(stalled);
+    // Both connections are closed now: each leaves its dead letter, in
+    // whichever order they are read.
+    let starts =
+        |d: &Value, prefix: &str| d["line"].as_str().is_some_and(|l| l.starts_with(prefix));
     let recs = p
-        .wait_until("the stalled line's dead letter", |r| {
-            of_kind(r, "dead_letter").iter().any(|d| {
-                d["line"]
-                    .as_str()
-                    .is_some_and(|l| l.starts_with("{\"id\": 7"))
-            })
+        .wait_until("the stalled line's and the flood's dead letters", |r| {
+            let dead = of_kind(r, "dead_letter");
+            dead.iter().any(|d| starts(d, "{\"id\": 7")) && dead.iter().any(|d| starts(d, "aaaa"))
         })
         .await;
     // The flood is one over-long line: one dead letter, cut, never buffered
     // whole (the reader skips to the next newline).
     let dead = of_kind(&recs, "dead_letter");
-    let floods: Vec<&Value> = dead
-        .iter()
-        .filter(|d| d["line"].as_str().is_some_and(|l| l.starts_with("aaaa")))
-        .collect();
+    let floods: Vec<&Value> = dead.iter().filter(|d| starts(d, "aaaa")).collect();
     assert_eq!(floods.len(), 1, "{dead:#?}");
     assert_eq!(floods[0]["truncated"], true);
     assert!(floods[0]["line"].as_str().unwrap().len() <= 4096);
@@ -881,4 +879,81 @@ async fn http_sink_sends_its_pending_batch_at_shutdown() {
     drop(tx);
     assert_eq!(next_request(&mut reqs).await.ids(), [1, 2]);
     finish(task).await.unwrap();
+}
+
+/// A summary the `http` sink gives up on (rejected) holds the pipeline's
+/// positions back: no checkpoint passes it, so the next run reads its job
+/// again and the receiver gets it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_an_http_sink_gave_up_on_is_read_again_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let mut text = String::new();
+    for id in 1..=6 {
+        for line in journal(id) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    std::fs::write(&input, text).unwrap();
+    let config = |port: u16| {
+        config::parse(&format!(
+            r#"
+data_dir = "{d}/state"
+[checkpoint]
+interval_secs = 0.1
+
+[sources.f]
+type = "file"
+include = ["{input}"]
+poll_interval_ms = 20
+cluster = "c"
+
+[sinks.hook]
+type = "http"
+uri = "http://127.0.0.1:{port}/"
+inputs = ["jobs"]
+batch_max_records = 1
+retry_max_secs = 0.5
+"#,
+            d = dir.path().display(),
+            input = input.display(),
+        ))
+        .unwrap_or_else(|e| panic!("{e:?}"))
+    };
+    let run = |port: u16| {
+        let token = CancellationToken::new();
+        (
+            token.clone(),
+            tokio::spawn(topology::run(config(port), token)),
+        )
+    };
+    let stop = |(token, task): (CancellationToken, JoinHandle<anyhow::Result<()>>)| async move {
+        token.cancel();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("pipeline did not stop")
+            .unwrap()
+    };
+
+    // Run 1: the first summary is rejected, the other five are taken.
+    let (port, mut reqs) = http_server(&[400]).await;
+    let first = run(port);
+    let mut seen = Vec::new();
+    while seen.len() < 6 {
+        seen.extend(next_request(&mut reqs).await.ids());
+    }
+    let rejected = seen[0];
+    // Rounds come and fail for a while: none may move past the record.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop(first).await.expect("run 1 stops cleanly");
+
+    // Run 2: everything is taken; the rejected job's summary comes again.
+    let (port, mut reqs) = http_server(&[]).await;
+    let second = run(port);
+    let mut again = Vec::new();
+    while !again.contains(&rejected) {
+        again.extend(next_request(&mut reqs).await.ids());
+    }
+    stop(second).await.expect("run 2 stops cleanly");
 }

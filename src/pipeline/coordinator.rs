@@ -10,9 +10,10 @@
 //! 3. Each shard, reaching the barrier, has applied exactly the records
 //!    before the positions; it encodes its state and answers.
 //! 4. The outputs of those records are queued at the sinks by then; the
-//!    round waits until every sink is done with what was queued for it
-//!    (delivered, or given up and counted), so no output of a saved record
-//!    is lost in a crash.
+//!    round waits until every sink is done with what was queued for it, so
+//!    no output of a saved record is lost in a crash. If a sink has given
+//!    up on any record (rejected, retries exhausted), no round succeeds
+//!    any more: the positions stay before it, and a restart reads it again.
 //! 5. Sources that keep a changelog (Kafka) write the state changes of
 //!    their partitions, each partition's closed by the offset it stands
 //!    at ([`super::changelog`]), and wait for the broker's acknowledgement.
@@ -221,6 +222,10 @@ enum Abandoned {
     Encode(checkpoint::CheckpointError),
     #[error("sinks still busy after {0:?}: {1}")]
     Sinks(Duration, String),
+    #[error(
+        "sinks gave up on {0} records: positions stay at the last checkpoint, and a restart reads those records again"
+    )]
+    GivenUp(u64),
     #[error("changelog of source {0}: {1}")]
     Changelog(Arc<str>, String),
     #[error(transparent)]
@@ -421,6 +426,12 @@ impl Coordinator {
                 return Err(Abandoned::Sinks(timeout, busy.join(", ")));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A record a sink gave up on is never skipped: no position moves
+        // past it while this process runs.
+        let given_up = self.sinks.given_up();
+        if given_up > 0 {
+            return Err(Abandoned::GivenUp(given_up));
         }
         // 5. The changelogs: their positions are those of this round.
         self.write_changelogs(deadline).await?;

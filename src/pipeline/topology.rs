@@ -171,6 +171,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     // sources the outputs: when they are done, the channels close behind
     // them.
     let drops = outputs.drop_counts();
+    let counters = outputs.counters();
     drop(router);
     drop(outputs);
     sink_ctx.ready.set(true);
@@ -218,7 +219,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     failed |= !sinks_ok;
     // The final checkpoint, only if nothing was lost on the way out: else
     // the last periodic one stays and the records since are read again.
-    if drained.is_ok() && sinks_ok && states.len() == workers {
+    let given_up = counters.given_up();
+    if given_up > 0 {
+        tracing::warn!(
+            given_up,
+            "sinks gave up on records: no final checkpoint, the next run reads them again"
+        );
+    }
+    if drained.is_ok() && sinks_ok && given_up == 0 && states.len() == workers {
         let head = Head {
             seq: seq + 1,
             written_at: crate::alerts::wall_now(),

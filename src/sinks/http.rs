@@ -121,7 +121,7 @@ impl Sender {
                 }
                 Attempt::Rejected(e) => {
                     self.drop_batch(records, tries, &e, "rejected");
-                    rx.done_with(records as u64);
+                    rx.given_up(records as u64);
                     return;
                 }
                 Attempt::Retry(e, asked) => (e, asked),
@@ -134,7 +134,7 @@ impl Sender {
             backoff = (backoff * 2).min(BACKOFF_MAX);
             if Instant::now() + pause > deadline {
                 self.drop_batch(records, tries, &error, "retries exhausted");
-                rx.done_with(records as u64);
+                rx.given_up(records as u64);
                 return;
             }
             tracing::debug!(sink = %self.name, url = %self.url, tries, retry_in = ?pause, "POST failed: {error}");

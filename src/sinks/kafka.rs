@@ -101,14 +101,14 @@ pub async fn run(name: &str, config: KafkaSinkConfig, mut rx: SinkRx) -> Result<
                         Some(delivery) => {
                             in_flight.spawn(delivery);
                         }
-                        None => rx.done_with(1),
+                        None => rx.given_up(1),
                     }
                 }
                 None => open = false,
             },
             Some(done) = in_flight.join_next() => match done {
                 Ok(true) => rx.delivered(1),
-                Ok(false) | Err(_) => rx.done_with(1),
+                Ok(false) | Err(_) => rx.given_up(1),
             },
         }
     }

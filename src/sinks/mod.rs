@@ -29,6 +29,7 @@ pub struct SinkRx {
     name: Arc<str>,
     rx: mpsc::Receiver<Arc<OutputRecord>>,
     done: Arc<AtomicU64>,
+    given_up: Arc<AtomicU64>,
 }
 
 impl SinkRx {
@@ -38,6 +39,7 @@ impl SinkRx {
             name: name.into(),
             rx,
             done: Arc::default(),
+            given_up: Arc::default(),
         }
     }
 
@@ -72,10 +74,18 @@ impl SinkRx {
     }
 
     /// The sink is done with `n` more records without delivering them
-    /// itself: given up on (and counted as dropped), or taken into state of
-    /// its own that a restart rebuilds.
+    /// itself: taken into state of its own that a restart rebuilds.
     pub fn done_with(&self, n: u64) {
         self.done.fetch_add(n, Ordering::Release);
+    }
+
+    /// The sink gave up on `n` records (rejected, or retries exhausted;
+    /// counted and logged by the sink). They hold the pipeline's positions
+    /// back: no checkpoint is taken past them, so a restart reads them
+    /// again rather than skipping them.
+    pub fn given_up(&self, n: u64) {
+        self.given_up.fetch_add(n, Ordering::Release);
+        self.done_with(n);
     }
 }
 
@@ -87,17 +97,24 @@ struct SinkPort {
     tx: mpsc::Sender<Arc<OutputRecord>>,
     when_full: WhenFull,
     dropped: Arc<AtomicU64>,
-    /// Records queued for the sink, and records it is done with.
+    /// Records queued for the sink, records it is done with, and records
+    /// it gave up on.
     queued: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
+    given_up: Arc<AtomicU64>,
 }
 
-/// Each sink's queued and done counts.
+/// Each sink's queued, done and given-up counts.
 #[derive(Debug, Clone, Default)]
 pub struct SinkCounters(Arc<[SinkCount]>);
 
-/// A sink's name, records queued for it, and records it is done with.
-type SinkCount = (Arc<str>, Arc<AtomicU64>, Arc<AtomicU64>);
+#[derive(Debug)]
+struct SinkCount {
+    name: Arc<str>,
+    queued: Arc<AtomicU64>,
+    done: Arc<AtomicU64>,
+    given_up: Arc<AtomicU64>,
+}
 
 impl SinkCounters {
     /// What each sink has been given so far.
@@ -105,11 +122,23 @@ impl SinkCounters {
         Watermarks(
             self.0
                 .iter()
-                .map(|(name, queued, done)| {
-                    (name.clone(), queued.load(Ordering::Acquire), done.clone())
+                .map(|c| {
+                    (
+                        c.name.clone(),
+                        c.queued.load(Ordering::Acquire),
+                        c.done.clone(),
+                    )
                 })
                 .collect(),
         )
+    }
+
+    /// Records the sinks have given up on since the start.
+    pub fn given_up(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|c| c.given_up.load(Ordering::Acquire))
+            .sum()
     }
 }
 
@@ -168,6 +197,7 @@ impl Outputs {
             let common = config.common();
             let (tx, rx) = mpsc::channel(common.buffer.max(1));
             let done = Arc::new(AtomicU64::new(0));
+            let given_up = Arc::new(AtomicU64::new(0));
             ports.push(SinkPort {
                 name: name.into(),
                 streams: common.stream_bits(),
@@ -176,11 +206,13 @@ impl Outputs {
                 dropped: Arc::default(),
                 queued: Arc::default(),
                 done: done.clone(),
+                given_up: given_up.clone(),
             });
             rxs.push(SinkRx {
                 name: name.into(),
                 rx,
                 done,
+                given_up,
             });
         }
         let streams = ports.iter().fold(0, |acc, p| acc | p.streams);
@@ -209,7 +241,12 @@ impl Outputs {
         SinkCounters(
             self.ports
                 .iter()
-                .map(|p| (p.name.clone(), p.queued.clone(), p.done.clone()))
+                .map(|p| SinkCount {
+                    name: p.name.clone(),
+                    queued: p.queued.clone(),
+                    done: p.done.clone(),
+                    given_up: p.given_up.clone(),
+                })
                 .collect(),
         )
     }
