@@ -11,7 +11,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Histogram buckets for durations in seconds: 1 s to a week.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -422,6 +422,66 @@ impl StateAges {
             let _ = writeln!(
                 out,
                 "{name}{{flux_cluster=\"{}\",state=\"{state}\"}} {t}",
+                escape(cluster)
+            );
+        }
+        out
+    }
+}
+
+/// Active jobs per cluster, user and state, for `flux_jobs_by_user`: off
+/// unless a `prometheus` sink sets `per_user_jobs` (a series per user).
+/// The shards count into it; a series whose count falls to 0 is deleted.
+#[derive(Debug, Default, Clone)]
+pub struct UserJobs(Option<Arc<Mutex<UserCounts>>>);
+
+/// (cluster, user id, state) → active jobs.
+type UserCounts = BTreeMap<(String, i64, &'static str), i64>;
+
+impl UserJobs {
+    pub fn enabled() -> Self {
+        UserJobs(Some(Arc::default()))
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// `delta` jobs of `userid` entered (or left, negative) `state`.
+    pub fn add(&self, cluster: &str, userid: Option<i64>, state: &'static str, delta: i64) {
+        let (Some(counts), Some(userid)) = (&self.0, userid) else {
+            return;
+        };
+        let Ok(mut counts) = counts.lock() else {
+            return;
+        };
+        let key = (cluster.to_string(), userid, state);
+        let n = counts.entry(key.clone()).or_insert(0);
+        *n += delta;
+        if *n <= 0 {
+            counts.remove(&key);
+        }
+    }
+
+    /// The series in the Prometheus text format (nothing when off).
+    pub fn render(&self) -> String {
+        let Some(counts) = &self.0 else {
+            return String::new();
+        };
+        let Ok(counts) = counts.lock() else {
+            return String::new();
+        };
+        let name = "flux_jobs_by_user";
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP {name} Active jobs per user and state (per_user_jobs)."
+        );
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for ((cluster, userid, state), n) in counts.iter() {
+            let _ = writeln!(
+                out,
+                "{name}{{flux_cluster=\"{}\",userid=\"{userid}\",state=\"{state}\"}} {n}",
                 escape(cluster)
             );
         }

@@ -62,9 +62,11 @@ fn scrape_after_the_corpus_gives_exact_values() {
         format!(
             "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"B\"\n\
              [sources.files]\ntype = \"file\"\ninclude = [{:?}]\ncluster = \"F\"\npoll_interval_ms = 20\n\
-             [sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{port}\"\n",
+             [sources.journal]\ntype = \"file\"\ninclude = [{:?}]\ncluster = \"J\"\npoll_interval_ms = 20\n\
+             [sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{port}\"\nper_user_jobs = true\n",
             dir.path().join("state"),
             dir.path().join("f.eventlog"),
+            dir.path().join("j.jsonl"),
         ),
     )
     .expect("config");
@@ -74,6 +76,26 @@ fn scrape_after_the_corpus_gives_exact_values() {
         "{\"timestamp\":1.5,\"name\":\"online\",\"context\":{\"idset\":\"0\"}}\n",
     )
     .expect("file");
+    // Cluster J, per user: user 7 has a job in DEPEND and one in NEW, user
+    // 8 one in NEW, user 9 one that ended (no series left for it).
+    let submit = |id: u64, user: u64, t: f64| {
+        format!(
+            "{{\"id\":{id},\"events\":[{{\"timestamp\":{t},\"name\":\"submit\",\"context\":{{\"userid\":{user},\"urgency\":16,\"flags\":0,\"version\":1}}}}]}}\n"
+        )
+    };
+    let event = |id: u64, t: f64, name: &str| {
+        format!("{{\"id\":{id},\"events\":[{{\"timestamp\":{t},\"name\":\"{name}\"}}]}}\n")
+    };
+    let mut journal = submit(1, 7, 1.0) + &event(1, 2.0, "validate");
+    journal += &submit(2, 7, 3.0);
+    journal += &submit(3, 8, 4.0);
+    journal += &submit(4, 9, 5.0);
+    journal += &event(4, 6.0, "validate");
+    journal += &format!(
+        "{{\"id\":4,\"events\":[{{\"timestamp\":7.0,\"name\":\"exception\",\"context\":{{\"type\":\"cancel\",\"severity\":0,\"userid\":9,\"note\":\"\"}}}}]}}\n"
+    );
+    journal += &event(4, 8.0, "clean");
+    std::fs::write(dir.path().join("j.jsonl"), journal).expect("journal");
     let mut child = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
         .args(["run", "--config"])
         .arg(&config)
@@ -96,7 +118,11 @@ fn scrape_after_the_corpus_gives_exact_values() {
                 .filter(|(k, _)| k.starts_with("flux_jobs_inactive_total{flux_cluster=\"B\""))
                 .map(|(_, n)| n)
                 .sum();
-            if done >= 16.0 {
+            let j_done = v
+                .get("flux_jobs_inactive_total{flux_cluster=\"J\",result=\"CANCELED\"}")
+                .copied()
+                .unwrap_or(0.0);
+            if done >= 16.0 && j_done >= 1.0 {
                 break (body, v);
             }
         }
@@ -147,6 +173,27 @@ fn scrape_after_the_corpus_gives_exact_values() {
             "{state}"
         );
     }
+    // Per user (switched on here): exactly the (user, state) pairs with
+    // active jobs; none for B (all its jobs ended) or for J's user 9.
+    let by_user = |cluster: &str| -> BTreeMap<String, f64> {
+        let prefix = format!("flux_jobs_by_user{{flux_cluster=\"{cluster}\"");
+        values
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    };
+    assert!(active.is_empty() && by_user("B").is_empty(), "{text}");
+    let want: BTreeMap<String, f64> = [("7", "DEPEND", 1.0), ("7", "NEW", 1.0), ("8", "NEW", 1.0)]
+        .into_iter()
+        .map(|(u, st, n)| {
+            (
+                format!("flux_jobs_by_user{{flux_cluster=\"J\",userid=\"{u}\",state=\"{st}\"}}"),
+                n,
+            )
+        })
+        .collect();
+    assert_eq!(by_user("J"), want);
     // The oldest-entry series exists exactly for the states with jobs.
     for state in ["NEW", "DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP"] {
         let series = format!(

@@ -20,7 +20,7 @@ use crate::pipeline::checkpoint::{ShardState, ShardStateRef};
 use crate::pipeline::config::OutputStream;
 use crate::sinks::Outputs;
 use crate::state::{JobKey, KeyedAnomaly, State};
-use crate::telemetry::{NodeBoard, StateAges};
+use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -100,6 +100,15 @@ pub struct Shard {
     /// State changed since the last barrier, with the partition it belongs
     /// to (so a dropped job's tombstone finds its partition).
     dirty: HashMap<Dirty, Owner>,
+    /// Active jobs per user, when exported.
+    users: UserJobs,
+}
+
+/// Count `delta` active jobs of a user into or out of `state`.
+fn count_active(users: &UserJobs, cluster: &str, state: JobState, userid: Option<i64>, delta: i64) {
+    metrics::gauge!("flux_jobs", "flux_cluster" => cluster.to_string(), "state" => state.as_str())
+        .increment(delta as f64);
+    users.add(cluster, userid, state.as_str(), delta);
 }
 
 /// A changelog key: a job, or a cluster's resource state.
@@ -137,7 +146,14 @@ impl Shard {
             resource_owners: HashMap::new(),
             logged: HashSet::new(),
             dirty: HashMap::new(),
+            users: UserJobs::default(),
         }
+    }
+
+    /// Count active jobs per user too.
+    pub fn with_user_jobs(mut self, users: UserJobs) -> Self {
+        self.users = users;
+        self
     }
 
     /// Collect changes for the changelog of these sources.
@@ -297,8 +313,7 @@ impl Shard {
         };
         let job = &entry.job;
         if job.submitted && !job.invalidated && job.state != JobState::Inactive {
-            metrics::gauge!("flux_jobs", "flux_cluster" => key.cluster.clone(), "state" => job.state.as_str())
-                .decrement(1.0);
+            count_active(&self.users, &key.cluster, job.state, job.userid, -1);
             self.ages.remove(&key.cluster, job.state, job.t_state());
         }
         for rule in self.alerts.release(&Subject::Job(key.clone())) {
@@ -355,8 +370,7 @@ impl Shard {
                 self.unsubmitted
                     .push_back((now + self.retention.orphan_ttl, key.clone()));
             } else if !job.invalidated {
-                metrics::gauge!("flux_jobs", "flux_cluster" => key.cluster.clone(), "state" => job.state.as_str())
-                    .increment(1.0);
+                count_active(&self.users, &key.cluster, job.state, job.userid, 1);
                 self.ages.add(&key.cluster, job.state, job.t_state());
             }
             self.state.jobs.insert(key, Box::new(entry));
@@ -683,16 +697,18 @@ impl Shard {
         let job = &entry.job;
         let c = cluster.to_string();
         let counted = job.submitted && !job.invalidated;
-        let jobs = |state: JobState| metrics::gauge!("flux_jobs", "flux_cluster" => c.clone(), "state" => state.as_str());
+        let users = &self.users;
+        let jobs =
+            |state: JobState, delta: i64| count_active(users, cluster, state, job.userid, delta);
         match (before, counted) {
             // A new job (or one whose submit came after other events).
             (None, true) if job.state != JobState::Inactive => {
-                jobs(job.state).increment(1.0);
+                jobs(job.state, 1);
                 self.ages.add(cluster, job.state, job.t_state());
             }
             // Invalidated: flux-core removes it.
             (Some((state, entered)), false) if state != JobState::Inactive => {
-                jobs(state).decrement(1.0);
+                jobs(state, -1);
                 self.ages.remove(cluster, state, entered);
             }
             _ => {}
@@ -702,11 +718,11 @@ impl Shard {
             let (from, to) = (t.transition.from, t.transition.to);
             if before.is_some() {
                 if from != JobState::Inactive {
-                    jobs(from).decrement(1.0);
+                    jobs(from, -1);
                     self.ages.remove(cluster, from, entered);
                 }
                 if to != JobState::Inactive {
-                    jobs(to).increment(1.0);
+                    jobs(to, 1);
                     self.ages.add(cluster, to, Some(t.transition.timestamp));
                 }
                 entered = Some(t.transition.timestamp);

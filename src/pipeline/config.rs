@@ -671,6 +671,10 @@ fn default_resolved_resend() -> f64 {
 pub struct PrometheusSinkConfig {
     #[serde(default = "default_metrics_address")]
     pub address: String,
+    /// Export `flux_jobs_by_user{flux_cluster,userid,state}`: one series
+    /// per user with active jobs (off: user ids make many series).
+    #[serde(default)]
+    pub per_user_jobs: bool,
 }
 
 fn default_metrics_address() -> String {

@@ -99,7 +99,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     {
         telemetry::prometheus();
     }
-    let sink_ctx = SinkContext::default();
+    let mut sink_ctx = SinkContext::default();
+    if config
+        .sinks
+        .values()
+        .any(|s| matches!(s, SinkConfig::Prometheus(p) if p.per_user_jobs))
+    {
+        sink_ctx.users = crate::telemetry::UserJobs::enabled();
+    }
     let (outputs, sink_rxs) = Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c)));
     let mut sink_tasks = JoinSet::new();
     for ((name, sink), rx) in config.sinks.iter().zip(sink_rxs) {
@@ -131,7 +138,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             alert_setup.clone(),
         );
         shard.restore(saved);
-        let shard = shard.with_changelog(changelog_sources(&config));
+        let shard = shard
+            .with_changelog(changelog_sources(&config))
+            .with_user_jobs(sink_ctx.users.clone());
         shard_tasks.spawn(shard.run(rx));
     }
     let router = Router::new(shard_txs);

@@ -296,6 +296,8 @@ pub struct SinkContext {
     pub ages: crate::telemetry::StateAges,
     /// Whether the pipeline is running, for `/readyz`.
     pub ready: crate::telemetry::Readiness,
+    /// Active jobs per user, if a metrics sink asks for them.
+    pub users: crate::telemetry::UserJobs,
 }
 
 /// Run one sink until every sender is gone and its buffer is delivered.

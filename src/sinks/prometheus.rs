@@ -24,6 +24,7 @@ pub async fn run(
         .with_context(|| format!("sinks.{name}: cannot listen on {}", config.address))?;
     let nodes = ctx.nodes.clone();
     let ages = ctx.ages.clone();
+    let users = ctx.users.clone();
     let ready = ctx.ready.clone();
     let app = axum::Router::new()
         .route(
@@ -32,6 +33,7 @@ pub async fn run(
                 let mut text = handle.render();
                 text.push_str(&nodes.render());
                 text.push_str(&ages.render());
+                text.push_str(&users.render());
                 async move {
                     (
                         [(
