@@ -91,9 +91,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
     journal += &submit(3, 8, 4.0);
     journal += &submit(4, 9, 5.0);
     journal += &event(4, 6.0, "validate");
-    journal += &format!(
-        "{{\"id\":4,\"events\":[{{\"timestamp\":7.0,\"name\":\"exception\",\"context\":{{\"type\":\"cancel\",\"severity\":0,\"userid\":9,\"note\":\"\"}}}}]}}\n"
-    );
+    journal += "{\"id\":4,\"events\":[{\"timestamp\":7.0,\"name\":\"exception\",\"context\":{\"type\":\"cancel\",\"severity\":0,\"userid\":9,\"note\":\"\"}}]}\n";
     journal += &event(4, 8.0, "clean");
     std::fs::write(dir.path().join("j.jsonl"), journal).expect("journal");
     let mut child = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
