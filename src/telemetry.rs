@@ -443,10 +443,6 @@ impl UserJobs {
         UserJobs(Some(Arc::default()))
     }
 
-    pub fn is_enabled(&self) -> bool {
-        self.0.is_some()
-    }
-
     /// `delta` jobs of `userid` entered (or left, negative) `state`.
     pub fn add(&self, cluster: &str, userid: Option<i64>, state: &'static str, delta: i64) {
         let (Some(counts), Some(userid)) = (&self.0, userid) else {
