@@ -248,9 +248,9 @@ pub fn rfc3339(ts: f64) -> String {
 }
 
 /// `"kind":"alert"`: an alert firing or resolving, with the labels that
-/// identify it to Alertmanager and a human summary. `reason` is a drained
-/// node's drain reason.
-pub fn alert(rule: &Rule, a: &AlertEvent, reason: Option<&str>) -> Value {
+/// identify it to Alertmanager and a human summary (with a drained node's
+/// drain reason).
+pub fn alert(rule: &Rule, a: &AlertEvent) -> Value {
     let mut labels = Map::new();
     labels.insert("alertname".into(), json!(rule.name));
     labels.insert("flux_cluster".into(), json!(a.subject.cluster()));
@@ -291,10 +291,9 @@ pub fn alert(rule: &Rule, a: &AlertEvent, reason: Option<&str>) -> Value {
             (summary, k.id.0.to_le_bytes())
         }
         (Subject::Node(n), detail) => {
-            let host = match detail {
-                Detail::Host(Some(h)) => h.clone(),
-                _ => format!("rank{}", n.rank),
-            };
+            let host = detail
+                .host()
+                .map_or_else(|| format!("rank{}", n.rank), str::to_string);
             labels.insert("node".into(), json!(host));
             labels.insert("rank".into(), json!(n.rank.to_string()));
             map.insert("node".into(), json!(host));
@@ -311,7 +310,7 @@ pub fn alert(rule: &Rule, a: &AlertEvent, reason: Option<&str>) -> Value {
     };
     let mut annotations = Map::new();
     annotations.insert("summary".into(), json!(summary));
-    if let Some(r) = reason.filter(|r| !r.is_empty()) {
+    if let Some(r) = a.detail.reason().filter(|r| !r.is_empty()) {
         annotations.insert("reason".into(), json!(r));
     }
     annotations.insert("since".into(), json!(rfc3339(a.since)));

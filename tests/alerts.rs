@@ -330,3 +330,74 @@ inputs = ["alerts"]
     );
     assert!(replay_alerts(&["--no-alerts"], &input).is_empty());
 }
+
+#[test]
+fn a_drained_node_alert_carries_the_reason_it_was_drained_for() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = 1_700_000_000.0;
+    // Node 0 drained for 2 h, undrained, then drained again for another
+    // reason until the log ends 10 minutes later: the alert of the first
+    // drain (fired and resolved after the undrain, when the node has no
+    // reason left) names the first reason, in both records.
+    let resource = |ts: f64, name: &str, ctx: Value| {
+        format!(
+            "{}\n",
+            json!({"events": [{"timestamp": ts, "name": name, "context": ctx}]})
+        )
+    };
+    let mut journal = String::new();
+    journal += &resource(
+        t,
+        "restart",
+        json!({"nodelist": "n[0-1]", "online": "", "ranks": "0-1"}),
+    );
+    journal += &resource(t + 1.0, "online", json!({"idset": "0-1"}));
+    journal += &resource(
+        t + 10.0,
+        "drain",
+        json!({"idset": "0", "nodelist": "n0", "reason": "bad memory", "overwrite": 0}),
+    );
+    journal += &resource(t + 7210.0, "undrain", json!({"idset": "0"}));
+    journal += &resource(
+        t + 7300.0,
+        "drain",
+        json!({"idset": "0", "nodelist": "n0", "reason": "other", "overwrite": 0}),
+    );
+    journal += &resource(t + 7900.0, "online", json!({"idset": "1"}));
+    let input = write(dir.path(), "resource.jsonl", &journal);
+    let config = write(
+        dir.path(),
+        "rules.toml",
+        r#"
+[alerts.rules.drained_1h]
+kind = "node_drained"
+for = "1h"
+
+[sources.s]
+type = "stdin"
+
+[sinks.o]
+type = "stdout"
+inputs = ["alerts"]
+"#,
+    );
+    let alerts = replay_alerts(&["--config", config.to_str().expect("utf-8")], &input);
+    let got: Vec<(&str, &str, &str)> = alerts
+        .iter()
+        .map(|a| {
+            (
+                a["status"].as_str().unwrap_or(""),
+                a["node"].as_str().unwrap_or(""),
+                a["annotations"]["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("firing", "n0", "bad memory"),
+            ("resolved", "n0", "bad memory")
+        ],
+        "{alerts:#?}"
+    );
+}

@@ -445,6 +445,62 @@ fn union(paths: &[PathBuf]) -> BTreeMap<(String, u64), Value> {
     out
 }
 
+/// Alert rules for the scale-out test, on the event clock: a job rule (RUN
+/// for 5 minutes: about half the generated jobs run longer) and a node rule
+/// (cluster A's node state is owned by one member at a time; generated
+/// drains last seconds to a minute).
+const ALERT_RULES: &str = "[alerts]\nclock = \"event\"\n\
+    [alerts.rules.long_run]\nkind = \"job_state\"\nstate = \"RUN\"\nfor = \"5m\"\n\
+    [alerts.rules.drained]\nkind = \"node_drained\"\nfor = \"20s\"\n";
+
+/// An alert record's condition: its rule and labels, and when it began.
+fn condition(alert: &Value) -> String {
+    format!("{} {}", alert["labels"], alert["since"])
+}
+
+/// The conditions that held longer than their rule's duration and then
+/// cleared, with the firing and resolved records of each (deduplicated by
+/// `record_id`), over several members' alert files. Which of them fire
+/// does not depend on how the partitions were spread: a condition fires
+/// once its own events show it held past `for`. (One that fired early,
+/// because a member's clock ran ahead, resolves with `ends_at ==
+/// starts_at` and is left out: when it fires depends on timing.) Every
+/// condition, settled or not, may fire once and resolve once across the
+/// group: two different records for one of these is a failure.
+fn settled_alerts(paths: &[PathBuf]) -> BTreeMap<String, (Value, Value)> {
+    let mut firing: BTreeMap<String, Value> = BTreeMap::new();
+    let mut resolved: BTreeMap<String, Value> = BTreeMap::new();
+    for p in paths {
+        for a in common::read_records(p) {
+            let book = match a["status"].as_str() {
+                Some("firing") => &mut firing,
+                Some("resolved") => &mut resolved,
+                other => panic!("alert status {other:?}"),
+            };
+            let key = condition(&a);
+            if let Some(first) = book.get(&key) {
+                assert_eq!(first, &a, "one condition, two different alert records");
+            }
+            book.insert(key, a);
+        }
+    }
+    let time = |v: &Value| {
+        v.as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .expect("RFC 3339 time")
+    };
+    resolved
+        .into_iter()
+        .filter(|(_, r)| time(&r["ends_at"]) > time(&r["starts_at"]))
+        .map(|(k, r)| {
+            let f = firing
+                .get(&k)
+                .unwrap_or_else(|| panic!("resolved, never fired: {r}"));
+            (k, (f.clone(), r))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_of_a_group_one_killed_and_replaced_agree_with_one_instance() {
     for broker in brokers() {
@@ -465,9 +521,17 @@ async fn three_members_of_a_group_one_killed_and_replaced_agree_with_one_instanc
         let topic = unique("flux-scale");
         let (group, single) = (unique("group"), unique("single"));
         broker.create_topics(&topic, 6, &[&group, &single]).await;
-        let metrics = |port: u16| {
-            format!("[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{port}\"\n")
+        // Each member: job summaries to a file, alerts to another, gauges
+        // on a port.
+        let extra = |name: &str, port: u16| {
+            let alerts = dir.path().join(format!("{name}-alerts.jsonl"));
+            format!(
+                "[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{port}\"\n\
+                 [sinks.alerts]\ntype = \"file\"\npath = {alerts:?}\ninputs = [\"alerts\"]\n\
+                 {ALERT_RULES}"
+            )
         };
+        let alerts_of = |name: &str| dir.path().join(format!("{name}-alerts.jsonl"));
         let member = |name: &str, port: u16| {
             let out = dir.path().join(format!("{name}.jsonl"));
             let config = member_config(
@@ -477,7 +541,7 @@ async fn three_members_of_a_group_one_killed_and_replaced_agree_with_one_instanc
                 &group,
                 name,
                 &out,
-                &metrics(port),
+                &extra(name, port),
             );
             (config, out, port)
         };
@@ -525,7 +589,7 @@ async fn three_members_of_a_group_one_killed_and_replaced_agree_with_one_instanc
             &single,
             "single",
             &single_out,
-            &metrics(single_port),
+            &extra("single", single_port),
         );
         let run_single = start(&single_config);
         wait_until("every finished job summarized by one instance", 180, || {
@@ -540,6 +604,51 @@ async fn three_members_of_a_group_one_killed_and_replaced_agree_with_one_instanc
             !job_summaries(&d.1).is_empty() || !job_summaries(&b.1).is_empty(),
             "the killed member or its replacement did some of the work"
         );
+
+        // The alerts: every condition that held past its duration fired and
+        // resolved once across the group, exactly as in one instance.
+        let group_alerts = ["a", "b", "c", "d"].map(alerts_of);
+        let single_alerts = [alerts_of("single")];
+        let mut last = (BTreeMap::new(), BTreeMap::new());
+        let agreed = (0..300).any(|_| {
+            last = (
+                settled_alerts(&group_alerts),
+                settled_alerts(&single_alerts),
+            );
+            let same = last.0 == last.1;
+            if !same {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            same
+        });
+        let (group_settled, single_settled) = last;
+        let rules: BTreeSet<&str> = single_settled
+            .values()
+            .filter_map(|(f, _)| f["alertname"].as_str())
+            .collect();
+        eprintln!(
+            "{} settled alerts ({rules:?}) in one instance, {} in the group",
+            single_settled.len(),
+            group_settled.len()
+        );
+        assert!(
+            rules.contains("long_run") && rules.contains("drained"),
+            "both rules fired"
+        );
+        if !agreed {
+            let only = |a: &BTreeMap<String, (Value, Value)>,
+                        b: &BTreeMap<String, (Value, Value)>| {
+                a.iter()
+                    .filter(|(k, v)| b.get(*k) != Some(*v))
+                    .map(|(_, v)| v.clone())
+                    .collect::<Vec<_>>()
+            };
+            panic!(
+                "alerts settled only in the group: {:#?}\nonly in one instance: {:#?}",
+                only(&group_settled, &single_settled),
+                only(&single_settled, &group_settled)
+            );
+        }
 
         // The gauges of the live members add up to the single instance's.
         let mut last = (BTreeMap::new(), BTreeMap::new());

@@ -45,14 +45,40 @@ pub struct NodeKey {
     pub rank: u32,
 }
 
-/// What an alert's labels say beyond its subject, fixed once it fires so
-/// that its resolution carries the same labels (Alertmanager's identity).
+/// What an alert says beyond its subject, fixed once it fires so that its
+/// resolution carries the same labels (Alertmanager's identity) and
+/// annotations, whenever either is sent.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Detail {
     /// The job's state when the condition began (or last changed).
     State(JobState),
     /// The node's hostname, if known.
     Host(Option<String>),
+    /// A drained node: its hostname and the drain reason, as they stood
+    /// while the condition held (an undrain clears the reason from the
+    /// node before the alert resolves, and a late timer may fire after it).
+    Drained {
+        host: Option<String>,
+        reason: Option<String>,
+    },
+}
+
+impl Detail {
+    /// The node's hostname, for node conditions.
+    pub fn host(&self) -> Option<&str> {
+        match self {
+            Detail::Host(h) | Detail::Drained { host: h, .. } => h.as_deref(),
+            Detail::State(_) => None,
+        }
+    }
+
+    /// The drain reason, for a drained node.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Detail::Drained { reason, .. } => reason.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@ pub mod rule;
 use crate::flux::resource::RankChange;
 use crate::state::{JobKey, State};
 use engine::{AlertEvent, Detail, Engine, Holds, NodeKey, Subject};
-use rule::{job_condition, node_condition};
+use rule::{RuleKind, job_condition, node_condition};
 use std::collections::HashMap;
 
 /// Which clock alert durations are measured against.
@@ -113,8 +113,17 @@ pub fn observe_rank(
     let holds: Vec<(usize, Holds)> = engine
         .rules_for(false)
         .map(|(i, rule)| {
-            let h = node_condition(rule.kind, rank)
-                .map(|since| (since.unwrap_or(at), Detail::Host(rank.hostname.clone())));
+            let h = node_condition(rule.kind, rank).map(|since| {
+                let host = rank.hostname.clone();
+                let detail = match rule.kind {
+                    RuleKind::NodeDrained => Detail::Drained {
+                        host,
+                        reason: rank.drain_reason.clone(),
+                    },
+                    _ => Detail::Host(host),
+                };
+                (since.unwrap_or(at), detail)
+            });
             (i, h)
         })
         .collect();

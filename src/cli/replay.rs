@@ -1,7 +1,7 @@
 //! `fluxpipe replay`: read eventlogs and journals from files and folders,
 //! replay them through the Flux model and print jobs, ranks and anomalies.
 
-use crate::alerts::engine::{AlertEvent, Engine, Subject};
+use crate::alerts::engine::{AlertEvent, Engine};
 use crate::alerts::rule::default_rules;
 use crate::alerts::{self, EventClock};
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
@@ -101,7 +101,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         .iter()
         .filter_map(|a| {
             let rule = replay.alerts.rules().get(a.rule)?;
-            Some(output::alert(rule, a, drain_reason(&replay.state, a)))
+            Some(output::alert(rule, a))
         })
         .collect();
     let mut anomalies = replay.anomalies;
@@ -263,19 +263,6 @@ fn read_json(path: &Path) -> Result<Value> {
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     // A damaged R is not fatal: it only adds expiration and hostnames.
     Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
-/// A drained node's reason, for an alert's annotations.
-fn drain_reason<'s>(state: &'s State, a: &AlertEvent) -> Option<&'s str> {
-    match &a.subject {
-        Subject::Node(n) => state
-            .resources
-            .get(&n.cluster)?
-            .rank(n.rank)?
-            .drain_reason
-            .as_deref(),
-        Subject::Job(_) => None,
-    }
 }
 
 fn print_json(

@@ -664,19 +664,10 @@ impl Shard {
                 }
             }
             metrics::counter!("fluxpipe_alerts_total", "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
-            let reason = match &a.subject {
-                Subject::Node(n) => self
-                    .state
-                    .resources
-                    .get(&n.cluster)
-                    .and_then(|r| r.rank(n.rank))
-                    .and_then(|r| r.drain_reason.as_deref()),
-                Subject::Job(_) => None,
-            };
             self.outputs
                 .emit(OutputRecord::new(
                     OutputStream::Alerts,
-                    &output::alert(rule, a, reason),
+                    &output::alert(rule, a),
                 ))
                 .await;
         }
