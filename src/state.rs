@@ -33,8 +33,13 @@ pub struct JobKey {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct JobEntry {
     pub job: Job,
-    pub exec: ExecLog,
-    pub protocol: ExecProtocol,
+    /// The exec eventlog and the exec service's responses: allocated with
+    /// the first exec record, as most active jobs (pending ones) have none.
+    /// Saved as if always there, so the format does not depend on it.
+    #[serde(with = "lazy")]
+    pub exec: Option<Box<ExecLog>>,
+    #[serde(with = "lazy")]
+    pub protocol: Option<Box<ExecProtocol>>,
     /// Set once the exec eventlog's `complete` status has been compared
     /// with the job's `finish` status, so a mismatch is reported once.
     exec_checked: bool,
@@ -43,6 +48,53 @@ pub struct JobEntry {
     /// The input partition its records come from (partitioned sources).
     #[serde(default)]
     pub owner: Option<Owner>,
+}
+
+/// Serde for a part of the state allocated on first use: saved as its
+/// empty value while absent, and absent again when read back empty.
+mod lazy {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// A part that may be left unallocated while it holds nothing.
+    pub trait Lazy: Default {
+        fn is_empty(&self) -> bool;
+    }
+
+    pub fn serialize<T: Lazy + Serialize, S: Serializer>(
+        v: &Option<Box<T>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => v.serialize(s),
+            None => T::default().serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, T: Lazy + Deserialize<'de>, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Box<T>>, D::Error> {
+        let v = T::deserialize(d)?;
+        Ok((!v.is_empty()).then(|| Box::new(v)))
+    }
+}
+
+impl lazy::Lazy for ExecLog {
+    fn is_empty(&self) -> bool {
+        self.event_count() == 0
+    }
+}
+
+impl lazy::Lazy for ExecProtocol {
+    fn is_empty(&self) -> bool {
+        self.response_count() == 0
+    }
+}
+
+impl JobEntry {
+    /// The exec eventlog so far, if the job has any exec event.
+    pub fn exec_log(&self) -> Option<&ExecLog> {
+        self.exec.as_deref()
+    }
 }
 
 /// An anomaly with the key it concerns.
@@ -175,12 +227,12 @@ impl State {
             }
             (EventStream::Job, Body::R(r)) => entry.job.apply_r(&r),
             (EventStream::Exec, Body::Event(ev)) => {
-                let applied = entry.exec.apply(&ev);
+                let applied = entry.exec.get_or_insert_default().apply(&ev);
                 fx.duplicate = applied.skipped_duplicate;
                 anomalies.extend(applied.anomalies);
             }
             (EventStream::Exec, Body::ExecResponse(resp)) => {
-                anomalies.extend(entry.protocol.apply(&resp));
+                anomalies.extend(entry.protocol.get_or_insert_default().apply(&resp));
             }
             _ => {}
         }
@@ -218,7 +270,7 @@ impl State {
         let mut out: Vec<KeyedAnomaly> = self
             .jobs
             .iter()
-            .filter(|(_, e)| !e.job.submitted && e.exec.event_count() > 0)
+            .filter(|(_, e)| !e.job.submitted && e.exec_log().is_some_and(|x| x.event_count() > 0))
             .map(|(k, _)| KeyedAnomaly {
                 cluster: k.cluster.clone(),
                 id: Some(k.id),
@@ -257,7 +309,7 @@ impl JobEntry {
             return;
         };
         if !self.exec_checked
-            && let Some(complete) = self.exec.complete_status()
+            && let Some(complete) = self.exec_log().and_then(ExecLog::complete_status)
         {
             self.exec_checked = true;
             if complete != finish {
@@ -271,7 +323,10 @@ impl JobEntry {
             }
         }
         if !self.protocol_checked
-            && let Some(status) = self.protocol.finish_status()
+            && let Some(status) = self
+                .protocol
+                .as_deref()
+                .and_then(ExecProtocol::finish_status)
         {
             self.protocol_checked = true;
             if status != finish {

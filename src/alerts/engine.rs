@@ -57,17 +57,23 @@ pub enum Detail {
     /// A drained node: its hostname and the drain reason, as they stood
     /// while the condition held (an undrain clears the reason from the
     /// node before the alert resolves, and a late timer may fire after it).
-    Drained {
-        host: Option<String>,
-        reason: Option<String>,
-    },
+    /// Boxed: every job condition carries a `Detail`.
+    Drained(Box<Drain>),
+}
+
+/// A drained node's hostname and drain reason.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Drain {
+    pub host: Option<String>,
+    pub reason: Option<String>,
 }
 
 impl Detail {
     /// The node's hostname, for node conditions.
     pub fn host(&self) -> Option<&str> {
         match self {
-            Detail::Host(h) | Detail::Drained { host: h, .. } => h.as_deref(),
+            Detail::Host(h) => h.as_deref(),
+            Detail::Drained(d) => d.host.as_deref(),
             Detail::State(_) => None,
         }
     }
@@ -75,7 +81,7 @@ impl Detail {
     /// The drain reason, for a drained node.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            Detail::Drained { reason, .. } => reason.as_deref(),
+            Detail::Drained(d) => d.reason.as_deref(),
             _ => None,
         }
     }

@@ -8,7 +8,7 @@ pub mod rule;
 
 use crate::flux::resource::RankChange;
 use crate::state::{JobKey, State};
-use engine::{AlertEvent, Detail, Engine, Holds, NodeKey, Subject};
+use engine::{AlertEvent, Detail, Drain, Engine, Holds, NodeKey, Subject};
 use rule::{RuleKind, job_condition, node_condition};
 use std::collections::HashMap;
 
@@ -116,10 +116,10 @@ pub fn observe_rank(
             let h = node_condition(rule.kind, rank).map(|since| {
                 let host = rank.hostname.clone();
                 let detail = match rule.kind {
-                    RuleKind::NodeDrained => Detail::Drained {
+                    RuleKind::NodeDrained => Detail::Drained(Box::new(Drain {
                         host,
                         reason: rank.drain_reason.clone(),
-                    },
+                    })),
                     _ => Detail::Host(host),
                 };
                 (since.unwrap_or(at), detail)

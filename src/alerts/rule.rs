@@ -208,7 +208,10 @@ pub fn job_condition(kind: RuleKind, entry: &JobEntry) -> Option<f64> {
         // The condition "running past the expiration" begins at the
         // expiration; the rule's duration is the grace after it.
         RuleKind::Overrun if job.state == JobState::Run => job.expiration,
-        RuleKind::ExecIncomplete if !entry.exec.done() => entry.exec.complete_timestamp(),
+        RuleKind::ExecIncomplete => entry
+            .exec_log()
+            .filter(|x| !x.done())
+            .and_then(|x| x.complete_timestamp()),
         _ => None,
     }
 }

@@ -143,7 +143,8 @@ pub struct Job {
     pub t_inactive: Option<f64>,
     /// The `finish` wait status.
     pub waitstatus: Option<i64>,
-    pub exception: Option<JobException>,
+    /// Boxed: most jobs have none.
+    pub exception: Option<Box<JobException>>,
     /// A severity-0 exception was raised.
     pub fatal_exception: bool,
     /// Outstanding dependencies, in the order they were added.
@@ -633,11 +634,11 @@ impl Job {
             .as_ref()
             .is_none_or(|e| severity < e.severity)
         {
-            self.exception = Some(JobException {
+            self.exception = Some(Box::new(JobException {
                 kind,
                 severity,
                 note,
-            });
+            }));
         }
         if severity == 0 {
             self.fatal_exception = true;
