@@ -10,6 +10,7 @@
 pub mod alerts;
 pub mod cli;
 pub mod decode;
+pub mod exposition;
 pub mod flux;
 pub mod operators;
 pub mod output;

@@ -3,7 +3,7 @@
 //! the Debian package `prometheus`, installed by `.ci/run`) accepts it.
 
 mod common;
-use common::{corpus, free_port, http_get, sigterm};
+use common::{corpus, free_port, http_get, http_get_with, sigterm};
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -12,6 +12,58 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Sample values by series (name plus labels, as printed).
+/// What Prometheus sends when it scrapes.
+const PROMETHEUS_ACCEPT: &str = "Accept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n";
+
+/// Parse OpenMetrics text with the Prometheus Python client's strict
+/// parser (`FLUXPIPE_OPENMETRICS_PYTHON`, a Python that has
+/// `prometheus_client`: `tests/run-all` makes one; else `python3` if it
+/// has it).
+fn check_openmetrics(text: &str) {
+    let python = std::env::var("FLUXPIPE_OPENMETRICS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import sys\n\
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\n\
+        print(sum(len(f.samples) for f in parse(sys.stdin.read())))\n";
+    let has_parser = Command::new(&python)
+        .args(["-c", "import prometheus_client"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_parser {
+        assert!(
+            std::env::var_os("FLUXPIPE_OPENMETRICS_PYTHON").is_none(),
+            "{python} has no prometheus_client"
+        );
+        eprintln!("no Python with prometheus_client: OpenMetrics not parsed");
+        return;
+    }
+    let mut child = Command::new(&python)
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("python");
+    assert!(
+        out.status.success(),
+        "the OpenMetrics parser refused the text: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parsed: usize = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("count");
+    let samples = text.lines().filter(|l| !l.starts_with('#')).count();
+    assert_eq!(parsed, samples, "every sample parsed");
+}
+
 fn samples(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
@@ -265,6 +317,30 @@ fn scrape_after_the_corpus_gives_exact_values() {
             "promtool must be installed in CI"
         );
     }
+
+    // A scraper that prefers OpenMetrics (Prometheus's own Accept header)
+    // gets the same samples in OpenMetrics, which a strict parser reads.
+    let (status, head, om) = http_get_with(port, "/metrics", PROMETHEUS_ACCEPT).expect("scrape");
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{head}"
+    );
+    assert!(om.ends_with("\n# EOF\n"), "{om}");
+    assert!(om.contains("# TYPE flux_job_transitions counter\n"));
+    let series = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s.to_string()))
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(
+        series(&om),
+        series(&text),
+        "the same series in both formats"
+    );
+    check_openmetrics(&om);
 
     // The file source tails on after stdin ends: SIGTERM stops it.
     drop(stdin);

@@ -1,13 +1,15 @@
-//! `type = "prometheus"`: serves `/metrics` (Prometheus text format),
+//! `type = "prometheus"`: serves `/metrics` (Prometheus text format, or
+//! OpenMetrics when the scraper's `Accept` prefers it),
 //! `/healthz` (the process is alive) and `/readyz` (the pipeline is running
 //! and not shutting down). It takes no output streams: it exports the
 //! metrics the pipeline records.
 
 use super::{SinkContext, SinkRx};
+use crate::exposition::{self, Format};
 use crate::pipeline::config::PrometheusSinkConfig;
 use crate::telemetry;
 use anyhow::Context;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
@@ -29,20 +31,17 @@ pub async fn run(
     let app = axum::Router::new()
         .route(
             "/metrics",
-            get(move || {
+            get(move |headers: HeaderMap| {
                 let mut text = handle.render();
                 text.push_str(&nodes.render());
                 text.push_str(&ages.render());
                 text.push_str(&users.render());
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        text,
-                    )
+                let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+                let format = exposition::negotiate(accept);
+                if format == Format::OpenMetrics {
+                    text = exposition::to_openmetrics(&text);
                 }
+                async move { ([(header::CONTENT_TYPE, format.content_type())], text) }
             }),
         )
         .route("/healthz", get(|| async { "ok\n" }))

@@ -23,14 +23,20 @@ pub fn free_port() -> u16 {
 
 /// A plain HTTP/1.0 GET on loopback: (status, body).
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_get_with(port, path, "").map(|(status, _, body)| (status, body))
+}
+
+/// A plain HTTP/1.0 GET on loopback with extra request header lines
+/// (each ending in `\r\n`): (status, response head, body).
+pub fn http_get_with(port: u16, path: &str, headers: &str) -> Option<(u16, String, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n{headers}\r\n").ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     let (head, body) = text.split_once("\r\n\r\n")?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
+    Some((status, head.to_string(), body.to_string()))
 }
 
 /// The JSON records of a JSON Lines file (none if it does not exist yet;
