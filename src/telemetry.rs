@@ -352,7 +352,7 @@ fn node_labels(cluster: &str, r: &RankState) -> String {
 }
 
 /// Escape a label value (backslash, quote, newline), as the text format says.
-fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

@@ -281,6 +281,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
     assert!(
         get("flux_job_transitions_total{flux_cluster=\"B\",from=\"RUN\",to=\"CLEANUP\"}") >= 1.0
     );
+    assert_eq!(get("fluxpipe_sink_buffered_records{sink=\"metrics\"}"), 0.0);
     assert!(
         values
             .keys()

@@ -108,6 +108,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         sink_ctx.users = crate::telemetry::UserJobs::enabled();
     }
     let (outputs, sink_rxs) = Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c)));
+    sink_ctx.buffers = outputs.counters();
     let mut sink_tasks = JoinSet::new();
     for ((name, sink), rx) in config.sinks.iter().zip(sink_rxs) {
         let (name, sink, ctx) = (name.clone(), sink.clone(), sink_ctx.clone());

@@ -133,6 +133,29 @@ impl SinkCounters {
         )
     }
 
+    /// `fluxpipe_sink_buffered_records{sink}`: records queued for each sink
+    /// that it is not done with yet, in the Prometheus text format (read
+    /// at scrape time from the counters the pipeline keeps anyway).
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let name = "fluxpipe_sink_buffered_records";
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP {name} Records queued for a sink and not yet delivered or given up on."
+        );
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for c in self.0.iter() {
+            let buffered = c
+                .queued
+                .load(Ordering::Acquire)
+                .saturating_sub(c.done.load(Ordering::Acquire));
+            let sink = crate::telemetry::escape(&c.name);
+            let _ = writeln!(out, "{name}{{sink=\"{sink}\"}} {buffered}");
+        }
+        out
+    }
+
     /// Records the sinks have given up on since the start.
     pub fn given_up(&self) -> u64 {
         self.0
@@ -298,6 +321,8 @@ pub struct SinkContext {
     pub ready: crate::telemetry::Readiness,
     /// Active jobs per user, if a metrics sink asks for them.
     pub users: crate::telemetry::UserJobs,
+    /// Every sink's queued and done counts, for the buffered-records gauge.
+    pub buffers: SinkCounters,
 }
 
 /// Run one sink until every sender is gone and its buffer is delivered.

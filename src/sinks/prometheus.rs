@@ -27,6 +27,7 @@ pub async fn run(
     let nodes = ctx.nodes.clone();
     let ages = ctx.ages.clone();
     let users = ctx.users.clone();
+    let buffers = ctx.buffers.clone();
     let ready = ctx.ready.clone();
     let app = axum::Router::new()
         .route(
@@ -36,6 +37,7 @@ pub async fn run(
                 text.push_str(&nodes.render());
                 text.push_str(&ages.render());
                 text.push_str(&users.render());
+                text.push_str(&buffers.render());
                 let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
                 let format = exposition::negotiate(accept);
                 if format == Format::OpenMetrics {
