@@ -9,7 +9,7 @@ use crate::flux::job::{Job, JobSummary, Transition};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::{RankChange, ResourceState};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// The input partition a job's (or a cluster's resource) state belongs to,
@@ -25,7 +25,9 @@ pub struct Owner {
 /// A job's key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct JobKey {
-    pub cluster: String,
+    /// Shared: every key of a cluster points at one copy of its name
+    /// ([`State::intern`]).
+    pub cluster: Arc<str>,
     pub id: JobId,
 }
 
@@ -148,6 +150,8 @@ pub struct State {
     pub jobs: HashMap<JobKey, Box<JobEntry>>,
     pub resources: HashMap<String, ResourceState>,
     pub counts: Counts,
+    /// Cluster names, one copy each, for the job keys.
+    clusters: HashSet<Arc<str>>,
 }
 
 impl State {
@@ -155,15 +159,24 @@ impl State {
         State::default()
     }
 
+    /// The shared copy of a cluster name: a million job keys of one
+    /// cluster hold one string, and making a key allocates nothing.
+    pub fn intern(&mut self, cluster: &str) -> Arc<str> {
+        if let Some(c) = self.clusters.get(cluster) {
+            return c.clone();
+        }
+        let c: Arc<str> = Arc::from(cluster);
+        self.clusters.insert(c.clone());
+        c
+    }
+
     /// Apply one record; `default_cluster` keys records that name none.
     pub fn apply(&mut self, default_cluster: &str, record: Record) -> Effects {
         let mut fx = Effects::default();
         self.counts.records += 1;
-        let cluster = record
-            .cluster
-            .unwrap_or_else(|| default_cluster.to_string());
+        let cluster = self.intern(record.cluster.as_deref().unwrap_or(default_cluster));
         match (record.stream, record.id) {
-            (EventStream::Resource, _) => self.apply_resource(cluster, record.body, &mut fx),
+            (EventStream::Resource, _) => self.apply_resource(&cluster, record.body, &mut fx),
             (stream, Some(id)) => {
                 let key = JobKey { cluster, id };
                 self.apply_job(key, stream, record.body, &mut fx)
@@ -173,7 +186,7 @@ impl State {
                 // the backlog and changes nothing.
                 if record.body != Body::Sentinel {
                     fx.anomalies.push(KeyedAnomaly {
-                        cluster,
+                        cluster: cluster.to_string(),
                         id: None,
                         anomaly: Anomaly::new(
                             stream_of(stream),
@@ -191,8 +204,14 @@ impl State {
         fx
     }
 
-    fn apply_resource(&mut self, cluster: String, body: Body, fx: &mut Effects) {
-        let res = self.resources.entry(cluster.clone()).or_default();
+    fn apply_resource(&mut self, cluster: &str, body: Body, fx: &mut Effects) {
+        if !self.resources.contains_key(cluster) {
+            self.resources
+                .insert(cluster.to_string(), ResourceState::default());
+        }
+        let Some(res) = self.resources.get_mut(cluster) else {
+            return;
+        };
         let applied = match body {
             Body::Event(ev) => res.apply(&ev),
             Body::R(r) => res.apply_r(&r),
@@ -200,11 +219,11 @@ impl State {
         };
         fx.duplicate = applied.skipped_duplicate;
         for change in applied.changes {
-            fx.rank_changes.push((cluster.clone(), change));
+            fx.rank_changes.push((cluster.to_string(), change));
         }
         fx.anomalies
             .extend(applied.anomalies.into_iter().map(|a| KeyedAnomaly {
-                cluster: cluster.clone(),
+                cluster: cluster.to_string(),
                 id: None,
                 anomaly: a,
             }));
@@ -239,7 +258,7 @@ impl State {
         entry.cross_check(&mut anomalies);
         fx.anomalies
             .extend(anomalies.into_iter().map(|a| KeyedAnomaly {
-                cluster: key.cluster.clone(),
+                cluster: key.cluster.to_string(),
                 id: Some(key.id),
                 anomaly: a,
             }));
@@ -272,7 +291,7 @@ impl State {
             .iter()
             .filter(|(_, e)| !e.job.submitted && e.exec_log().is_some_and(|x| x.event_count() > 0))
             .map(|(k, _)| KeyedAnomaly {
-                cluster: k.cluster.clone(),
+                cluster: k.cluster.to_string(),
                 id: Some(k.id),
                 anomaly: Anomaly::new(
                     Stream::Exec,

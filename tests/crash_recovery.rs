@@ -1,6 +1,6 @@
 //! Crash recovery: the real binary on a generated workload (a journal file
-//! and a journal over TCP) is killed with SIGKILL at random moments over
-//! and over, restarted each time, and in the end its job summaries equal
+//! and a journal over TCP) is killed with SIGKILL at random moments (within
+//! the first third of an uninterrupted run's time) over and over, restarted each time, and in the end its job summaries equal
 //! those of a run that was never interrupted: every job, every field; a
 //! summary may repeat (same `record_id`, same content), never differ.
 //!
@@ -148,7 +148,12 @@ fn twenty_kills_lose_nothing() {
     let port = free_port();
     let clean_out = dir.path().join("clean.jsonl");
     let clean = write_config(dir.path(), &dir.path().join("clean-data"), &clean_out, port);
+    let started = Instant::now();
     run_to_the_end(&clean, &clean_out, port, &journal, want);
+    // Kills come within the first third of that run's time, wherever the
+    // speed of this build and machine puts it: each run is cut short.
+    let clean_ms = started.elapsed().as_millis() as u64;
+    let window = (clean_ms / 3).max(300);
     let expected = job_summaries(&clean_out);
     assert_eq!(expected.len(), want, "the clean run summarizes every job");
 
@@ -161,7 +166,7 @@ fn twenty_kills_lose_nothing() {
     for _ in 0..20 {
         let mut child = start(&config);
         let sender = send_journal(port, journal.clone());
-        let wait = 150 + rng.next() % 1200;
+        let wait = 100 + rng.next() % window;
         std::thread::sleep(Duration::from_millis(wait));
         child.kill().expect("SIGKILL");
         child.wait().expect("wait");
@@ -177,7 +182,7 @@ fn twenty_kills_lose_nothing() {
         .collect();
     assert!(
         missing.is_empty(),
-        "jobs lost, e.g. {missing:?} (summaries after each kill: {progress:?})"
+        "jobs lost, e.g. {missing:?} (summaries after each kill: {progress:?}; kills within {window} ms)"
     );
     for (key, summary) in &expected {
         assert_eq!(&got[key], summary, "job {key:?} differs from the clean run");
@@ -190,6 +195,6 @@ fn twenty_kills_lose_nothing() {
     // Each kill left progress behind: the checkpoints moved.
     assert!(
         progress.windows(2).filter(|w| w[1] > w[0]).count() >= 3,
-        "summaries after each kill: {progress:?}"
+        "summaries after each kill: {progress:?} (clean run {clean_ms} ms)"
     );
 }

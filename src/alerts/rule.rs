@@ -203,11 +203,11 @@ pub fn job_condition(kind: RuleKind, entry: &JobEntry) -> Option<f64> {
     }
     match kind {
         RuleKind::JobState(s) if job.state == s => job.t_state(),
-        RuleKind::Prolog => job.prolog_since,
-        RuleKind::Epilog => job.epilog_since,
+        RuleKind::Prolog => job.prolog_since.get(),
+        RuleKind::Epilog => job.epilog_since.get(),
         // The condition "running past the expiration" begins at the
         // expiration; the rule's duration is the grace after it.
-        RuleKind::Overrun if job.state == JobState::Run => job.expiration,
+        RuleKind::Overrun if job.state == JobState::Run => job.expiration.get(),
         RuleKind::ExecIncomplete => entry
             .exec_log()
             .filter(|x| !x.done())

@@ -212,7 +212,7 @@ impl Replay {
     fn apply(&mut self, rec: Record) {
         let cluster = rec.cluster.clone().unwrap_or_else(|| self.cluster.clone());
         let key = rec.id.map(|id| JobKey {
-            cluster: cluster.clone(),
+            cluster: self.state.intern(&cluster),
             id,
         });
         let at = match &rec.body {

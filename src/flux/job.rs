@@ -5,8 +5,10 @@
 use super::anomaly::{Anomaly, AnomalyKind, Stream};
 use super::event::{ContextError, Event};
 use super::idset::Ranks;
+use super::stamp::Stamp;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use thin_vec::ThinVec;
 
 /// RFC 21 job states.
 #[derive(
@@ -134,29 +136,30 @@ pub struct Job {
     /// PRIORITY, as job-list reports it.
     pub priority: Option<i64>,
     pub flags: i64,
-    pub t_submit: Option<f64>,
-    pub t_depend: Option<f64>,
-    pub t_priority: Option<f64>,
-    pub t_sched: Option<f64>,
-    pub t_run: Option<f64>,
-    pub t_cleanup: Option<f64>,
-    pub t_inactive: Option<f64>,
+    pub t_submit: Stamp,
+    pub t_depend: Stamp,
+    pub t_priority: Stamp,
+    pub t_sched: Stamp,
+    pub t_run: Stamp,
+    pub t_cleanup: Stamp,
+    pub t_inactive: Stamp,
     /// The `finish` wait status.
     pub waitstatus: Option<i64>,
     /// Boxed: most jobs have none.
     pub exception: Option<Box<JobException>>,
     /// A severity-0 exception was raised.
     pub fatal_exception: bool,
-    /// Outstanding dependencies, in the order they were added.
-    pub dependencies: Vec<String>,
+    /// Outstanding dependencies, in the order they were added. Thin (one
+    /// pointer, no allocation while empty): most jobs have none.
+    pub dependencies: ThinVec<String>,
     /// From R (`execution.expiration`) and `resource-update` events.
-    pub expiration: Option<f64>,
+    pub expiration: Stamp,
     /// Prolog and epilog actions started and not yet finished.
     pub prologs_active: u32,
     pub epilogs_active: u32,
     /// When the oldest prolog (epilog) still running started.
-    pub prolog_since: Option<f64>,
-    pub epilog_since: Option<f64>,
+    pub prolog_since: Stamp,
+    pub epilog_since: Stamp,
     pub started: bool,
     pub released_final: bool,
     pub freed: bool,
@@ -215,6 +218,7 @@ impl Job {
             JobState::Cleanup => self.t_cleanup,
             JobState::Inactive => self.t_inactive,
         }
+        .get()
     }
 
     /// The timestamp of the last event applied.
@@ -336,7 +340,7 @@ impl Job {
             JobState::Cleanup => &mut self.t_cleanup,
             JobState::Inactive => &mut self.t_inactive,
         };
-        *slot = Some(ts);
+        slot.set(ts);
     }
 
     /// Fall back from SCHED to PRIORITY (urgency, jobspec-update, flux-restart).
@@ -436,7 +440,7 @@ impl Job {
                 self.check_description(ev, anomalies);
                 if self.expect_state(ev, &[JobState::Run, JobState::Cleanup], anomalies) {
                     if self.prologs_active == 0 {
-                        self.prolog_since = Some(ts);
+                        self.prolog_since.set(ts);
                     }
                     self.prologs_active += 1;
                 }
@@ -445,14 +449,14 @@ impl Job {
                 let active = &mut self.prologs_active;
                 finish_action(ev, active, "prolog", anomalies);
                 if self.prologs_active == 0 {
-                    self.prolog_since = None;
+                    self.prolog_since.clear();
                 }
             }
             "epilog-start" => {
                 self.check_description(ev, anomalies);
                 if self.expect_state(ev, &[JobState::Cleanup], anomalies) {
                     if self.epilogs_active == 0 {
-                        self.epilog_since = Some(ts);
+                        self.epilog_since.set(ts);
                     }
                     self.epilogs_active += 1;
                 }
@@ -461,7 +465,7 @@ impl Job {
                 let active = &mut self.epilogs_active;
                 finish_action(ev, active, "epilog", anomalies);
                 if self.epilogs_active == 0 {
-                    self.epilog_since = None;
+                    self.epilog_since.clear();
                 }
             }
             "start" => {
@@ -514,7 +518,7 @@ impl Job {
             "exception" => self.on_exception(ev, anomalies),
             "dependency-add" | "dependency-remove" => self.on_dependency(ev, anomalies),
             "resource-update" => match ev.number("expiration") {
-                Ok(exp) => self.expiration = Some(exp),
+                Ok(exp) => self.expiration.set(exp),
                 Err(e) => anomalies.push(context_anomaly(ev, e)),
             },
             "set-flags" => {
@@ -550,7 +554,7 @@ impl Job {
             return;
         }
         self.submitted = true;
-        self.t_submit = Some(ev.timestamp);
+        self.t_submit.set(ev.timestamp);
         match ev.int("userid") {
             Ok(u) => self.userid = Some(u),
             Err(e) => anomalies.push(context_anomaly(ev, e)),
@@ -688,9 +692,9 @@ impl Job {
             .pointer("/execution/expiration")
             .and_then(serde_json::Value::as_f64)
             && exp > 0.0
-            && self.expiration.is_none()
+            && !self.expiration.is_some()
         {
-            self.expiration = Some(exp);
+            self.expiration.set(exp);
         }
     }
 
@@ -710,13 +714,13 @@ impl Job {
             exception_type: exc.map(|e| e.kind.clone()),
             exception_severity: exc.map(|e| e.severity),
             exception_note: exc.map(|e| e.note.clone()),
-            t_submit: self.t_submit,
-            t_depend: self.t_depend,
-            t_run: self.t_run,
-            t_cleanup: self.t_cleanup,
-            t_inactive: self.t_inactive,
-            expiration: self.expiration,
-            dependencies: self.dependencies.clone(),
+            t_submit: self.t_submit.get(),
+            t_depend: self.t_depend.get(),
+            t_run: self.t_run.get(),
+            t_cleanup: self.t_cleanup.get(),
+            t_inactive: self.t_inactive.get(),
+            expiration: self.expiration.get(),
+            dependencies: self.dependencies.to_vec(),
         }
     }
 }
@@ -927,7 +931,7 @@ mod tests {
         assert!(run(&mut job, &evs).is_empty());
         assert_eq!(job.result(), Some(JobResult::Timeout));
         assert_eq!(job.returncode(), Some(-9));
-        assert_eq!(job.t_cleanup, Some(6.5));
+        assert_eq!(job.t_cleanup.get(), Some(6.5));
     }
 
     #[test]
@@ -1013,7 +1017,7 @@ mod tests {
         let mut job = Job::new();
         assert!(run(&mut job, &[old_submit.clone(), Event::new(2.0, "depend")]).is_empty());
         assert_eq!(job.state, JobState::Priority);
-        assert_eq!(job.t_depend, Some(1.0));
+        assert_eq!(job.t_depend.get(), Some(1.0));
         // flux-core 0.41: no version, but validate.
         let mut job = Job::new();
         let evs = [
@@ -1023,7 +1027,7 @@ mod tests {
         ];
         assert!(run(&mut job, &evs).is_empty());
         assert_eq!(job.state, JobState::Priority);
-        assert_eq!(job.t_depend, Some(1.5));
+        assert_eq!(job.t_depend.get(), Some(1.5));
     }
 
     #[test]

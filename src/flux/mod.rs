@@ -9,6 +9,7 @@ pub mod idset;
 pub mod job;
 pub mod jobid;
 pub mod resource;
+pub mod stamp;
 
 pub use anomaly::{Anomaly, AnomalyKind, Stream};
 pub use event::Event;

@@ -359,6 +359,11 @@ impl Shard {
             self.state.resources.insert(cluster, res);
         }
         for (key, entry) in saved.jobs {
+            // Decoded keys each own a copy of the cluster name: share one.
+            let key = JobKey {
+                cluster: self.state.intern(&key.cluster),
+                id: key.id,
+            };
             self.first_sight(&key.cluster);
             // Held already (left from a checkpoint): the restored one wins.
             self.uncount(&key);
@@ -375,7 +380,13 @@ impl Shard {
             }
             self.state.jobs.insert(key, Box::new(entry));
         }
-        let alerts = self.alerts.restore(saved.alerts);
+        let mut conditions = saved.alerts;
+        for c in &mut conditions {
+            if let Subject::Job(k) = &mut c.subject {
+                k.cluster = self.state.intern(&k.cluster);
+            }
+        }
+        let alerts = self.alerts.restore(conditions);
         self.report_tracked();
         alerts
     }
@@ -456,8 +467,10 @@ impl Shard {
         } = routed;
         let stream = record.stream;
         let id = record.id;
+        // The shard's own copy of the name: no reference count shared
+        // with the source's thread in a million long-lived keys.
         let key = id.map(|id| JobKey {
-            cluster: cluster.to_string(),
+            cluster: self.state.intern(&cluster),
             id,
         });
         let new_key = key.clone().filter(|k| !self.state.jobs.contains_key(k));
@@ -725,13 +738,13 @@ impl Shard {
             }
             match to {
                 JobState::Run => {
-                    if let Some(submit) = job.t_submit {
+                    if let Some(submit) = job.t_submit.get() {
                         metrics::histogram!("flux_job_queue_wait_seconds", "flux_cluster" => c.clone())
                             .record((t.transition.timestamp - submit).max(0.0));
                     }
                 }
                 JobState::Cleanup => {
-                    if let Some(run) = job.t_run {
+                    if let Some(run) = job.t_run.get() {
                         metrics::histogram!("flux_job_run_seconds", "flux_cluster" => c.clone())
                             .record((t.transition.timestamp - run).max(0.0));
                     }
@@ -798,7 +811,7 @@ impl Shard {
                     .forget(&Subject::Job(key.clone()), at, &mut gone_alerts);
                 metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "orphan").increment(1);
                 orphans.push(KeyedAnomaly {
-                    cluster: key.cluster.clone(),
+                    cluster: key.cluster.to_string(),
                     id: Some(key.id),
                     anomaly: Anomaly::new(
                         Stream::Job,
