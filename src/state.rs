@@ -9,7 +9,8 @@ use crate::flux::job::{Job, JobSummary, Transition};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::{RankChange, ResourceState};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+// Keys come from input: foldhash is fast and seeded per process.
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// The input partition a job's (or a cluster's resource) state belongs to,

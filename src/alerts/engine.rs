@@ -16,8 +16,9 @@
 use super::rule::Rule;
 use crate::flux::job::JobState;
 use crate::state::JobKey;
+use foldhash::HashMap;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::Hash;
 
 /// What an alert is about.

@@ -10,6 +10,7 @@ use crate::flux::resource::RankChange;
 use crate::state::{JobKey, State};
 use engine::{AlertEvent, Detail, Drain, Engine, Holds, NodeKey, Subject};
 use rule::{RuleKind, job_condition, node_condition};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 
 /// Which clock alert durations are measured against.
@@ -79,7 +80,8 @@ pub fn observe_job(
     out: &mut Vec<AlertEvent>,
 ) {
     let entry = state.jobs.get(key);
-    let holds: Vec<(usize, Holds)> = engine
+    // On the stack: this runs for every record.
+    let holds: SmallVec<[(usize, Holds); 8]> = engine
         .rules_for(true)
         .map(|(i, rule)| {
             let h = entry.and_then(|e| {
@@ -110,7 +112,7 @@ pub fn observe_rank(
         engine.forget(&Subject::Node(key), at, out);
         return;
     };
-    let holds: Vec<(usize, Holds)> = engine
+    let holds: SmallVec<[(usize, Holds); 4]> = engine
         .rules_for(false)
         .map(|(i, rule)| {
             let h = node_condition(rule.kind, rank).map(|since| {

@@ -37,6 +37,11 @@ impl JobState {
         JobState::Inactive,
     ];
 
+    /// The state's place in [`JobState::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::New => "NEW",

@@ -4,7 +4,8 @@
 
 use crate::flux::job::JobState;
 use crate::telemetry::StateAges;
-use std::collections::{BTreeMap, HashMap};
+use foldhash::HashMap;
+use std::collections::BTreeMap;
 
 /// Times are kept in whole microseconds: exact ordering, and finer than any
 /// eventlog timestamp means anything by.
@@ -12,8 +13,13 @@ fn micros(t: f64) -> i64 {
     (t * 1e6).round() as i64
 }
 
+/// The entry times of one cluster's active jobs, per state (indexed by
+/// the state's place in [`JobState::ALL`]): entry time → jobs.
+type Sets = [BTreeMap<i64, u32>; JobState::ALL.len()];
+
 pub struct OldestEntries {
-    sets: HashMap<(String, JobState), BTreeMap<i64, u32>>,
+    /// By cluster, looked up by `&str`: nothing is allocated per record.
+    sets: HashMap<String, Sets>,
     board: StateAges,
     shard: usize,
 }
@@ -22,7 +28,7 @@ impl OldestEntries {
     pub fn new(board: StateAges) -> Self {
         let shard = board.register();
         OldestEntries {
-            sets: HashMap::new(),
+            sets: HashMap::default(),
             board,
             shard,
         }
@@ -33,10 +39,16 @@ impl OldestEntries {
         let Some(t) = t.filter(|t| t.is_finite()) else {
             return;
         };
-        let set = self.sets.entry((cluster.to_string(), state)).or_default();
+        if !self.sets.contains_key(cluster) {
+            self.sets.insert(cluster.to_string(), Sets::default());
+        }
+        let Some(set) = self.sets.get_mut(cluster).map(|s| &mut s[state.index()]) else {
+            return;
+        };
         let before = set.first_key_value().map(|(k, _)| *k);
         *set.entry(micros(t)).or_insert(0) += 1;
-        self.publish_if_changed(cluster, state, before);
+        let now = set.first_key_value().map(|(k, _)| *k);
+        self.publish_if_changed(cluster, state, before, now);
     }
 
     /// A job that entered `state` at `t` left it.
@@ -44,8 +56,7 @@ impl OldestEntries {
         let Some(t) = t.filter(|t| t.is_finite()) else {
             return;
         };
-        let key = (cluster.to_string(), state);
-        let Some(set) = self.sets.get_mut(&key) else {
+        let Some(set) = self.sets.get_mut(cluster).map(|s| &mut s[state.index()]) else {
             return;
         };
         let before = set.first_key_value().map(|(k, _)| *k);
@@ -56,15 +67,17 @@ impl OldestEntries {
                 set.remove(&m);
             }
         }
-        self.publish_if_changed(cluster, state, before);
+        let now = set.first_key_value().map(|(k, _)| *k);
+        self.publish_if_changed(cluster, state, before, now);
     }
 
-    fn publish_if_changed(&mut self, cluster: &str, state: JobState, before: Option<i64>) {
-        let now = self
-            .sets
-            .get(&(cluster.to_string(), state))
-            .and_then(|s| s.first_key_value())
-            .map(|(k, _)| *k);
+    fn publish_if_changed(
+        &self,
+        cluster: &str,
+        state: JobState,
+        before: Option<i64>,
+        now: Option<i64>,
+    ) {
         if now != before {
             self.board.publish(
                 self.shard,

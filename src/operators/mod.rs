@@ -5,13 +5,18 @@
 //! and emits output records.
 
 pub mod ages;
+pub mod job_metrics;
 pub mod shard;
 
 use crate::decode::Record;
 use crate::pipeline::changelog::Change;
 use crate::pipeline::checkpoint::ShardState;
+use foldhash::fast::FixedState;
 use std::collections::BTreeSet;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
+
+/// The shard hasher's fixed seed.
+const SHARD_SEED: u64 = 0x5eed_f1c5_0000_0001;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -86,7 +91,7 @@ impl Router {
 
     /// The shard index of a key among `n` shards.
     pub fn shard_index(n: usize, cluster: &str, id: Option<u64>) -> usize {
-        let mut h = DefaultHasher::new();
+        let mut h = FixedState::with_seed(SHARD_SEED).build_hasher();
         cluster.hash(&mut h);
         id.hash(&mut h);
         (h.finish() % n.max(1) as u64) as usize

@@ -7,6 +7,7 @@
 //! dropped with an anomaly after `orphan_ttl`.
 
 use super::ages::OldestEntries;
+use super::job_metrics::ClusterMetrics;
 use super::{BarrierReply, Owner, Routed, ShardMsg, ShardSnapshot};
 use crate::alerts::engine::{AlertEvent, Engine, Status, Subject};
 use crate::alerts::rule::Rule;
@@ -21,7 +22,8 @@ use crate::pipeline::config::OutputStream;
 use crate::sinks::Outputs;
 use crate::state::{JobKey, KeyedAnomaly, State};
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use foldhash::{HashMap, HashSet};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -85,8 +87,9 @@ pub struct Shard {
     nodes: NodeBoard,
     /// State-entry times of this shard's active jobs.
     ages: OldestEntries,
-    /// Clusters whose job series have been set to 0 for every label value.
-    clusters_seen: HashSet<String>,
+    /// The job series of each cluster seen (every label value exported,
+    /// 0 until it happens).
+    series: HashMap<String, ClusterMetrics>,
     /// Records refused because `max_jobs` was reached.
     refused: u64,
     /// Alerts that were firing when the checkpoint restored was taken,
@@ -105,9 +108,17 @@ pub struct Shard {
 }
 
 /// Count `delta` active jobs of a user into or out of `state`.
-fn count_active(users: &UserJobs, cluster: &str, state: JobState, userid: Option<i64>, delta: i64) {
-    metrics::gauge!("flux_jobs", "flux_cluster" => cluster.to_string(), "state" => state.as_str())
-        .increment(delta as f64);
+fn count_active(
+    series: &HashMap<String, ClusterMetrics>,
+    users: &UserJobs,
+    cluster: &str,
+    state: JobState,
+    userid: Option<i64>,
+    delta: i64,
+) {
+    if let Some(m) = series.get(cluster) {
+        m.count(state, delta);
+    }
     users.add(cluster, userid, state.as_str(), delta);
 }
 
@@ -140,12 +151,12 @@ impl Shard {
             reported: 0,
             nodes,
             ages: OldestEntries::new(ages),
-            clusters_seen: HashSet::new(),
+            series: HashMap::default(),
             restored_alerts: Vec::new(),
             refused: 0,
-            resource_owners: HashMap::new(),
-            logged: HashSet::new(),
-            dirty: HashMap::new(),
+            resource_owners: HashMap::default(),
+            logged: HashSet::default(),
+            dirty: HashMap::default(),
             users: UserJobs::default(),
         }
     }
@@ -313,7 +324,14 @@ impl Shard {
         };
         let job = &entry.job;
         if job.submitted && !job.invalidated && job.state != JobState::Inactive {
-            count_active(&self.users, &key.cluster, job.state, job.userid, -1);
+            count_active(
+                &self.series,
+                &self.users,
+                &key.cluster,
+                job.state,
+                job.userid,
+                -1,
+            );
             self.ages.remove(&key.cluster, job.state, job.t_state());
         }
         for rule in self.alerts.release(&Subject::Job(key.clone())) {
@@ -375,7 +393,14 @@ impl Shard {
                 self.unsubmitted
                     .push_back((now + self.retention.orphan_ttl, key.clone()));
             } else if !job.invalidated {
-                count_active(&self.users, &key.cluster, job.state, job.userid, 1);
+                count_active(
+                    &self.series,
+                    &self.users,
+                    &key.cluster,
+                    job.state,
+                    job.userid,
+                    1,
+                );
                 self.ages.add(&key.cluster, job.state, job.t_state());
             }
             self.state.jobs.insert(key, Box::new(entry));
@@ -394,18 +419,12 @@ impl Shard {
     /// Every known label value of the job series is exported, with 0 until
     /// it happens.
     fn first_sight(&mut self, cluster: &str) {
-        if self.clusters_seen.contains(cluster) {
+        if self.series.contains_key(cluster) {
             return;
         }
-        self.clusters_seen.insert(cluster.to_string());
+        self.series
+            .insert(cluster.to_string(), ClusterMetrics::new(cluster));
         let c = cluster.to_string();
-        for state in JobState::ALL.iter().filter(|s| **s != JobState::Inactive) {
-            metrics::gauge!("flux_jobs", "flux_cluster" => c.clone(), "state" => state.as_str())
-                .increment(0.0);
-        }
-        for result in ["COMPLETED", "FAILED", "CANCELED", "TIMEOUT"] {
-            metrics::counter!("flux_jobs_inactive_total", "flux_cluster" => c.clone(), "result" => result).increment(0);
-        }
         for (_, rule) in self.alerts.rules_for(true) {
             metrics::gauge!("flux_jobs_stuck", "flux_cluster" => c.clone(), "rule" => rule.name.clone())
                 .increment(0.0);
@@ -699,11 +718,11 @@ impl Shard {
             return;
         };
         let job = &entry.job;
-        let c = cluster.to_string();
         let counted = job.submitted && !job.invalidated;
-        let users = &self.users;
-        let jobs =
-            |state: JobState, delta: i64| count_active(users, cluster, state, job.userid, delta);
+        let (users, series) = (&self.users, &self.series);
+        let jobs = |state: JobState, delta: i64| {
+            count_active(series, users, cluster, state, job.userid, delta)
+        };
         match (before, counted) {
             // A new job (or one whose submit came after other events).
             (None, true) if job.state != JobState::Inactive => {
@@ -731,27 +750,27 @@ impl Shard {
                 }
                 entered = Some(t.transition.timestamp);
             }
-            metrics::counter!("flux_job_transitions_total", "flux_cluster" => c.clone(), "from" => from.as_str(), "to" => to.as_str()).increment(1);
+            let Some(m) = series.get(cluster) else {
+                continue;
+            };
+            m.transition(from, to);
             if let Some((_, Some(entered))) = before {
-                metrics::histogram!("flux_job_state_seconds", "flux_cluster" => c.clone(), "state" => from.as_str())
-                    .record((t.transition.timestamp - entered).max(0.0));
+                m.time_in(from, (t.transition.timestamp - entered).max(0.0));
             }
             match to {
                 JobState::Run => {
                     if let Some(submit) = job.t_submit.get() {
-                        metrics::histogram!("flux_job_queue_wait_seconds", "flux_cluster" => c.clone())
-                            .record((t.transition.timestamp - submit).max(0.0));
+                        m.queue_wait((t.transition.timestamp - submit).max(0.0));
                     }
                 }
                 JobState::Cleanup => {
                     if let Some(run) = job.t_run.get() {
-                        metrics::histogram!("flux_job_run_seconds", "flux_cluster" => c.clone())
-                            .record((t.transition.timestamp - run).max(0.0));
+                        m.run((t.transition.timestamp - run).max(0.0));
                     }
                 }
                 JobState::Inactive => {
                     if let Some(result) = job.result() {
-                        metrics::counter!("flux_jobs_inactive_total", "flux_cluster" => c.clone(), "result" => result.as_str()).increment(1);
+                        m.ended(result);
                     }
                 }
                 _ => {}

@@ -19,8 +19,9 @@ use crate::alerts::engine::{SavedCondition, Subject};
 use crate::flux::resource::ResourceState;
 use crate::operators::Owner;
 use crate::state::{JobEntry, JobKey};
+use foldhash::HashMap;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -363,7 +364,7 @@ mod tests {
             resources: &st.resources,
             alerts: Vec::new(),
             clock: &EventClock::default(),
-            resource_owners: &HashMap::new(),
+            resource_owners: &HashMap::default(),
         }
         .encode()
         .unwrap()
