@@ -252,15 +252,186 @@ pub fn decode_line(line: &[u8], origin: &Origin, format: Format) -> Decoded {
             return out;
         }
     };
-    let value: Value = match serde_json::from_str(text) {
-        Ok(v) => v,
-        Err(e) => {
-            out.errors.push(DecodeError::Json(e.to_string()));
-            return out;
-        }
-    };
-    decode_value(value, origin, format, &mut out);
+    if !fast::decode(text, format, &mut out) {
+        decode_general(text, origin, format, &mut out);
+    }
     out
+}
+
+/// Any line, through a generic `Value`.
+fn decode_general(text: &str, origin: &Origin, format: Format, out: &mut Decoded) {
+    match serde_json::from_str(text) {
+        Ok(value) => decode_value(value, origin, format, out),
+        Err(e) => out.errors.push(DecodeError::Json(e.to_string())),
+    }
+}
+
+/// The common forms read straight into typed structs, without a `Value`
+/// for the line, its events and their maps (most of the decoding cost):
+/// a job or resource journal message and an event envelope whose events
+/// have exactly the RFC 18 keys. Anything else (another key, a bad value,
+/// a repeated key, a string job id, the sentinel) is left to the general
+/// path, which gives every line its exact outcome: the fast path decodes
+/// only lines the general path would decode the same way, whole.
+mod fast {
+    use super::{Body, Decoded, EventStream, Format, Record};
+    use crate::flux::event::Event;
+    use crate::flux::jobid::JobId;
+    use serde::de::IgnoredAny;
+    use serde::{Deserialize, Deserializer};
+    use serde_json::{Map, Value};
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Journal {
+        #[serde(default, deserialize_with = "present")]
+        id: Option<u64>,
+        events: Vec<FastEvent>,
+        #[serde(rename = "R", default)]
+        r: Option<Value>,
+        #[serde(rename = "jobspec", default)]
+        _jobspec: Option<IgnoredAny>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        stream: &'a str,
+        #[serde(default)]
+        cluster: Option<String>,
+        #[serde(default)]
+        id: Option<u64>,
+        event: FastEvent,
+        // What the `events` output stream adds.
+        #[serde(rename = "kind", default)]
+        _kind: Option<IgnoredAny>,
+        #[serde(rename = "source", default)]
+        _source: Option<IgnoredAny>,
+        #[serde(rename = "record_id", default)]
+        _record_id: Option<IgnoredAny>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct FastEvent {
+        timestamp: f64,
+        name: String,
+        #[serde(default, deserialize_with = "present")]
+        context: Option<Map<String, Value>>,
+    }
+
+    /// A key that, when there, must hold a value (`null` is not "absent").
+    fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<T>, D::Error> {
+        T::deserialize(d).map(Some)
+    }
+
+    impl FastEvent {
+        /// The event, if it is one `Event::from_value` accepts.
+        fn valid(self) -> Option<Event> {
+            (self.timestamp.is_finite() && self.timestamp > 0.0 && !self.name.is_empty()).then(
+                || Event {
+                    timestamp: self.timestamp,
+                    name: self.name,
+                    context: self.context,
+                    extra: Map::new(),
+                },
+            )
+        }
+    }
+
+    fn events(list: Vec<FastEvent>) -> Option<Vec<Event>> {
+        list.into_iter().map(FastEvent::valid).collect()
+    }
+
+    /// Decode `text` if it is a common form; false leaves it to the
+    /// general path (and `out` untouched).
+    pub(super) fn decode(text: &str, format: Format, out: &mut Decoded) -> bool {
+        let journal = matches!(
+            format,
+            Format::Auto | Format::JobJournal | Format::ResourceJournal
+        );
+        // The first key tells which form to try; a line whose keys come in
+        // another order just takes the general path.
+        let head = text
+            .trim_start()
+            .strip_prefix('{')
+            .unwrap_or("")
+            .trim_start();
+        if journal && (head.starts_with("\"id\"") || head.starts_with("\"events\"")) {
+            let Ok(j) = serde_json::from_str::<Journal>(text) else {
+                return false;
+            };
+            return journal_records(j, format, out);
+        }
+        if matches!(format, Format::Auto | Format::Envelope) && head.starts_with("\"stream\"") {
+            let Ok(e) = serde_json::from_str::<Envelope>(text) else {
+                return false;
+            };
+            return envelope_record(e, out);
+        }
+        false
+    }
+
+    fn journal_records(j: Journal, format: Format, out: &mut Decoded) -> bool {
+        let Some(events) = events(j.events) else {
+            return false;
+        };
+        let r = j.r.filter(Value::is_object);
+        match (j.id, format) {
+            (Some(id), Format::Auto | Format::JobJournal) => {
+                let record = |body| Record {
+                    cluster: None,
+                    stream: EventStream::Job,
+                    id: Some(JobId(id)),
+                    body,
+                };
+                // R first, as the general path does.
+                out.records.extend(r.map(|r| record(Body::R(r))));
+                out.records
+                    .extend(events.into_iter().map(|e| record(Body::Event(e))));
+                true
+            }
+            (None, Format::Auto | Format::ResourceJournal) => {
+                let record = |body| Record {
+                    cluster: None,
+                    stream: EventStream::Resource,
+                    id: None,
+                    body,
+                };
+                if events.is_empty() {
+                    out.records.push(record(Body::Sentinel));
+                    return true;
+                }
+                out.records
+                    .extend(events.into_iter().map(|e| record(Body::Event(e))));
+                out.records.extend(r.map(|r| record(Body::R(r))));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn envelope_record(e: Envelope, out: &mut Decoded) -> bool {
+        let Some(stream) = EventStream::parse(e.stream) else {
+            return false;
+        };
+        if stream != EventStream::Resource && e.id.is_none() {
+            return false;
+        }
+        let Some(event) = e.event.valid() else {
+            return false;
+        };
+        out.records.push(Record {
+            cluster: e.cluster,
+            stream,
+            id: e.id.map(JobId),
+            body: Body::Event(event),
+        });
+        true
+    }
 }
 
 /// The records of one line, and the errors of its bad parts.
@@ -479,6 +650,54 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The fast path decodes a line exactly as the general path does, or
+    /// leaves it alone.
+    fn fast_agrees(text: &str, format: Format) -> Result<(), TestCaseError> {
+        let origin = origin(EventStream::Job, Some(7));
+        let mut fast = Decoded::default();
+        let mut general = Decoded::default();
+        decode_general(text, &origin, format, &mut general);
+        if fast::decode(text, format, &mut fast) {
+            prop_assert_eq!(&fast, &general, "{}", text);
+            prop_assert!(general.errors.is_empty());
+        } else {
+            prop_assert_eq!(fast, Decoded::default());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_fast_path_takes_the_generated_workload_as_the_general_path_does() {
+        let spec = crate::workload::Spec {
+            jobs: 200,
+            ..Default::default()
+        };
+        let mut bytes = Vec::new();
+        crate::workload::write_journal(spec, &mut bytes).expect("journal");
+        let text = String::from_utf8(bytes).expect("utf-8");
+        let mut taken = 0;
+        for line in text.lines() {
+            for format in [
+                Format::Auto,
+                Format::JobJournal,
+                Format::ResourceJournal,
+                Format::Envelope,
+                Format::Event,
+            ] {
+                fast_agrees(line, format)
+                    .map_err(|e| format!("{e}"))
+                    .expect("agrees");
+            }
+            taken += usize::from(fast::decode(line, Format::Auto, &mut Decoded::default()));
+        }
+        // Nearly every generated line is a common form (the sentinels are not).
+        assert!(
+            taken * 100 >= text.lines().count() * 99,
+            "{taken} of {}",
+            text.lines().count()
+        );
+    }
+
     fn origin(stream: EventStream, id: Option<u64>) -> Origin {
         Origin {
             stream: Some(stream),
@@ -642,6 +861,13 @@ mod tests {
         #[test]
         fn decode_never_panics(line in prop::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode_line(&line, &origin(EventStream::Job, Some(1)), Format::Auto);
+        }
+
+        #[test]
+        fn the_fast_path_agrees_with_the_general_path(s in r#"\{("(id|events|stream|event|R|cluster|jobspec|kind)":(-?[0-9]{1,3}|1\.5|"(job|exec|resource|x)"|\[(\{"(timestamp|name|context)":(1|0|"a"|""|null|\{\}),?\}){0,2}\]|\{"(timestamp|name|context)":(1|"a"|null|\{\})\}|\{\}|null|true),?){0,5}\}"#) {
+            for format in [Format::Auto, Format::JobJournal, Format::ResourceJournal, Format::Envelope] {
+                fast_agrees(&s, format)?;
+            }
         }
 
         #[test]

@@ -590,7 +590,7 @@ impl Shard {
         let name = event_name.as_ref().map(|(n, _)| n.as_str()).unwrap_or("");
         for t in &fx.transitions {
             self.outputs
-                .emit(OutputRecord::new(
+                .emit(OutputRecord::from_serialize(
                     OutputStream::Transitions,
                     &output::transition(t, name),
                 ))

@@ -37,6 +37,9 @@ pub struct SourceContext {
     /// take part in.
     pub checkpoint: CheckpointLink,
     invalid: Arc<AtomicU64>,
+    /// `fluxpipe_events_received_total` of this source, registered once:
+    /// the macro would build and look up its labelled key for every line.
+    received: metrics::Counter,
 }
 
 impl SourceContext {
@@ -57,6 +60,7 @@ impl SourceContext {
             shutdown,
             checkpoint,
             invalid: Arc::new(AtomicU64::new(0)),
+            received: metrics::counter!("fluxpipe_events_received_total", "source" => name.to_string()),
         }
     }
 
@@ -96,8 +100,7 @@ impl SourceContext {
         location: &(dyn Fn() -> String + Sync),
         owner: Option<&Owner>,
     ) -> Result<(), Closed> {
-        metrics::counter!("fluxpipe_events_received_total", "source" => self.name.to_string())
-            .increment(1);
+        self.received.increment(1);
         let bytes = match line {
             Line::Full(bytes) => bytes,
             Line::TooLong { prefix, len } => {
