@@ -15,7 +15,10 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[command(
     name = "fluxpipe",
     version,
-    about = "A streaming processor for Flux eventlogs"
+    about = "A streaming processor for Flux eventlogs",
+    after_help = "Without a command, fluxpipe runs the built-in default pipeline over the sample \
+corpus shipped with it (tests/corpus): job state transitions, job summaries and anomalies \
+as JSON Lines on stdout. `fluxpipe run --help` tells how to run your own."
 )]
 struct Args {
     #[command(subcommand)]
@@ -29,8 +32,22 @@ enum Command {
     /// Convert job ids between encodings, like `flux job id`.
     Id(cli::id::IdArgs),
     /// Run a streaming pipeline (a config file, or the built-in default).
+    #[command(
+        after_help = "Logs go to stderr: `[log]` in the config, or FLUXPIPE_LOG \
+(a tracing filter such as `fluxpipe=info`), which wins. SIGTERM or SIGINT stops cleanly: \
+sources stop reading, everything read is delivered, a final checkpoint is written. \
+SIGHUP makes file sinks reopen their files (for logrotate). Exit status: 0 after a clean \
+stop or the end of a finite input, 1 on a config error, an unreadable checkpoint \
+(see --reset-state) or a failed component."
+    )]
     Run(cli::run::RunArgs),
     /// Check a pipeline config file and exit non-zero on any problem.
+    #[command(
+        after_help = "Checks what `run` would refuse before it starts: TOML syntax, \
+unknown keys and wrong types (with the file and line), every source and sink type \
+and its options, sink inputs naming real output streams, listen addresses, and every \
+alert rule (kind, state, duration). Nothing is opened or bound."
+    )]
     Validate(cli::run::ValidateArgs),
     /// Write synthetic Flux traffic (journal JSON Lines or a KVS dump tree).
     Generate(cli::generate::GenerateArgs),

@@ -46,6 +46,7 @@ pub struct BenchArgs {
     /// Small sizes, to keep the benchmark working in CI (under a minute).
     #[arg(long)]
     pub short: bool,
+    /// Seed of the generated workload: the same seed gives the same input.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Nodes in the generated instance.

@@ -34,7 +34,9 @@ pub struct ReplayArgs {
     /// Cluster name for inputs that do not name one.
     #[arg(long, default_value = "default")]
     pub cluster: String,
-    /// Line format; `auto` tells the forms apart per line.
+    /// Line format: auto, event (plain RFC 18 eventlog lines), job-journal,
+    /// resource-journal, exec-protocol or envelope; `auto` tells the forms
+    /// apart per line.
     #[arg(long, default_value = "auto", value_parser = parse_format)]
     pub input_format: Format,
     /// Alert rules from this pipeline config's `[alerts]` table (default:

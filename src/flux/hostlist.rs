@@ -212,7 +212,9 @@ fn parse_range(range: &str, input: &str) -> Result<(u64, u64, usize), HostlistEr
     if lo > hi {
         return Err(err("numbers decrease"));
     }
-    if hi - lo + 1 > MAX_RANGE {
+    // Not `hi - lo + 1`: `0-18446744073709551615` would wrap to 0 hosts
+    // (found by the fuzzer).
+    if hi - lo >= MAX_RANGE {
         return Err(err("more than 1048576 hosts"));
     }
     Ok((lo, hi, lo_s.len()))
@@ -604,6 +606,11 @@ mod tests {
         assert_eq!(reason("h[3-1]"), "numbers decrease");
         assert_eq!(reason("h[99999999999999999999]"), "number too large");
         assert_eq!(reason("h[0-1048576]"), "more than 1048576 hosts");
+        // The whole u64 range: its size does not fit in a u64.
+        assert_eq!(
+            reason("h[0-000018446744073709551615]"),
+            "more than 1048576 hosts"
+        );
         assert!(Hostlist::parse("h[0-1048575]").is_ok());
         assert_eq!(
             e("host[3-0]").to_string(),
