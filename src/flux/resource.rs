@@ -185,7 +185,7 @@ impl Ctx<'_> {
     /// A REQUIRED idset key; `None` (with an anomaly) if absent or invalid.
     fn idset(&mut self, key: &'static str) -> Option<IdSet> {
         match self.ev.str(key) {
-            Ok(s) => match IdSet::parse(s) {
+            Ok(s) => match bounded_idset(s) {
                 Ok(set) => Some(set),
                 Err(e) => {
                     self.anomaly(
@@ -260,6 +260,21 @@ fn coalesce(changes: &mut Vec<RankChange>) {
         }
     }
     changes.extend(by_rank.into_values().filter(|c| c.before != c.after));
+}
+
+/// The most ranks one idset of a resource event or R may name. State is
+/// kept per rank, so `0-4294967294` in hostile input would take the memory
+/// of four billion ranks (the fuzzer found it); no Flux instance comes near
+/// this, and hostlist ranges have the same cap.
+const MAX_RANKS: u64 = 1 << 20;
+
+/// An idset that names at most [`MAX_RANKS`] ranks.
+fn bounded_idset(s: &str) -> Result<IdSet, String> {
+    let set = IdSet::parse(s).map_err(|e| e.to_string())?;
+    if set.len() > MAX_RANKS {
+        return Err(format!("{} ranks, more than {MAX_RANKS}", set.len()));
+    }
+    Ok(set)
 }
 
 impl ResourceState {
@@ -480,7 +495,7 @@ impl ResourceState {
             )),
             Some(entries) => {
                 for entry in entries {
-                    match entry.get("rank").and_then(Value::as_str).map(IdSet::parse) {
+                    match entry.get("rank").and_then(Value::as_str).map(bounded_idset) {
                         Some(Ok(set)) => ranks.union_with(&set),
                         _ => out.anomalies.push(bad(
                             AnomalyKind::InvalidContext,
@@ -490,12 +505,24 @@ impl ResourceState {
                 }
             }
         }
+        if ranks.len() > MAX_RANKS {
+            out.anomalies.push(bad(
+                AnomalyKind::InvalidContext,
+                format!("R names {} ranks, more than {MAX_RANKS}", ranks.len()),
+            ));
+            return out;
+        }
         let mut hosts: Option<Hostlist> = None;
         if let Some(list) = exec.get("nodelist") {
             let mut all = Hostlist::default();
             let mut ok = true;
             for item in list.as_array().into_iter().flatten() {
                 match item.as_str().map(Hostlist::parse) {
+                    // No more hosts than ranks can be: expanding is per host.
+                    Some(Ok(h)) if (all.len() + h.len()) as u64 > MAX_RANKS => {
+                        ok = false;
+                        break;
+                    }
                     Some(Ok(h)) => {
                         for name in h.iter() {
                             all.push(&name);
@@ -860,7 +887,7 @@ impl ResourceState {
             Some(Value::Object(map)) => {
                 let mut list = Vec::new();
                 for (ids, info) in map {
-                    let set = match IdSet::parse(ids) {
+                    let set = match bounded_idset(ids) {
                         Ok(s) => s,
                         Err(e) => {
                             cx.anomaly(
@@ -1147,6 +1174,35 @@ mod tests {
         ));
         assert!(a.anomalies.is_empty());
         assert!(!st.rank(1).unwrap().drained);
+    }
+
+    #[test]
+    fn idsets_of_more_ranks_than_an_instance_can_have_are_refused() {
+        // Found by the fuzzer: 166 million ranks drained by one line.
+        let mut st = ResourceState::new();
+        let a = st.apply(&ev(
+            2.0,
+            "drain",
+            json!({"idset": "5-166688863", "reason": "x", "overwrite": 0}),
+        ));
+        assert_eq!(a.anomalies.len(), 1, "{:?}", a.anomalies);
+        assert!(a.anomalies[0].message.contains("more than 1048576"));
+        assert!(a.changes.is_empty());
+        let a = st.apply(&ev(
+            3.0,
+            "restart",
+            json!({"ranks": "0-4294967294", "online": "", "nodelist": "n[0-3]"}),
+        ));
+        assert!(!a.anomalies.is_empty());
+        assert!(st.instance_ranks().is_none());
+        // The cap itself is fine.
+        let a = st.apply(&ev(
+            4.0,
+            "drain",
+            json!({"idset": "0-1048575", "reason": "x", "overwrite": 0}),
+        ));
+        assert!(a.anomalies.is_empty(), "{:?}", a.anomalies);
+        assert_eq!(st.drained().len(), 1 << 20);
     }
 
     #[test]
