@@ -14,7 +14,7 @@ use crate::alerts::rule::Rule;
 use crate::alerts::{self, Clock, EventClock};
 use crate::decode::Body;
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
-use crate::flux::job::JobState;
+use crate::flux::job::{Job, JobState};
 use crate::output::{self, OutputRecord};
 use crate::pipeline::changelog::{self, Change, EntryRef};
 use crate::pipeline::checkpoint::{ShardState, ShardStateRef};
@@ -324,15 +324,7 @@ impl Shard {
         };
         let job = &entry.job;
         if job.submitted && !job.invalidated && job.state != JobState::Inactive {
-            count_active(
-                &self.series,
-                &self.users,
-                &key.cluster,
-                job.state,
-                job.userid,
-                -1,
-            );
-            self.ages.remove(&key.cluster, job.state, job.t_state());
+            self.count_job(&key.cluster, job, -1);
         }
         for rule in self.alerts.release(&Subject::Job(key.clone())) {
             if let Some(rule) = self.alerts.rules().get(rule) {
@@ -393,15 +385,7 @@ impl Shard {
                 self.unsubmitted
                     .push_back((now + self.retention.orphan_ttl, key.clone()));
             } else if !job.invalidated {
-                count_active(
-                    &self.series,
-                    &self.users,
-                    &key.cluster,
-                    job.state,
-                    job.userid,
-                    1,
-                );
-                self.ages.add(&key.cluster, job.state, job.t_state());
+                self.count_job(&key.cluster, job, 1);
             }
             self.state.jobs.insert(key, Box::new(entry));
         }
@@ -414,6 +398,24 @@ impl Shard {
         let alerts = self.alerts.restore(conditions);
         self.report_tracked();
         alerts
+    }
+
+    /// Count an active job into (`delta` 1) or out of (-1) the job gauges
+    /// and the state-entry ages, in the state it is in.
+    fn count_job(&mut self, cluster: &str, job: &Job, delta: i64) {
+        count_active(
+            &self.series,
+            &self.users,
+            cluster,
+            job.state,
+            job.userid,
+            delta,
+        );
+        if delta > 0 {
+            self.ages.add(cluster, job.state, job.t_state());
+        } else {
+            self.ages.remove(cluster, job.state, job.t_state());
+        }
     }
 
     /// Every known label value of the job series is exported, with 0 until
