@@ -5,12 +5,12 @@
 //! `fluxpipe replay` tells which alerts a journal would have raised.
 
 mod common;
-use common::{free_port, http_get, read_records};
+use common::{Reaper, free_port, http_get, read_records};
 
 use serde_json::{Value, json};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 fn now() -> f64 {
@@ -21,15 +21,6 @@ fn now() -> f64 {
 }
 
 /// Kills the child when dropped, so a failing test leaves nothing behind.
-struct Reaper(Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A real Alertmanager on loopback, or `None` where it is not installed
 /// (outside CI).
 fn alertmanager(dir: &Path) -> Option<(Reaper, u16)> {

@@ -3,7 +3,7 @@
 //! the Debian package `prometheus`, installed by `.ci/run`) accepts it.
 
 mod common;
-use common::{corpus, free_port, http_get, http_get_with, sigterm};
+use common::{Reaper, corpus, free_port, http_get, http_get_with, sigterm};
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -146,15 +146,18 @@ fn scrape_after_the_corpus_gives_exact_values() {
     journal += "{\"id\":4,\"events\":[{\"timestamp\":7.0,\"name\":\"exception\",\"context\":{\"type\":\"cancel\",\"severity\":0,\"userid\":9,\"note\":\"\"}}]}\n";
     journal += &event(4, 8.0, "clean");
     std::fs::write(dir.path().join("j.jsonl"), journal).expect("journal");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut stdin = child.stdin.take().expect("stdin");
+    // Killed if an assertion fails first: no pipeline left running.
+    let mut child = Reaper(
+        Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn"),
+    );
+    let mut stdin = child.0.stdin.take().expect("stdin");
     stdin.write_all(&input()).expect("write");
     stdin.flush().expect("flush");
 
@@ -345,7 +348,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
 
     // The file source tails on after stdin ends: SIGTERM stops it.
     drop(stdin);
-    sigterm(&child);
-    let status = child.wait().expect("wait");
+    sigterm(&child.0);
+    let status = child.0.wait().expect("wait");
     assert!(status.success());
 }

@@ -87,3 +87,13 @@ pub fn sigterm(child: &std::process::Child) {
         .arg(child.id().to_string())
         .status();
 }
+
+/// A child process, killed when the test ends or fails before it exits.
+pub struct Reaper(pub std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
