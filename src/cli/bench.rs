@@ -224,7 +224,7 @@ struct CheckpointTimes {
 /// pipeline does (one shard).
 fn checkpoint_times(dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<CheckpointTimes> {
     use crate::decode::{Format, Origin, decode_line};
-    use crate::pipeline::checkpoint::{self, Head, ShardStateRef};
+    use crate::pipeline::checkpoint::{self, Head, ShardBytes, ShardStateRef};
     let mut state = crate::state::State::new();
     let spec = Spec {
         seed,
@@ -244,6 +244,7 @@ fn checkpoint_times(dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Chec
     }
     let clock = crate::alerts::EventClock::default();
     let folder = dir.join("checkpoint");
+    std::fs::create_dir_all(&folder)?;
     let start = Instant::now();
     let shard = ShardStateRef {
         jobs: &state.jobs,
@@ -252,8 +253,8 @@ fn checkpoint_times(dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Chec
         clock: &clock,
         resource_owners: &Default::default(),
     }
-    .encode()?;
-    let bytes = checkpoint::store(&folder, &Head::default(), &[shard])?;
+    .spill(checkpoint::spill_path(&folder, 0, 1))?;
+    let bytes = checkpoint::store(&folder, &Head::default(), &[ShardBytes::Spilled(shard)])?;
     let write_secs = start.elapsed().as_secs_f64();
     drop(state);
     let start = Instant::now();

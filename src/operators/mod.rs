@@ -53,10 +53,10 @@ pub enum ShardMsg {
 }
 
 /// What a shard answers at a barrier.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct BarrierReply {
     /// Its whole state, encoded, for the local checkpoint.
-    pub state: Vec<u8>,
+    pub state: crate::pipeline::checkpoint::ShardBytes,
     /// What changed since the previous barrier in state owned by
     /// partitions whose source keeps a changelog.
     pub changes: Vec<Change>,

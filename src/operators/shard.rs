@@ -17,13 +17,14 @@ use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::{Job, JobState};
 use crate::output::{self, OutputRecord};
 use crate::pipeline::changelog::{self, Change, EntryRef};
-use crate::pipeline::checkpoint::{ShardState, ShardStateRef};
+use crate::pipeline::checkpoint::{ShardBytes, ShardState, ShardStateRef, spill_path};
 use crate::pipeline::config::OutputStream;
 use crate::sinks::Outputs;
 use crate::state::{JobKey, KeyedAnomaly, State};
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use foldhash::{HashMap, HashSet};
 use std::collections::{BTreeSet, VecDeque};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -105,6 +106,9 @@ pub struct Shard {
     dirty: HashMap<Dirty, Owner>,
     /// Active jobs per user, when exported.
     users: UserJobs,
+    /// Where to encode the state at a barrier (data folder, shard index,
+    /// rounds so far); in memory when unset.
+    spill: Option<(PathBuf, usize, u64)>,
 }
 
 /// Count `delta` active jobs of a user into or out of `state`.
@@ -158,7 +162,15 @@ impl Shard {
             logged: HashSet::default(),
             dirty: HashMap::default(),
             users: UserJobs::default(),
+            spill: None,
         }
+    }
+
+    /// Encode the state for checkpoints into scratch files in `dir`, named
+    /// for shard `index`, rather than in memory.
+    pub fn with_spill(mut self, dir: PathBuf, index: usize) -> Self {
+        self.spill = Some((dir, index, 0));
+        self
     }
 
     /// Count active jobs per user too.
@@ -176,14 +188,20 @@ impl Shard {
     /// This shard's state, encoded for a checkpoint, and the changes since
     /// the last one for the changelog.
     pub fn snapshot(&mut self) -> ShardSnapshot {
-        let state = ShardStateRef {
+        let saved = ShardStateRef {
             jobs: &self.state.jobs,
             resources: &self.state.resources,
             alerts: self.alerts.saved(),
             clock: &self.event_clock,
             resource_owners: &self.resource_owners,
-        }
-        .encode()?;
+        };
+        let state = match &mut self.spill {
+            Some((dir, index, n)) => {
+                *n += 1;
+                ShardBytes::Spilled(saved.spill(spill_path(dir, *index, *n))?)
+            }
+            None => ShardBytes::Memory(saved.encode()?),
+        };
         Ok(BarrierReply {
             state,
             changes: self.changes(),

@@ -5,7 +5,10 @@
 //! (u64), the payload's XXH3-64 (u64), all little-endian; then the payload:
 //! a MessagePack [`Head`] followed by each shard's state as a length-prefixed
 //! MessagePack [`ShardState`]. Shards encode their own state (in parallel,
-//! without copying it); restore merges them and deals the entries out
+//! without copying it) into scratch files in `data_dir` ([`Spill`]), which
+//! are copied into the checkpoint and removed: a million jobs' encoded
+//! state (~180 MB) never sits in memory beside the state itself. Restore
+//! streams the file too, merges the shards and deals the entries out
 //! again by key, so the number of workers may change between runs.
 //!
 //! The file is replaced atomically and durably (temporary file, fsync,
@@ -22,7 +25,7 @@ use crate::state::{JobEntry, JobKey};
 use foldhash::HashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -32,6 +35,10 @@ const MAGIC: &[u8; 20] = b"fluxpipe checkpoint\n";
 /// Bumped whenever the payload's layout changes incompatibly.
 pub const VERSION: u32 = 2;
 const HEADER_LEN: usize = MAGIC.len() + 4 + 8 + 8;
+/// Where the checksum sits in the header.
+const SUM_AT: u64 = (MAGIC.len() + 4 + 8) as u64;
+/// Scratch files of shards' states begin with this (see [`spill_path`]).
+const SPILL_PREFIX: &str = "checkpoint.bin.shard";
 
 #[derive(Debug, Error)]
 pub enum CheckpointError {
@@ -152,6 +159,152 @@ impl ShardStateRef<'_> {
     pub fn encode(&self) -> Result<Vec<u8>, CheckpointError> {
         Ok(rmp_serde::to_vec(self)?)
     }
+
+    /// Encode into a scratch file at `path` (see [`spill_path`]), removed
+    /// when the returned [`Spill`] is dropped, or at once if this fails.
+    pub fn spill(&self, path: PathBuf) -> Result<Spill, CheckpointError> {
+        let mut spill = Spill { path, len: 0 };
+        let failed = |source| CheckpointError::Write {
+            path: spill.path.clone(),
+            source,
+        };
+        let file = std::fs::File::create(&spill.path).map_err(failed)?;
+        let mut w = Counting {
+            inner: BufWriter::with_capacity(1 << 20, file),
+            count: 0,
+        };
+        rmp_serde::encode::write(&mut w, self)?;
+        w.inner.flush().map_err(failed)?;
+        spill.len = w.count;
+        Ok(spill)
+    }
+}
+
+/// A shard's encoded state in a scratch file; the file goes with it.
+#[derive(Debug)]
+pub struct Spill {
+    path: PathBuf,
+    len: u64,
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The scratch file for the `n`th state shard `shard` encodes in `dir`:
+/// a new name each round, so a round abandoned while its files are still
+/// being copied never shares one with the next.
+pub fn spill_path(dir: &Path, shard: usize, n: u64) -> PathBuf {
+    dir.join(format!("{SPILL_PREFIX}{shard}-{n}.part"))
+}
+
+/// Remove scratch files a killed process left in `dir`; returns how many.
+pub fn remove_spills(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with(SPILL_PREFIX) && name.ends_with(".part")
+        })
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
+/// One shard's encoded state, as the checkpoint writer takes it.
+#[derive(Debug)]
+pub enum ShardBytes {
+    Memory(Vec<u8>),
+    Spilled(Spill),
+}
+
+impl ShardBytes {
+    fn len(&self) -> u64 {
+        match self {
+            ShardBytes::Memory(v) => v.len() as u64,
+            ShardBytes::Spilled(s) => s.len,
+        }
+    }
+
+    fn copy_to(&self, w: &mut impl Write) -> std::io::Result<()> {
+        match self {
+            ShardBytes::Memory(v) => w.write_all(v),
+            ShardBytes::Spilled(s) => {
+                let file = std::fs::File::open(&s.path)?;
+                let n = std::io::copy(&mut file.take(s.len), w)?;
+                if n != s.len {
+                    return Err(std::io::Error::other(format!(
+                        "{} holds {n} bytes, {} were encoded",
+                        s.path.display(),
+                        s.len
+                    )));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl From<Vec<u8>> for ShardBytes {
+    fn from(v: Vec<u8>) -> Self {
+        ShardBytes::Memory(v)
+    }
+}
+
+/// A writer that counts what goes through it.
+struct Counting<W> {
+    inner: W,
+    count: u64,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.count += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A writer or reader that checksums what goes through it.
+struct Summing<T> {
+    inner: T,
+    sum: xxhash_rust::xxh3::Xxh3,
+}
+
+impl<T> Summing<T> {
+    fn new(inner: T) -> Self {
+        Summing {
+            inner,
+            sum: xxhash_rust::xxh3::Xxh3::new(),
+        }
+    }
+}
+
+impl<W: Write> Write for Summing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.sum.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<R: Read> Read for Summing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.sum.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 /// A whole checkpoint as read back.
@@ -177,37 +330,35 @@ impl Checkpoint {
     }
 }
 
-/// Write a checkpoint from its head and the shards' encoded states,
-/// streaming: the states (hundreds of MiB for a million jobs) are not
-/// copied again. Returns the bytes written.
-pub fn write_to(
-    w: &mut impl Write,
+/// Write a checkpoint from its head and the shards' encoded states in
+/// one pass: the checksum, not known until the end, is written last into
+/// its place in the header. Returns the bytes written.
+pub fn write_to<W: Write + Seek>(
+    w: &mut W,
     head: &Head,
-    shards: &[Vec<u8>],
+    shards: &[ShardBytes],
 ) -> Result<usize, CheckpointError> {
     let head = rmp_serde::to_vec(head)?;
-    let mut sum = xxhash_rust::xxh3::Xxh3::new();
-    let mut len = head.len();
-    sum.update(&head);
-    for s in shards {
-        sum.update(&(s.len() as u64).to_le_bytes());
-        sum.update(s);
-        len += 8 + s.len();
-    }
+    let len = head.len() as u64 + shards.iter().map(|s| 8 + s.len()).sum::<u64>();
     let io = |source| CheckpointError::Write {
         path: PathBuf::from(FILE_NAME),
         source,
     };
     w.write_all(MAGIC).map_err(io)?;
     w.write_all(&VERSION.to_le_bytes()).map_err(io)?;
-    w.write_all(&(len as u64).to_le_bytes()).map_err(io)?;
-    w.write_all(&sum.digest().to_le_bytes()).map_err(io)?;
-    w.write_all(&head).map_err(io)?;
+    w.write_all(&len.to_le_bytes()).map_err(io)?;
+    w.write_all(&0u64.to_le_bytes()).map_err(io)?;
+    let mut body = Summing::new(&mut *w);
+    body.write_all(&head).map_err(io)?;
     for s in shards {
-        w.write_all(&(s.len() as u64).to_le_bytes()).map_err(io)?;
-        w.write_all(s).map_err(io)?;
+        body.write_all(&s.len().to_le_bytes()).map_err(io)?;
+        s.copy_to(&mut body).map_err(io)?;
     }
-    Ok(HEADER_LEN + len)
+    let sum = body.sum.digest();
+    w.seek(SeekFrom::Start(SUM_AT)).map_err(io)?;
+    w.write_all(&sum.to_le_bytes()).map_err(io)?;
+    w.seek(SeekFrom::End(0)).map_err(io)?;
+    Ok(HEADER_LEN + len as usize)
 }
 
 /// A payload framed as a checkpoint file (magic, version, length,
@@ -223,25 +374,43 @@ pub fn frame(payload: &[u8]) -> Vec<u8> {
 }
 
 /// A checkpoint in memory (tests, tools).
-pub fn encode(head: &Head, shards: &[Vec<u8>]) -> Result<Vec<u8>, CheckpointError> {
-    let mut out = Vec::new();
+pub fn encode(head: &Head, shards: &[ShardBytes]) -> Result<Vec<u8>, CheckpointError> {
+    let mut out = std::io::Cursor::new(Vec::new());
     write_to(&mut out, head, shards)?;
-    Ok(out)
+    Ok(out.into_inner())
 }
 
 /// Decode a checkpoint; `path` only names it in errors.
 pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, CheckpointError> {
+    read_from(bytes, bytes.len() as u64, path)
+}
+
+/// Decode a checkpoint of `size` bytes from `r`, streaming: the file is
+/// never held in memory whole. The state decoded is only returned once the
+/// checksum over all of it has matched.
+pub fn read_from(mut r: impl Read, size: u64, path: &Path) -> Result<Checkpoint, CheckpointError> {
     let corrupt = |why: String| CheckpointError::Corrupt {
         path: path.to_path_buf(),
         why,
     };
-    if bytes.len() < HEADER_LEN || &bytes[..MAGIC.len()] != MAGIC {
+    let unreadable = |source| CheckpointError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut header = [0u8; HEADER_LEN];
+    if size < HEADER_LEN as u64 {
         return Err(CheckpointError::NotACheckpoint {
             path: path.to_path_buf(),
         });
     }
-    let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap_or_default());
-    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap_or_default());
+    r.read_exact(&mut header).map_err(unreadable)?;
+    if &header[..MAGIC.len()] != MAGIC {
+        return Err(CheckpointError::NotACheckpoint {
+            path: path.to_path_buf(),
+        });
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap_or_default());
+    let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or_default());
     let version = u32_at(MAGIC.len());
     if version != VERSION {
         return Err(CheckpointError::Version {
@@ -250,36 +419,36 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, CheckpointError> 
         });
     }
     let len = u64_at(MAGIC.len() + 4);
-    let sum = u64_at(MAGIC.len() + 12);
-    let payload = &bytes[HEADER_LEN..];
-    if payload.len() as u64 != len {
+    let sum = u64_at(SUM_AT as usize);
+    let present = size - HEADER_LEN as u64;
+    if present != len {
         return Err(corrupt(format!(
-            "{} payload bytes where the header says {len} (truncated?)",
-            payload.len()
+            "{present} payload bytes where the header says {len} (truncated?)"
         )));
     }
-    if xxhash_rust::xxh3::xxh3_64(payload) != sum {
-        return Err(corrupt("checksum mismatch".into()));
-    }
-    let mut cursor = std::io::Cursor::new(payload);
+    let mut payload = Summing::new(r.take(len));
     let head: Head =
-        rmp_serde::from_read(&mut cursor).map_err(|e| corrupt(format!("head: {e}")))?;
-    let mut rest = &payload[cursor.position() as usize..];
+        rmp_serde::from_read(&mut payload).map_err(|e| corrupt(format!("head: {e}")))?;
     let mut shards = Vec::new();
-    while !rest.is_empty() {
-        if rest.len() < 8 {
+    while payload.inner.limit() > 0 {
+        let mut n = [0u8; 8];
+        if payload.inner.limit() < 8 {
             return Err(corrupt("a shard's length is cut short".into()));
         }
-        let (n, tail) = rest.split_at(8);
-        let n = u64::from_le_bytes(n.try_into().unwrap_or_default());
-        if n > tail.len() as u64 {
+        payload.read_exact(&mut n).map_err(unreadable)?;
+        let n = u64::from_le_bytes(n);
+        if n > payload.inner.limit() {
             return Err(corrupt("a shard runs past the end".into()));
         }
-        let (shard, tail) = tail.split_at(n as usize);
-        let state: ShardState = rmp_serde::from_slice(shard)
+        let mut shard = (&mut payload).take(n);
+        let state: ShardState = rmp_serde::from_read(&mut shard)
             .map_err(|e| corrupt(format!("shard {}: {e}", shards.len())))?;
+        // Whatever the shard's encoding did not use still counts in the sum.
+        std::io::copy(&mut shard, &mut std::io::sink()).map_err(unreadable)?;
         shards.push(state);
-        rest = tail;
+    }
+    if payload.sum.digest() != sum {
+        return Err(corrupt("checksum mismatch".into()));
     }
     Ok(Checkpoint { head, shards })
 }
@@ -287,17 +456,24 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, CheckpointError> 
 /// Read the checkpoint in `dir`; `None` if there is none yet.
 pub fn load(dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
     let path = dir.join(FILE_NAME);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Read { path, source }),
     };
-    decode(&bytes, &path).map(Some)
+    let size = file
+        .metadata()
+        .map_err(|source| CheckpointError::Read {
+            path: path.clone(),
+            source,
+        })?
+        .len();
+    read_from(BufReader::with_capacity(1 << 20, file), size, &path).map(Some)
 }
 
 /// Replace the checkpoint in `dir`, atomically and durably; returns its
 /// size.
-pub fn store(dir: &Path, head: &Head, shards: &[Vec<u8>]) -> Result<usize, CheckpointError> {
+pub fn store(dir: &Path, head: &Head, shards: &[ShardBytes]) -> Result<usize, CheckpointError> {
     let path = dir.join(FILE_NAME);
     let failed = |source| CheckpointError::Write {
         path: path.clone(),
@@ -371,7 +547,7 @@ mod tests {
     }
 
     fn encoded(st: &State, head: &Head) -> Vec<u8> {
-        encode(head, &[shard_bytes(st)]).unwrap()
+        encode(head, &[shard_bytes(st).into()]).unwrap()
     }
 
     #[test]
@@ -431,13 +607,92 @@ mod tests {
                 seq,
                 ..Head::default()
             };
-            store(dir.path(), &head, &[shard_bytes(&state_with(seq))]).unwrap();
+            store(dir.path(), &head, &[shard_bytes(&state_with(seq)).into()]).unwrap();
         }
         let back = load(dir.path()).unwrap().unwrap();
         assert_eq!(back.head.seq, 3);
         assert_eq!(back.shards[0].jobs.len(), 3);
         // Only the one file: nothing accumulates.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_spilled_state_makes_the_same_file_and_leaves_no_scratch_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = state_with(20);
+        let head = Head {
+            seq: 2,
+            ..Head::default()
+        };
+        let saved = ShardStateRef {
+            jobs: &st.jobs,
+            resources: &st.resources,
+            alerts: Vec::new(),
+            clock: &EventClock::default(),
+            resource_owners: &HashMap::default(),
+        };
+        let spill = saved.spill(spill_path(dir.path(), 0, 1)).unwrap();
+        let scratch = spill.path.clone();
+        assert!(scratch.exists());
+        let other = shard_bytes(&state_with(3));
+        let parts = [ShardBytes::Spilled(spill), other.clone().into()];
+        store(dir.path(), &head, &parts).unwrap();
+        let in_memory = encode(&head, &[shard_bytes(&st).into(), other.into()]).unwrap();
+        let on_disk = std::fs::read(dir.path().join(FILE_NAME)).unwrap();
+        assert!(on_disk == in_memory, "the same bytes either way");
+        drop(parts);
+        assert!(!scratch.exists(), "the scratch file goes with its Spill");
+        let back = load(dir.path()).unwrap().unwrap();
+        assert_eq!(back.shards.len(), 2);
+        assert_eq!(back.shards[0].jobs.len(), 20);
+    }
+
+    #[test]
+    fn scratch_files_of_a_killed_process_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(spill_path(dir.path(), 1, 9), b"half").unwrap();
+        std::fs::write(dir.path().join(FILE_NAME), b"kept").unwrap();
+        assert_eq!(remove_spills(dir.path()), 1);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_scratch_file_changed_under_the_writer_fails_the_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = state_with(5);
+        let spill = ShardStateRef {
+            jobs: &st.jobs,
+            resources: &st.resources,
+            alerts: Vec::new(),
+            clock: &EventClock::default(),
+            resource_owners: &HashMap::default(),
+        }
+        .spill(spill_path(dir.path(), 0, 1))
+        .unwrap();
+        std::fs::write(&spill.path, b"short").unwrap();
+        assert!(store(dir.path(), &Head::default(), &[ShardBytes::Spilled(spill)]).is_err());
+        assert!(
+            load(dir.path()).unwrap().is_none(),
+            "no checkpoint replaced"
+        );
+    }
+
+    #[test]
+    fn trailing_bytes_inside_a_shard_still_count_in_the_checksum() {
+        let mut shard = shard_bytes(&state_with(2));
+        shard.extend_from_slice(b"xx");
+        let bytes = encode(&Head::default(), &[shard.into()]).unwrap();
+        assert_eq!(
+            decode(&bytes, Path::new("p")).unwrap().shards[0].jobs.len(),
+            2
+        );
+        let mut flipped = bytes.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        assert!(matches!(
+            decode(&flipped, Path::new("p")),
+            Err(CheckpointError::Corrupt { .. })
+        ));
     }
 
     proptest! {

@@ -505,7 +505,7 @@ async fn sleep_until(at: Option<Instant>) {
 pub async fn write(
     dir: PathBuf,
     head: Head,
-    shards: Vec<Vec<u8>>,
+    shards: Vec<checkpoint::ShardBytes>,
 ) -> Result<usize, checkpoint::CheckpointError> {
     let task = tokio::task::spawn_blocking(move || checkpoint::store(&dir, &head, &shards));
     match task.await {

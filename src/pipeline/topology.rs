@@ -55,6 +55,13 @@ fn schedule(config: &Config) -> Schedule {
 /// Read the checkpoint and deal its state out to `workers` shards.
 fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<ShardState>)> {
     let dir = &config.data_dir;
+    let stale = checkpoint::remove_spills(dir);
+    if stale > 0 {
+        tracing::info!(
+            files = stale,
+            "removed scratch files of an interrupted checkpoint"
+        );
+    }
     let Some(saved) = checkpoint::load(dir)
         .with_context(|| "cannot restore the checkpoint; `fluxpipe run --reset-state` sets it aside and starts from nothing")?
     else {
@@ -128,7 +135,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     };
     let mut shard_tasks = JoinSet::new();
     let mut shard_txs = Vec::with_capacity(workers);
-    for saved in restored.drain(..) {
+    for (index, saved) in restored.drain(..).enumerate() {
         let (tx, rx) = mpsc::channel(SHARD_QUEUE);
         shard_txs.push(tx);
         let mut shard = Shard::new(
@@ -141,7 +148,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         shard.restore(saved);
         let shard = shard
             .with_changelog(changelog_sources(&config))
-            .with_user_jobs(sink_ctx.users.clone());
+            .with_user_jobs(sink_ctx.users.clone())
+            .with_spill(config.data_dir.clone(), index);
         shard_tasks.spawn(shard.run(rx));
     }
     let router = Router::new(shard_txs);
