@@ -633,6 +633,33 @@ mod tests {
     }
 
     #[test]
+    fn shards_saved_by_as_many_workers_come_back_whole_with_every_clock() {
+        let st = state_with(10);
+        let mut saved = Vec::new();
+        for i in 0..2u64 {
+            let mut part = ShardState::default();
+            for (k, e) in &st.jobs {
+                if k.id.0 % 2 == i {
+                    part.jobs.push((k.clone(), (**e).clone()));
+                }
+            }
+            part.clock.advance(&format!("c{i}"), 10.0 + i as f64);
+            saved.push(part);
+        }
+        let ck = Checkpoint {
+            head: Head::default(),
+            shards: saved,
+        };
+        let (_, out) = ck.split(2, |_, id| id.unwrap_or(0) as usize % 2);
+        for (i, s) in out.iter().enumerate() {
+            assert_eq!(s.jobs.len(), 5);
+            assert!(s.jobs.iter().all(|(k, _)| k.id.0 as usize % 2 == i));
+            assert_eq!(s.clock.now("c0"), Some(10.0));
+            assert_eq!(s.clock.now("c1"), Some(11.0));
+        }
+    }
+
+    #[test]
     fn every_damaged_file_is_an_error_never_an_empty_state() {
         let bytes = encoded(&state_with(5), &Head::default());
         let p = Path::new("ck");
