@@ -1,6 +1,8 @@
 """Tests of flux-forwarder without Flux: a fake journal built from the
 sample corpus (tests/corpus/instances/B/journals) stands in for
-flux.job.JournalConsumer and flux.resource.journal.ResourceJournalConsumer.
+flux.job.JournalConsumer and flux.resource.journal.ResourceJournalConsumer,
+and the corpus' exec eventlogs (tests/corpus/jobs/<id>/exec.eventlog) for
+flux.job.event_watch_async(..., eventlog="guest.exec.eventlog").
 
     cd contrib/flux-forwarder && python3 -m unittest -v
 """
@@ -8,6 +10,8 @@ flux.job.JournalConsumer and flux.resource.journal.ResourceJournalConsumer.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib.machinery
 import importlib.util
 import json
@@ -23,6 +27,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 JOURNALS = REPO / "tests/corpus/instances/B/journals"
+JOBS = REPO / "tests/corpus/jobs"
+JOB_JOURNAL1 = "incarnation1.job-manager.events-journal.jsonl"
+RESOURCE_JOURNAL1 = "incarnation1.resource.journal.jsonl"
 
 _loader = importlib.machinery.SourceFileLoader("flux_forwarder", str(HERE / "flux-forwarder"))
 _spec = importlib.util.spec_from_loader("flux_forwarder", _loader)
@@ -51,11 +58,13 @@ class FakeConsumer:
     messages before the sentinel) split into events newer than `since`,
     sorted by time, then the sentinel, then the live messages, then None."""
 
-    def __init__(self, messages: list[dict], stream: str, since: float = 0.0):
+    def __init__(self, messages: list[dict], stream: str, since: float = 0.0,
+                 ends: bool = True):
         self.stream = stream
         self.since = since
         self.cb = None
         self.started = False
+        self.ends = ends
         backlog, live, seen_sentinel = [], [], False
         for m in messages:
             if not m["events"] and (stream == ff.RESOURCE or m.get("id") == -1):
@@ -77,6 +86,18 @@ class FakeConsumer:
     def start(self):
         self.started = True
         return self
+
+    def step(self) -> bool:
+        """One turn of the fake reactor: the next event, or the end (None)
+        once if the journal ends; False when there is nothing to do."""
+        if self.events:
+            self.cb(self.events.pop(0))
+            return True
+        if self.ends:
+            self.ends = False
+            self.cb(None)
+            return True
+        return False
 
     def deliver(self, limit: int | None = None) -> int:
         """Deliver up to `limit` events, then None when all are out."""
@@ -108,6 +129,81 @@ def corpus_events(messages: list[dict]) -> list[tuple]:
                   for m in messages for e in m["events"])
 
 
+class FakeEventLogEvent:
+    """What JobEventWatchFuture.get_event() returns (flux.job.event.
+    EventLogEvent): name, timestamp, and context ({} when absent)."""
+
+    def __init__(self, event: dict):
+        self.name = event["name"]
+        self.timestamp = event["timestamp"]
+        self.context = event.get("context", {})
+
+
+def read_exec_eventlog(jobid: int) -> list[dict] | None:
+    path = JOBS / str(jobid) / "exec.eventlog"
+    if not path.exists():
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def started_jobs(messages: list[dict]) -> list[int]:
+    """Jobs with a `start` event in a job-manager journal, in journal order."""
+    out = []
+    for m in messages:
+        if any(e["name"] == "start" for e in m["events"]) and m["id"] not in out:
+            out.append(m["id"])
+    return out
+
+
+def exec_events(lines: list[dict]) -> list[tuple]:
+    """(job id, timestamp, name) of the exec envelopes among written lines."""
+    return [(m["id"], m["event"]["timestamp"], m["event"]["name"])
+            for m in lines if m.get("stream") == "exec"]
+
+
+def corpus_exec_events(jobs) -> set[tuple]:
+    return {(j, e["timestamp"], e["name"]) for j in jobs for e in read_exec_eventlog(j)}
+
+
+class FakeWatch:
+    """What flux.job.event_watch_async() returns, over a recorded exec
+    eventlog: each turn of the fake reactor fulfils it once and runs its
+    `then` callback, which reads the next event with get_event() (None at
+    the end: ENODATA). With no eventlog, get_event() raises ENOENT, as for
+    a purged job."""
+
+    def __init__(self, jobid: int, events: list[dict] | None):
+        self.jobid = jobid
+        self.events = None if events is None else [FakeEventLogEvent(e) for e in events]
+        self.cb = None
+        self.args: tuple = ()
+        self.done = False
+        self.canceled = False
+
+    def then(self, cb, *args):
+        self.cb, self.args = cb, args
+        return self
+
+    def step(self) -> bool:
+        if self.done or self.cb is None:
+            return False
+        self.cb(self, *self.args)
+        return True
+
+    def get_event(self):
+        if self.events is None:
+            self.done = True
+            raise OSError(errno.ENOENT, "No such file or directory")
+        if not self.events:
+            self.done = True
+            return None
+        return self.events.pop(0)
+
+    def cancel(self, stop=False):
+        self.canceled = True
+        self.done = True
+
+
 class FramingTest(unittest.TestCase):
     def test_job_message_keeps_R_with_alloc_only_and_drops_jobspec(self):
         alloc = {"timestamp": 2.5, "name": "alloc", "context": {}}
@@ -132,6 +228,19 @@ class FramingTest(unittest.TestCase):
                                       "context": {"reason": "café"}}]})
         self.assertTrue(line.endswith(b"\n") and line.count(b"\n") == 1)
         self.assertIn("café".encode(), line)
+
+    def test_exec_envelope_is_what_the_decoder_reads(self):
+        ev = FakeEventLogEvent({"timestamp": 5.5, "name": "done"})
+        line = ff.encode(ff.exec_message(42, ff.event_dict(ev)))
+        # "stream" first: fluxpipe's fast path for envelopes keys on it.
+        self.assertEqual(line, b'{"stream":"exec","id":42,"event":{"timestamp":5.5,"name":"done"}}\n')
+        ev = FakeEventLogEvent({"timestamp": 6.0, "name": "complete", "context": {"status": 0}})
+        self.assertEqual(ff.exec_message(42, ff.event_dict(ev)),
+                         {"stream": "exec", "id": 42,
+                          "event": {"timestamp": 6.0, "name": "complete",
+                                    "context": {"status": 0}}})
+        self.assertEqual(ff.event_dict({"timestamp": 1.0, "name": "init", "context": {}}),
+                         {"timestamp": 1.0, "name": "init", "context": {}})
 
     def test_clean_event_does_not_change_its_input(self):
         e = {"timestamp": 1.0, "name": "clean", "context": {}}
@@ -221,13 +330,23 @@ class ResumeTest(unittest.TestCase):
         self.assertEqual(ff.load_state(self.state_path), ff.empty_state())
         self.assertEqual(ff.load_state(None), ff.empty_state())
         ff.save_state(self.state_path, {"job": 12.5, "resource": 3.0})
-        self.assertEqual(ff.load_state(self.state_path), {"job": 12.5, "resource": 3.0})
+        self.assertEqual(ff.load_state(self.state_path),
+                         {"job": 12.5, "resource": 3.0, "exec": {}})
         self.assertEqual(os.listdir(os.path.dirname(self.state_path)), ["state.json"])
+        # The exec eventlogs being watched, with the newest event sent.
+        ff.save_state(self.state_path, {"job": 12.5, "resource": 3.0,
+                                        "exec": {7: 11.25, 1234567: 0.0}})
+        with open(self.state_path) as f:
+            self.assertEqual(json.load(f)["exec"], {"7": 11.25, "1234567": 0.0})
+        self.assertEqual(ff.load_state(self.state_path),
+                         {"job": 12.5, "resource": 3.0, "exec": {7: 11.25, 1234567: 0.0}})
 
     def test_bad_state_files_are_errors(self):
         os.makedirs(os.path.dirname(self.state_path))
         for text in ("{not json", "[1]", '{"job": "x"}', '{"job": -1}',
-                     '{"resource": true}', '{"job": NaN}'):
+                     '{"resource": true}', '{"job": NaN}', '{"exec": [1]}',
+                     '{"exec": {"x": 1.0}}', '{"exec": {"12": "1"}}',
+                     '{"exec": {"12": -1}}'):
             with open(self.state_path, "w") as f:
                 f.write(text)
             with self.assertRaises(ValueError, msg=text):
@@ -250,7 +369,8 @@ class ResumeTest(unittest.TestCase):
         fw.resource_event({"timestamp": 7.0, "name": "online", "context": {"idset": "0"}})
         self.assertEqual(ff.load_state(self.state_path)["resource"], 0.0)
         fw.checkpoint()
-        self.assertEqual(ff.load_state(self.state_path), {"job": 11.0, "resource": 7.0})
+        self.assertEqual(ff.load_state(self.state_path),
+                         {"job": 11.0, "resource": 7.0, "exec": {}})
 
     def test_a_restart_resumes_without_losing_events(self):
         name = "incarnation1.job-manager.events-journal.jsonl"
@@ -349,27 +469,45 @@ class CliTest(unittest.TestCase):
         self.assertEqual(a.streams, {"job"})
         self.assertEqual(a.output, ("tcp", ("h", 1)))
         with self.assertRaises(SystemExit), open(os.devnull, "w") as null:
-            import contextlib
             with contextlib.redirect_stderr(null):
                 ff.parse_args(["--streams", "jobs"])
+        self.assertFalse(ff.parse_args([]).exec_eventlogs)
+        self.assertTrue(ff.parse_args(["--exec-eventlogs"]).exec_eventlogs)
+        with self.assertRaises(SystemExit), open(os.devnull, "w") as null:
+            with contextlib.redirect_stderr(null):
+                ff.parse_args(["--exec-eventlogs", "--streams", "resource"])
 
 
 class FakeFlux:
-    """Just enough of the flux module for run_flux()."""
+    """Just enough of the flux module for run_flux(). The reactor runs the
+    journal consumers and the exec eventlog watches in turns, one event
+    each, until nothing is left, reactor_stop() is called, or `budget`
+    events have been delivered (as if a SIGTERM came then)."""
 
-    def __init__(self, messages_job, messages_res):
+    def __init__(self, messages_job, messages_res, journals_end: bool = True,
+                 exec_logs=read_exec_eventlog, budget: int | None = None):
         fake = self
         self.consumers = []
+        self.watches: list[FakeWatch] = []
+        self.budget = budget
 
         class Handle:
             def __init__(self, *a):
                 self.stopped = False
 
             def reactor_run(self):
-                for c in fake.consumers:
-                    c.deliver()
-                    if self.stopped:
-                        break
+                self.stopped = False
+                while not self.stopped:
+                    busy = False
+                    for src in fake.consumers + fake.watches:
+                        if self.stopped or fake.budget == 0:
+                            return
+                        if src.step():
+                            busy = True
+                            if fake.budget is not None:
+                                fake.budget -= 1
+                    if not busy:
+                        return
 
             def reactor_stop(self):
                 self.stopped = True
@@ -389,19 +527,26 @@ class FakeFlux:
 
         def job_consumer(handle, full, since, include_sentinel):
             assert full and include_sentinel
-            c = FakeConsumer(messages_job, ff.JOB, since)
+            c = FakeConsumer(messages_job, ff.JOB, since, ends=journals_end)
             c.asked_since = since
             fake.consumers.append(c)
             return c
 
         def resource_consumer(handle, since, include_sentinel):
-            c = FakeConsumer(messages_res, ff.RESOURCE, since)
+            c = FakeConsumer(messages_res, ff.RESOURCE, since, ends=journals_end)
             c.asked_since = since
             fake.consumers.append(c)
             return c
 
+        def event_watch_async(handle, jobid, eventlog="eventlog"):
+            assert eventlog == "guest.exec.eventlog", eventlog
+            w = FakeWatch(jobid, exec_logs(jobid))
+            fake.watches.append(w)
+            return w
+
         self.Flux = Handle
-        self.job = argparse.Namespace(JournalConsumer=job_consumer)
+        self.job = argparse.Namespace(JournalConsumer=job_consumer,
+                                      event_watch_async=event_watch_async)
         self.resource = argparse.Namespace(
             journal=argparse.Namespace(ResourceJournalConsumer=resource_consumer))
 
@@ -428,6 +573,190 @@ class RunFluxTest(unittest.TestCase):
         lines = out.decoded()
         self.assertIn({"id": -1, "events": []}, lines)
         self.assertTrue(any("ended" in m for m in logs))
+        # Without --exec-eventlogs no exec eventlog is watched.
+        self.assertEqual(fake.watches, [])
+        self.assertEqual(exec_events(lines), [])
+
+
+def fluxpipe_binary() -> str | None:
+    binary = os.environ.get("FLUXPIPE_BIN") or str(REPO / "target/release/fluxpipe")
+    return binary if os.access(binary, os.X_OK) else None
+
+
+class ExecEventlogTest(unittest.TestCase):
+    """--exec-eventlogs: the exec eventlog of every job whose `start` the
+    job journal brings, as envelopes, resumed over restarts."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.state_path = os.path.join(self.tmp.name, "state.json")
+        self.job = read_journal(JOB_JOURNAL1)
+        self.res = read_journal(RESOURCE_JOURNAL1)
+        self.started = started_jobs(self.job)
+        self.assertGreater(len(self.started), 5)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_forwarder(self, fake: FakeFlux, *extra: str):
+        args = ff.parse_args(["--state", self.state_path, "--exec-eventlogs", *extra])
+        out = Lines()
+        logs: list[str] = []
+        fw = ff.Forwarder(out, ff.load_state(self.state_path), self.state_path)
+        status = ff.run_flux(args, fw, logs.append, flux_module=fake)
+        return status, out.decoded(), logs
+
+    def test_every_started_job_once_in_envelopes(self):
+        fake = FakeFlux(self.job, self.res, journals_end=False)
+        status, lines, logs = self.run_forwarder(fake)
+        self.assertEqual(status, 0)
+        self.assertEqual(sorted(w.jobid for w in fake.watches), sorted(self.started))
+        sent = exec_events(lines)
+        self.assertEqual(len(sent), len(set(sent)), "an exec event was sent twice")
+        self.assertEqual(set(sent), corpus_exec_events(self.started))
+        for m in lines:
+            if m.get("stream") == "exec":
+                self.assertEqual(list(m), ["stream", "id", "event"])
+                self.assertIsInstance(m["id"], int)
+        # A job's exec events come after its `start` line (its watch begins there).
+        first_exec = {}
+        start_at = {}
+        for i, m in enumerate(lines):
+            if m.get("stream") == "exec":
+                first_exec.setdefault(m["id"], i)
+            elif m.get("events") and m["events"][0]["name"] == "start":
+                start_at[m["id"]] = i
+        for j, i in first_exec.items():
+            self.assertLess(start_at[j], i)
+        # The journals are forwarded as without the option.
+        journal = [m for m in lines if "stream" not in m]
+        self.assertEqual(corpus_events([m for m in journal if "id" in m and m["id"] != -1]),
+                         corpus_events([m for m in self.job if m.get("id") != -1]))
+        # Every watch ended (the jobs are inactive): no job left in the state.
+        self.assertEqual(ff.load_state(self.state_path)["exec"], {})
+
+    def restart(self, overlap: float):
+        """A first run stopped (as by SIGTERM) in the middle of the exec
+        eventlogs, then a second one from the state file."""
+        fake1 = FakeFlux(self.job, self.res, journals_end=False, budget=120)
+        status, first, _ = self.run_forwarder(fake1, "--overlap", str(overlap))
+        self.assertEqual(status, 0)
+        saved = ff.load_state(self.state_path)
+        in_flight = saved["exec"]
+        self.assertTrue(in_flight, "the first run should stop with watches open")
+        self.assertTrue(any(t > 0 for t in in_flight.values()),
+                        "the first run should stop in the middle of an exec eventlog")
+        self.assertTrue(all(w.canceled for w in fake1.watches if w.jobid in in_flight))
+        fake2 = FakeFlux(self.job, self.res, journals_end=False)
+        status, second, logs = self.run_forwarder(fake2, "--overlap", str(overlap))
+        self.assertEqual(status, 0)
+        self.assertTrue(any("watching again the exec eventlogs" in m for m in logs))
+        # The jobs in flight are watched again, before the journal says anything.
+        self.assertEqual([w.jobid for w in fake2.watches][:len(in_flight)], sorted(in_flight))
+        self.assertEqual(ff.load_state(self.state_path)["exec"], {})
+        sent1, sent2 = exec_events(first), exec_events(second)
+        # Nothing lost.
+        self.assertEqual(set(sent1) | set(sent2), corpus_exec_events(self.started))
+        return saved, sent1, sent2
+
+    def test_a_restart_resumes_the_exec_eventlogs_without_repeats(self):
+        # Without overlap the journal brings no `start` again: each job's
+        # exec eventlog resumes after its newest event sent.
+        saved, sent1, sent2 = self.restart(overlap=0.0)
+        both = sent1 + sent2
+        self.assertEqual(len(both), len(set(both)), "an exec event was sent twice")
+        for j, t in saved["exec"].items():
+            self.assertTrue(all(ts > t for (jj, ts, _) in sent2 if jj == j))
+
+    def test_a_restart_with_overlap_repeats_only_jobs_started_in_the_overlap(self):
+        # A `start` the journal brings again (it is within --overlap of
+        # the newest job event sent) watches the job again if its watch
+        # had ended: its exec eventlog is sent again, and fluxpipe skips
+        # the repeats. Nothing else is repeated.
+        overlap = 1.0
+        saved, sent1, sent2 = self.restart(overlap)
+        start_ts = {m["id"]: e["timestamp"] for m in self.job for e in m["events"]
+                    if e["name"] == "start"}
+        repeated = {j for (j, _, _) in set(sent1) & set(sent2)}
+        for j in repeated:
+            self.assertGreater(start_ts[j], saved["job"] - overlap)
+
+    def test_an_exec_eventlog_that_cannot_be_read_is_logged_and_forgotten(self):
+        missing = self.started[0]
+        fake = FakeFlux(self.job, self.res, journals_end=False,
+                        exec_logs=lambda j: None if j == missing else read_exec_eventlog(j))
+        status, lines, logs = self.run_forwarder(fake)
+        self.assertEqual(status, 0)
+        self.assertTrue(any(f"exec eventlog of job {missing}" in m for m in logs))
+        self.assertEqual(set(exec_events(lines)),
+                         corpus_exec_events(j for j in self.started if j != missing))
+        self.assertEqual(ff.load_state(self.state_path)["exec"], {})
+
+    def test_fluxpipe_reads_the_exec_envelopes(self):
+        """The forwarded lines, journal and exec envelopes in one stream
+        (as a socket source with the default `format = "auto"` gets them),
+        replay like the journal plus the exec eventlog files, without an
+        anomaly; and the exec events count as the job's exec eventlog: a
+        `complete` without `done` raises fluxpipe's exec_incomplete alert."""
+        binary = fluxpipe_binary()
+        if binary is None:
+            self.skipTest("no fluxpipe binary")
+        fake = FakeFlux(self.job, self.res, journals_end=False)
+        _, lines, _ = self.run_forwarder(fake)
+        tmp = Path(self.tmp.name)
+
+        def replay(*paths, config=None):
+            cmd = [binary, "replay", "--format", "json", "--cluster", "B",
+                   "--input-format", "auto"]
+            if config:
+                cmd += ["--config", str(config)]
+            run = subprocess.run(cmd + [str(p) for p in paths],
+                                 capture_output=True, text=True, check=True)
+            return [json.loads(l) for l in run.stdout.splitlines()]
+
+        fwd = tmp / "forwarded.jsonl"
+        fwd.write_text("".join(ff.encode(m).decode() for m in lines))
+        orig = tmp / "original"
+        orig.mkdir()
+        for name in (JOB_JOURNAL1, RESOURCE_JOURNAL1):
+            shutil.copy(JOURNALS / name, orig / name)
+        for j in self.started:
+            (orig / str(j)).mkdir()
+            shutil.copy(JOBS / str(j) / "exec.eventlog", orig / str(j) / "exec.eventlog")
+        got = replay(fwd)
+        self.assertEqual([r for r in got if r["kind"] == "anomaly"], [])
+        key = lambda r: json.dumps(r, sort_keys=True)
+        self.assertEqual(sorted(map(key, got)), sorted(map(key, replay(orig))))
+
+        # One job cut after its `start`, its exec eventlog after `complete`.
+        victim = self.started[-1]
+        cut, seen_start = [], False
+        for m in lines:
+            if m.get("id") == victim and "events" in m:
+                if seen_start:
+                    continue
+                seen_start = m["events"][0]["name"] == "start"
+            if m.get("stream") == "exec" and m["id"] == victim and m["event"]["name"] == "done":
+                continue
+            cut.append(m)
+        (tmp / "cut").mkdir()
+        (tmp / "cut/forwarded.jsonl").write_text("".join(ff.encode(m).decode() for m in cut))
+        config = tmp / "alerts.toml"
+        config.write_text(
+            '[alerts]\nclock = "event"\n'
+            '[alerts.rules.exec_incomplete]\nkind = "exec_incomplete"\nfor = "0s"\n'
+            '[sources.in]\ntype = "stdin"\n'
+            '[sinks.out]\ntype = "blackhole"\ninputs = ["alerts"]\n')
+        out = replay(tmp / "cut", config=config)
+        alerts = [r for r in out if r["kind"] == "alert"]
+        self.assertTrue(alerts)
+        self.assertEqual({a["alertname"] for a in alerts}, {"exec_incomplete"})
+        # With `for = "0s"` every job fires between `complete` and `done`
+        # and resolves at `done`; only the one without `done` stays firing.
+        firing = {a["id"] for a in alerts if a["status"] == "firing"}
+        resolved = {a["id"] for a in alerts if a["status"] == "resolved"}
+        self.assertEqual(firing - resolved, {victim})
+        self.assertEqual([r for r in out if r["kind"] == "anomaly"], [])
 
 
 if __name__ == "__main__":

@@ -2,12 +2,18 @@
 """Checks the fluxpipe Helm chart without a cluster and without the helm CLI.
 
 Run by helm/check inside its virtualenv (helm-python-sdk, kubernetes-validate,
-PyYAML). For each scenario it lints the chart, renders it, validates every
-rendered Kubernetes object with `kubernetes-validate --strict`, checks the
-Prometheus Operator objects itself (and their rules with promtool when it is
-installed), parses the pipeline config in the ConfigMap as TOML and compares
-it with the values. Values files under helm/ci/bad/ must be refused. The
-Grafana dashboard and helm/README.md are checked too.
+PyYAML; jsonschema comes with kubernetes-validate). For each scenario it
+lints the chart, renders it, validates every rendered Kubernetes object with
+`kubernetes-validate --strict`, validates the Prometheus Operator objects
+(which kubernetes-validate has no schema for) against the JSON schemas of
+helm/ci/crd-schemas/ (the CRDs' fields the chart uses, closed) and checks
+what they select and contain (and their rules with `promtool check rules`
+and `promtool test rules` when promtool is installed), parses the pipeline
+config in the ConfigMap as TOML and compares it with the values. Values
+files under helm/ci/bad/ must be refused. The Grafana dashboard and
+helm/README.md are checked too, and every metric the alerts and the
+dashboard query must be one fluxpipe exports (the README's table and, when
+target/release/fluxpipe exists, a name found in the binary).
 
 Exits non-zero after printing every problem found.
 """
@@ -25,6 +31,7 @@ import tomllib
 from pathlib import Path
 
 import helm_python as helm
+import jsonschema
 import yaml
 from helm_python import _native
 
@@ -44,6 +51,17 @@ ALERT_KINDS = {
     "job_state", "prolog", "epilog", "overrun", "exec_incomplete",
     "node_drained", "node_offline", "node_torpid",
 }
+# JSON schemas of the Prometheus Operator objects, by kind.
+CRD_SCHEMAS = {
+    "ServiceMonitor": CI / "crd-schemas/servicemonitor.json",
+    "PrometheusRule": CI / "crd-schemas/prometheusrule.json",
+}
+# Metrics the README's table does not list yet but the chart relies on.
+EXTRA_METRICS = {"flux_jobs_stuck", "fluxpipe_socket_connections",
+                 "fluxpipe_socket_connections_total", "fluxpipe_source_errors_total"}
+# Label names that look like metric names.
+METRIC_LIKE_LABELS = {"flux_cluster"}
+METRIC_RE = re.compile(r"\b((?:fluxpipe|flux)_[a-z_]+)\b")
 
 problems: list[str] = []
 
@@ -209,6 +227,62 @@ def check_config(scenario: str, cm: dict, values: dict, workdir: Path) -> None:
         print(f"skip [{scenario}] fluxpipe validate: no binary at {binary}", flush=True)
 
 
+def crd_validator(kind: str) -> jsonschema.Draft7Validator:
+    schema = json.loads(CRD_SCHEMAS[kind].read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def crd_errors(doc: dict) -> list[str]:
+    """What the CRD schema of doc's kind finds wrong with it."""
+    body = {k: v for k, v in doc.items() if k != "__source"}
+    errors = crd_validator(doc["kind"]).iter_errors(body)
+    return [f"{'/'.join(map(str, e.absolute_path)) or '.'}: {e.message}"
+            for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path)))]
+
+
+def check_crd_shape(scenario: str, doc: dict) -> None:
+    errors = crd_errors(doc)
+    for e in errors:
+        problem(scenario, f"{doc['kind']} does not match {CRD_SCHEMAS[doc['kind']].name}: {e}")
+    if not errors:
+        print(f"ok   [{scenario}] {doc['kind']} matches helm/ci/crd-schemas/"
+              f"{CRD_SCHEMAS[doc['kind']].name}", flush=True)
+
+
+def crd_schema_self_test(sm: dict, pr: dict) -> None:
+    """The schemas are closed and typed: spoiled copies of rendered objects
+    must fail them, or the shape checks above prove nothing."""
+    import copy
+    spoilers = [
+        ("ServiceMonitor", sm, "endpoint key typo",
+         lambda d: d["spec"]["endpoints"][0].update(intervall="30s")),
+        ("ServiceMonitor", sm, "interval `30 s`",
+         lambda d: d["spec"]["endpoints"][0].update(interval="30 s")),
+        ("ServiceMonitor", sm, "selector outside spec",
+         lambda d: d.update(selector=d["spec"].pop("selector"))),
+        ("ServiceMonitor", sm, "relabeling action `rename`",
+         lambda d: d["spec"]["endpoints"][0].update(
+             relabelings=[{"action": "rename", "targetLabel": "x"}])),
+        ("PrometheusRule", pr, "rule key `fro`",
+         lambda d: d["spec"]["groups"][0]["rules"][0].update(fro="5m")),
+        ("PrometheusRule", pr, "for `5 minutes`",
+         lambda d: d["spec"]["groups"][0]["rules"][0].update({"for": "5 minutes"})),
+        ("PrometheusRule", pr, "rule without expr",
+         lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr")),
+        ("PrometheusRule", pr, "numeric label value",
+         lambda d: d["spec"]["groups"][0]["rules"][0].update(labels={"team": 7})),
+    ]
+    for kind, doc, what, spoil in spoilers:
+        if not doc:
+            continue
+        bad = copy.deepcopy(doc)
+        spoil(bad)
+        if not crd_errors(bad):
+            problem("crd-schemas", f"{kind} schema accepts a {what}")
+    print(f"ok   [crd-schemas] the schemas refuse {len(spoilers)} spoiled objects", flush=True)
+
+
 def check_service_monitor(scenario: str, sm: dict, services: list[dict]) -> None:
     spec = sm.get("spec", {})
     sel = spec.get("selector", {}).get("matchLabels", {})
@@ -238,6 +312,9 @@ def check_prometheus_rule(scenario: str, pr: dict, workdir: Path) -> list[str]:
     if not groups:
         problem(scenario, "PrometheusRule has no groups")
         return []
+    names = [g.get("name") for g in groups]
+    if len(names) != len(set(names)):
+        problem(scenario, f"rule group names repeat: {names}")
     alerts = []
     for g in groups:
         if not g.get("name") or not g.get("rules"):
@@ -324,6 +401,9 @@ def scenario(name: str, values: dict | None, api_versions: list[str], expect: di
         for p in merged["service"]["inputPorts"]:
             if p["name"] not in names:
                 problem(name, f"the Service lacks input port {p['name']}")
+    for kind in CRD_KINDS:
+        for doc in kinds.get(kind, []):
+            check_crd_shape(name, doc)
     for sm in kinds.get("ServiceMonitor", []):
         check_service_monitor(name, sm, kinds.get("Service", []))
     alerts: list[str] = []
@@ -382,13 +462,51 @@ def check_dashboard() -> set[str]:
         if not exprs or not all(e.strip() for e in exprs):
             problem("dashboard", f"panel {p.get('title')!r} has no query")
         for e in exprs:
-            metrics |= set(re.findall(r"\b(fluxpipe_[a-z_]+|flux_[a-z_]+)\b", e))
+            metrics |= set(METRIC_RE.findall(e))
             if "flux_" in e and "fluxpipe_" not in e and "$flux_cluster" not in e:
                 problem("dashboard", f"panel {p.get('title')!r} ignores $flux_cluster: {e}")
-    metrics.discard("flux_cluster")
+    metrics -= METRIC_LIKE_LABELS
     print(f"ok   [dashboard] {count} panels, each with a query; {len(metrics)} metrics used",
           flush=True)
     return metrics
+
+
+def rule_metrics(pr_docs: list[dict]) -> set[str]:
+    """The flux_* and fluxpipe_* metrics the rules' expressions use."""
+    out: set[str] = set()
+    for pr in pr_docs:
+        for g in pr["spec"]["groups"]:
+            for r in g.get("rules", []):
+                out |= set(METRIC_RE.findall(str(r.get("expr", ""))))
+    return out - METRIC_LIKE_LABELS
+
+
+def check_metrics_exist(rules: set[str], dashboard: set[str]) -> None:
+    """Every metric an alert or a panel queries is one fluxpipe exports: in
+    the README's table (or EXTRA_METRICS), and, when the binary is built,
+    its name is in the binary (histogram suffixes aside; as a substring:
+    the binary packs its strings without separators, so this catches
+    invented names, and the README table, matched exactly, the rest)."""
+    before = len(problems)
+    known = documented_metrics() | EXTRA_METRICS
+    base = {m: re.sub(r"_(bucket|sum|count)$", "", m) for m in rules | dashboard}
+    for m in sorted(rules):
+        if base[m] not in known:
+            problem("metrics", f"an alert uses {m}, which no README lists")
+    binary = Path(os.environ.get("FLUXPIPE_BIN") or REPO / "target/release/fluxpipe")
+    if os.access(binary, os.X_OK):
+        data = binary.read_bytes()
+        for m in sorted(rules | dashboard):
+            if base[m].encode() not in data:
+                problem("metrics", f"{m} is queried but {binary.name} does not export it")
+        where = f"the README and {binary}"
+    else:
+        print(f"skip [metrics] no binary at {binary}: metric names checked against "
+              "the README only", flush=True)
+        where = "the README"
+    if len(problems) == before:
+        print(f"ok   [metrics] the {len(rules)} metrics of the alerts and the "
+              f"{len(dashboard)} of the dashboard are all in {where}", flush=True)
 
 
 def documented_metrics() -> set[str]:
@@ -407,9 +525,7 @@ def check_docs(alerts: list[str], dashboard_metrics: set[str]) -> None:
     before = len(problems)
     readme = (HELM / "README.md").read_text()
     metrics = documented_metrics()
-    # Metrics the README table does not list yet but the chart relies on.
-    extra = {"flux_jobs_stuck", "fluxpipe_socket_connections",
-             "fluxpipe_socket_connections_total", "fluxpipe_source_errors_total"}
+    extra = EXTRA_METRICS
     for m in sorted(metrics | extra):
         if f"`{m}`" not in readme:
             problem("docs", f"helm/README.md does not list metric {m}")
@@ -461,6 +577,9 @@ def main() -> int:
         all_on = {"prometheusRule": {"enabled": True, "rules": {
             k: {"enabled": True} for k in merged_values(None)["prometheusRule"]["rules"]}}}
         every = scenario("all-alerts", all_on, [MONITORING_API], {"PrometheusRule": 1}, work)
+        full_kinds = full.get("kinds", {})
+        crd_schema_self_test((full_kinds.get("ServiceMonitor") or [{}])[0],
+                             (full_kinds.get("PrometheusRule") or [{}])[0])
 
         # Full scenario specifics: overrides, additions and switches.
         alerts = full.get("alerts", [])
@@ -490,6 +609,7 @@ def main() -> int:
         print("---- dashboard and docs", flush=True)
         dm = check_dashboard()
         check_docs(every.get("alerts", []), dm)
+        check_metrics_exist(rule_metrics(every.get("kinds", {}).get("PrometheusRule", [])), dm)
 
     if problems:
         print(f"\nhelm check: {len(problems)} problems", flush=True)
