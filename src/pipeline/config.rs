@@ -711,14 +711,87 @@ pub enum ConfigError {
 
 /// Parse TOML text into a config and validate it.
 pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
-    let config: Config =
-        toml::from_str(text).map_err(|e| vec![ConfigError::Parse(e.to_string())])?;
+    let config: Config = toml::from_str(text).map_err(|e| {
+        vec![typed_table_error(text).unwrap_or_else(|| ConfigError::Parse(e.to_string()))]
+    })?;
     let errors = validate(&config, text);
     if errors.is_empty() {
         Ok(config)
     } else {
         Err(errors)
     }
+}
+
+/// The error inside a `[sources.NAME]` or `[sinks.NAME]` table, at the
+/// line of the key at fault. serde reads a table tagged by `type` into a
+/// buffer first, which loses every position but the table's own, so each
+/// such table is read again here straight into its type's struct.
+fn typed_table_error(text: &str) -> Option<ConfigError> {
+    use toml::de::{DeTable, DeValue, Deserializer};
+    let root = DeTable::parse(text).ok()?.into_inner();
+    for (section, value) in root {
+        let DeValue::Table(entries) = value.into_inner() else {
+            continue;
+        };
+        let section = section.into_inner();
+        for (name, table) in entries {
+            let span = table.span();
+            let DeValue::Table(table) = table.into_inner() else {
+                continue;
+            };
+            let kind = table.iter().find_map(|(k, v)| match v.get_ref() {
+                DeValue::String(s) if k.get_ref() == "type" => Some(s.to_string()),
+                _ => None,
+            });
+            let Some(kind) = kind else { continue };
+            let keys: Vec<(String, std::ops::Range<usize>)> = table
+                .iter()
+                .map(|(k, v)| (k.get_ref().to_string(), k.span().start..v.span().end))
+                .collect();
+            let rest: DeTable = table
+                .into_iter()
+                .filter(|(k, _)| k.get_ref() != "type")
+                .collect();
+            let de = Deserializer::from(toml::Spanned::new(span.clone(), rest));
+            let result = match (&*section, kind.as_str()) {
+                ("sources", "file") => FileSourceConfig::deserialize(de).err(),
+                ("sources", "socket") => SocketSourceConfig::deserialize(de).err(),
+                ("sources", "stdin") => StdinSourceConfig::deserialize(de).err(),
+                ("sources", "kafka") => KafkaSourceConfig::deserialize(de).err(),
+                ("sinks", "stdout") => StdoutSinkConfig::deserialize(de).err(),
+                ("sinks", "blackhole") => BlackholeSinkConfig::deserialize(de).err(),
+                ("sinks", "file") => FileSinkConfig::deserialize(de).err(),
+                ("sinks", "socket") => SocketSinkConfig::deserialize(de).err(),
+                ("sinks", "http") => HttpSinkConfig::deserialize(de).err(),
+                ("sinks", "prometheus") => PrometheusSinkConfig::deserialize(de).err(),
+                ("sinks", "alertmanager") => AlertmanagerSinkConfig::deserialize(de).err(),
+                ("sinks", "kafka") => KafkaSinkConfig::deserialize(de).err(),
+                _ => None,
+            };
+            if let Some(e) = result {
+                let at = e.span().map_or(span.start, |s| s.start).min(text.len());
+                let line = text.as_bytes()[..at]
+                    .iter()
+                    .filter(|b| **b == b'\n')
+                    .count()
+                    + 1;
+                let mut path = format!("{section}.{}", name.get_ref());
+                let message = e.message();
+                if let Some((key, _)) = keys.iter().find(|(_, r)| r.contains(&at)) {
+                    // serde names the key itself in some messages only.
+                    if !message.starts_with(key.as_str()) && !message.contains(&format!("`{key}`"))
+                    {
+                        path = format!("{path}.{key}");
+                    }
+                }
+                return Some(ConfigError::At {
+                    line,
+                    message: format!("{path}: {message}"),
+                });
+            }
+        }
+    }
+    None
 }
 
 /// Read, parse and validate a config file.
@@ -1191,7 +1264,7 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
         );
 
         let e = errors("[sources.a]\ntype = \"stdin\"\nbogus = 1\n");
-        assert!(e[0].contains("bogus") && e[0].contains("line 1"), "{e:?}");
+        assert!(e[0].contains("bogus") && e[0].contains("line 3"), "{e:?}");
 
         let e = errors("[sources.a]\ntype = \"carrier-pigeon\"\n");
         assert!(e[0].contains("carrier-pigeon"), "{e:?}");
@@ -1213,9 +1286,18 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
         let e = errors(
             "[sources.a]\ntype = \"stdin\"\nformat = \"xml\"\n[sinks.c]\ntype = \"stdout\"\ninputs = [\"jobs\"]\n",
         );
-        // Inside a typed table, serde reports the table's line.
+        // Inside a table tagged by `type`, the key's own line.
         assert!(
-            e[0].contains("format: unknown format `xml`") && e[0].contains("line 1"),
+            e[0].contains("sources.a: format: unknown format `xml`") && e[0].contains("line 3"),
+            "{e:?}"
+        );
+
+        let e = errors(
+            "[sources.a]\ntype = \"stdin\"\n[sinks.c]\ntype = \"http\"\ninputs = [\"jobs\"]\n\
+             uri = \"http://127.0.0.1:1/\"\nbatch_max_records = \"many\"\n",
+        );
+        assert!(
+            e[0].starts_with("line 7: sinks.c.batch_max_records: invalid type"),
             "{e:?}"
         );
     }
