@@ -8,7 +8,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn tour_commands() -> Vec<String> {
+mod common;
+
+fn tour_block() -> String {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
         .expect("README.md");
     let section = readme
@@ -20,7 +22,11 @@ fn tour_commands() -> Vec<String> {
         .nth(1)
         .and_then(|b| b.split("```").next())
         .expect("the tour's code block");
-    block
+    block.to_string()
+}
+
+fn tour_commands() -> Vec<String> {
+    tour_block()
         .lines()
         .map(str::trim)
         .filter(|l| l.starts_with("fluxpipe "))
@@ -46,8 +52,7 @@ fn every_tour_command_runs() {
     let mut ran = 0;
     for cmd in &commands {
         if cmd.ends_with('&') {
-            // step 5 binds fixed ports; its config is validated by
-            // tests/pipelines.rs
+            // step 5 binds fixed ports: `alerting_tour_step_runs`
             continue;
         }
         if cmd.starts_with("fluxpipe run ") {
@@ -101,4 +106,93 @@ fn every_tour_command_runs() {
         ran += 1;
     }
     assert_eq!(ran, 4, "{commands:?}");
+}
+
+/// Step 5 as written, but on a free port: the live run fires as many
+/// alerts as `fluxpipe replay` of the same files with the same rules, and
+/// the scrape shows the nodes left offline.
+#[test]
+fn alerting_tour_step_runs() {
+    let block = tour_block();
+    let step = block.split("# 5.").nth(1).expect("step 5");
+    let lines: Vec<&str> = step
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let (run, count, scrape) = (lines[0], lines[1], lines[2]);
+    assert!(run.starts_with("fluxpipe run --config pipelines/alerting.toml") && run.ends_with('&'));
+    assert_eq!(lines[3], "kill %1");
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = common::free_port();
+    let config = std::fs::read_to_string(root.join("pipelines/alerting.toml"))
+        .expect("alerting.toml")
+        .replace("127.0.0.1:9464", &format!("127.0.0.1:{port}"));
+    let copy = dir.path().join("alerting.toml");
+    std::fs::write(&copy, config).expect("write config");
+    let on_port = |cmd: &str| cmd.replace("127.0.0.1:9464", &format!("127.0.0.1:{port}"));
+    let run = run
+        .trim_end_matches('&')
+        .replace("pipelines/alerting.toml", &copy.display().to_string());
+    let child = Command::new("sh")
+        .args(["-c", &format!("exec {run}")])
+        .current_dir(root)
+        .env("PATH", path_env())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let _reaper = common::Reaper(child);
+    let alerts_file = root.join("alerts.jsonl");
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = Remove(alerts_file.clone());
+
+    // What replay says the same rules raise on the same files.
+    let replay = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+        .current_dir(root)
+        .args(["replay", "--format", "json", "--config"])
+        .arg(&copy)
+        .arg("tests/corpus/upstream-testdata/resource/resource.eventlog.thing2")
+        .output()
+        .expect("replay");
+    let expected = String::from_utf8_lossy(&replay.stdout)
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"alert\"") && l.contains("\"status\":\"firing\""))
+        .count();
+    assert!(expected > 0, "the corpus must fire alerts");
+
+    let count = count.split_once(';').map_or(count, |(_, c)| c.trim());
+    let firing = || {
+        let out = Command::new("sh")
+            .args(["-c", count])
+            .current_dir(root)
+            .output()
+            .expect("grep");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<usize>()
+            .unwrap_or(0)
+    };
+    common::wait_until("every alert fired", 60, || firing() >= expected);
+    // The job corpus raises none with these rules, so thing2's are all.
+    assert_eq!(firing(), expected);
+
+    let out = Command::new("sh")
+        .args(["-c", &on_port(scrape)])
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("flux_nodes_offline{flux_cluster=\"thing2\"} 42"),
+        "{text}"
+    );
+    assert!(text.contains("flux_jobs_stuck{"), "{text}");
 }
