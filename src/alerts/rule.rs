@@ -216,6 +216,40 @@ pub fn job_condition(kind: RuleKind, entry: &JobEntry) -> Option<f64> {
     }
 }
 
+/// All that [`job_condition`] reads of a job: where two views are equal,
+/// every job rule holds or not alike, so a record that leaves the view as
+/// it was need not be shown to the alert engine.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobView {
+    state: JobState,
+    t_state: Option<f64>,
+    prolog: Option<f64>,
+    epilog: Option<f64>,
+    expiration: Option<f64>,
+    exec_complete: Option<f64>,
+}
+
+/// The view of a job the rules can hold for; `None` for one they cannot
+/// (absent, not submitted, invalid or INACTIVE).
+pub fn job_view(entry: Option<&JobEntry>) -> Option<JobView> {
+    let entry = entry?;
+    let job = &entry.job;
+    if !job.submitted || job.invalidated || job.state == JobState::Inactive {
+        return None;
+    }
+    Some(JobView {
+        state: job.state,
+        t_state: job.t_state(),
+        prolog: job.prolog_since.get(),
+        epilog: job.epilog_since.get(),
+        expiration: job.expiration.get(),
+        exec_complete: entry
+            .exec_log()
+            .filter(|x| !x.done())
+            .and_then(|x| x.complete_timestamp()),
+    })
+}
+
 /// Whether `kind`'s condition holds for this rank, and since when if the
 /// rank says (a drain carries its time; online and torpid do not, so the
 /// caller uses the time of the event that changed them).

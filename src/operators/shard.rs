@@ -67,6 +67,10 @@ impl SharedEventClock {
 /// so input keeps flowing while a million timers come due.
 const FIRE_BATCH: usize = 1024;
 
+/// Most messages taken from the queue in one go, between looks at the
+/// timers.
+const DRAIN_BATCH: usize = 256;
+
 pub struct Shard {
     state: State,
     alerts: Engine,
@@ -463,6 +467,19 @@ impl Shard {
         self.reported = now;
     }
 
+    async fn handle(&mut self, msg: ShardMsg) {
+        match msg {
+            ShardMsg::Record(routed) => self.apply(routed).await,
+            // Everything before the barrier is applied, and its outputs
+            // are queued at the sinks.
+            ShardMsg::Barrier(reply) => {
+                let _ = reply.send(self.snapshot());
+            }
+            ShardMsg::Release { source, partitions } => self.release(&source, &partitions),
+            ShardMsg::Adopt(saved) => self.adopt(*saved).await,
+        }
+    }
+
     /// Apply records until every sender is gone; returns the final state,
     /// encoded, for the checkpoint taken at shutdown.
     pub async fn run(mut self, mut rx: mpsc::Receiver<ShardMsg>) -> ShardSnapshot {
@@ -472,19 +489,22 @@ impl Shard {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                msg = rx.recv() => match msg {
-                    Some(ShardMsg::Record(routed)) => self.apply(routed).await,
-                    // Everything before the barrier is applied, and its
-                    // outputs are queued at the sinks.
-                    Some(ShardMsg::Barrier(reply)) => {
-                        let _ = reply.send(self.snapshot());
+                msg = rx.recv() => {
+                    let Some(msg) = msg else { break };
+                    self.handle(msg).await;
+                    // What is queued already is taken without a trip
+                    // through `select!`, whose polling of every branch
+                    // costs as much as applying a small record.
+                    for _ in 0..DRAIN_BATCH {
+                        if self.alerts_due {
+                            break;
+                        }
+                        match rx.try_recv() {
+                            Ok(msg) => self.handle(msg).await,
+                            Err(_) => break,
+                        }
                     }
-                    Some(ShardMsg::Release { source, partitions }) => {
-                        self.release(&source, &partitions);
-                    }
-                    Some(ShardMsg::Adopt(saved)) => self.adopt(*saved).await,
-                    None => break,
-                },
+                }
                 _ = tick.tick() => self.expire(Instant::now()).await,
                 _ = std::future::ready(()), if self.alerts_due => self.fire_due().await,
             }
@@ -568,6 +588,14 @@ impl Shard {
             Body::Event(ev) => Some(ev.timestamp),
             _ => None,
         };
+        // What the job rules see of the job, to skip the engine when this
+        // record changes none of it.
+        let view = match &key {
+            Some(k) if !self.alerts.rules().is_empty() => {
+                Some(alerts::job_view(self.state.jobs.get(k).map(|e| &**e)))
+            }
+            _ => None,
+        };
         let fx = self.state.apply(&cluster, record);
         if !fx.duplicate {
             match &key {
@@ -579,7 +607,8 @@ impl Shard {
             }
         }
         if !fx.duplicate {
-            self.alert_on(&cluster, key.as_ref(), event_ts, &fx).await;
+            self.alert_on(&cluster, key.as_ref(), view, event_ts, &fx)
+                .await;
         }
         if !fx.duplicate {
             self.job_metrics(&cluster, key.as_ref(), before, &fx);
@@ -654,6 +683,7 @@ impl Shard {
         &mut self,
         cluster: &str,
         key: Option<&JobKey>,
+        view: Option<Option<alerts::JobView>>,
         event_ts: Option<f64>,
         fx: &crate::state::Effects,
     ) {
@@ -673,7 +703,9 @@ impl Shard {
             .or_else(|| self.event_clock.now(cluster))
             .unwrap_or_else(alerts::wall_now);
         let mut out = Vec::new();
-        if let Some(key) = key {
+        if let Some(key) = key
+            && view != Some(alerts::job_view(self.state.jobs.get(key).map(|e| &**e)))
+        {
             alerts::observe_job(&mut self.alerts, &self.state, key, at, lag, &mut out);
         }
         for (c, change) in &fx.rank_changes {
