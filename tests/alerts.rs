@@ -5,7 +5,7 @@
 //! `fluxpipe replay` tells which alerts a journal would have raised.
 
 mod common;
-use common::{Reaper, free_port, http_get, read_records};
+use common::{Reaper, alertmanager, am_alerts, read_records};
 
 use serde_json::{Value, json};
 use std::io::Write;
@@ -18,53 +18,6 @@ fn now() -> f64 {
         .duration_since(UNIX_EPOCH)
         .expect("clock")
         .as_secs_f64()
-}
-
-/// Kills the child when dropped, so a failing test leaves nothing behind.
-/// A real Alertmanager on loopback, or `None` where it is not installed
-/// (outside CI).
-fn alertmanager(dir: &Path) -> Option<(Reaper, u16)> {
-    let bin = ["prometheus-alertmanager", "alertmanager"]
-        .into_iter()
-        .find(|b| Command::new(b).arg("--version").output().is_ok());
-    let Some(bin) = bin else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "prometheus-alertmanager must be installed in CI"
-        );
-        return None;
-    };
-    let config = dir.join("alertmanager.yml");
-    std::fs::write(
-        &config,
-        "route:\n  receiver: blackhole\n  group_wait: 1s\nreceivers:\n  - name: blackhole\n",
-    )
-    .expect("write am config");
-    let port = free_port();
-    let child = Command::new(bin)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.path={}", dir.join("am-data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--cluster.listen-address=")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start alertmanager");
-    let am = Reaper(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http_get(port, "/-/ready").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "alertmanager did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Some((am, port))
-}
-
-/// Alerts Alertmanager holds now (resolved ones are not listed).
-fn am_alerts(port: u16) -> Vec<Value> {
-    http_get(port, "/api/v2/alerts")
-        .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
 }
 
 fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {

@@ -97,3 +97,170 @@ impl Drop for Reaper {
         let _ = self.0.wait();
     }
 }
+
+/// A real Alertmanager on loopback (clustering off, every alert to a
+/// receiver that sends nothing), or `None` where it is not installed
+/// (outside CI).
+pub fn alertmanager(dir: &Path) -> Option<(Reaper, u16)> {
+    let bin = ["prometheus-alertmanager", "alertmanager"]
+        .into_iter()
+        .find(|b| {
+            std::process::Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok()
+        });
+    let Some(bin) = bin else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "prometheus-alertmanager must be installed in CI"
+        );
+        return None;
+    };
+    let config = dir.join("alertmanager.yml");
+    std::fs::write(
+        &config,
+        "route:\n  receiver: blackhole\n  group_wait: 1s\nreceivers:\n  - name: blackhole\n",
+    )
+    .expect("write am config");
+    let port = free_port();
+    let child = std::process::Command::new(bin)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.path={}", dir.join("am-data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--cluster.listen-address=")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start alertmanager");
+    let am = Reaper(child);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while http_get(port, "/-/ready").map(|r| r.0) != Some(200) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "alertmanager did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some((am, port))
+}
+
+/// Alerts Alertmanager holds now (resolved ones are not listed).
+pub fn am_alerts(port: u16) -> Vec<serde_json::Value> {
+    http_get(port, "/api/v2/alerts")
+        .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// One request an [`HttpReceiver`] got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    /// Header names in lower case.
+    pub headers: std::collections::BTreeMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+/// A small HTTP/1.1 server on loopback (a thread per connection, keep-alive,
+/// `Content-Length` or chunked bodies) that answers every request `200 OK`
+/// and keeps what it got. It lives as long as the test process.
+pub struct HttpReceiver {
+    pub port: u16,
+    got: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+}
+
+impl HttpReceiver {
+    pub fn start() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let keep = got.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let keep = keep.clone();
+                std::thread::spawn(move || {
+                    let _ = serve_http(stream, &keep);
+                });
+            }
+        });
+        HttpReceiver { port, got }
+    }
+
+    /// The requests so far, in the order they arrived.
+    pub fn requests(&self) -> Vec<Received> {
+        self.got.lock().expect("lock").clone()
+    }
+}
+
+fn serve_http(stream: TcpStream, got: &std::sync::Mutex<Vec<Received>>) -> std::io::Result<()> {
+    use std::io::BufRead;
+    let mut out = stream.try_clone()?;
+    let mut r = std::io::BufReader::new(stream);
+    loop {
+        let mut first = String::new();
+        if r.read_line(&mut first)? == 0 {
+            return Ok(());
+        }
+        let mut words = first.split_whitespace();
+        let method = words.next().unwrap_or_default().to_string();
+        let path = words.next().unwrap_or_default().to_string();
+        let mut headers = std::collections::BTreeMap::new();
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h)? == 0 {
+                return Ok(());
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+            }
+        }
+        let mut body = Vec::new();
+        if headers
+            .get("transfer-encoding")
+            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+        {
+            loop {
+                let mut size = String::new();
+                r.read_line(&mut size)?;
+                let size = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+                if size == 0 {
+                    // trailers, then the empty line
+                    loop {
+                        let mut t = String::new();
+                        if r.read_line(&mut t)? == 0 || t.trim_end().is_empty() {
+                            break;
+                        }
+                    }
+                    break;
+                }
+                let mut chunk = vec![0; size + 2];
+                r.read_exact(&mut chunk)?;
+                body.extend_from_slice(&chunk[..size]);
+            }
+        } else if let Some(len) = headers.get("content-length") {
+            let len: usize = len.parse().unwrap_or(0);
+            body = vec![0; len];
+            r.read_exact(&mut body)?;
+        }
+        let close = headers
+            .get("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        got.lock().expect("lock").push(Received {
+            method,
+            path,
+            headers,
+            body,
+        });
+        out.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")?;
+        if close {
+            return Ok(());
+        }
+    }
+}
