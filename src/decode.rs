@@ -218,6 +218,28 @@ pub struct Record {
     pub body: Body,
 }
 
+impl Record {
+    /// A job journal item: the line names no cluster.
+    fn job_journal(id: JobId, body: Body) -> Self {
+        Record {
+            cluster: None,
+            stream: EventStream::Job,
+            id: Some(id),
+            body,
+        }
+    }
+
+    /// A resource journal item: the line names no cluster.
+    fn resource_journal(body: Body) -> Self {
+        Record {
+            cluster: None,
+            stream: EventStream::Resource,
+            id: None,
+            body,
+        }
+    }
+}
+
 /// Why a line could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DecodeError {
@@ -382,12 +404,7 @@ mod fast {
         let r = j.r.filter(Value::is_object);
         match (j.id, format) {
             (Some(id), Format::Auto | Format::JobJournal) => {
-                let record = |body| Record {
-                    cluster: None,
-                    stream: EventStream::Job,
-                    id: Some(JobId(id)),
-                    body,
-                };
+                let record = |body| Record::job_journal(JobId(id), body);
                 // R first, as the general path does.
                 out.records.extend(r.map(|r| record(Body::R(r))));
                 out.records
@@ -395,12 +412,7 @@ mod fast {
                 true
             }
             (None, Format::Auto | Format::ResourceJournal) => {
-                let record = |body| Record {
-                    cluster: None,
-                    stream: EventStream::Resource,
-                    id: None,
-                    body,
-                };
+                let record = Record::resource_journal;
                 if events.is_empty() {
                     out.records.push(record(Body::Sentinel));
                     return true;
@@ -557,12 +569,7 @@ fn job_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
                 .push(DecodeError::Field("journal message without id".into()));
         }
     };
-    let record = |body| Record {
-        cluster: None,
-        stream: EventStream::Job,
-        id: Some(id),
-        body,
-    };
+    let record = |body| Record::job_journal(id, body);
     // R comes with the alloc event it belongs to; apply it first so the
     // job knows its expiration when it enters RUN.
     if let Some(r) = map.remove("R")
@@ -583,12 +590,7 @@ fn resource_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) 
         Ok(e) => e,
         Err(e) => return out.errors.push(e),
     };
-    let record = |body| Record {
-        cluster: None,
-        stream: EventStream::Resource,
-        id: None,
-        body,
-    };
+    let record = Record::resource_journal;
     if events.is_empty() {
         out.records.push(record(Body::Sentinel));
         return;

@@ -217,21 +217,13 @@ fn replay_tells_which_alerts_a_journal_would_have_raised() {
     journal += &envelope(1, t + 10800.0, "finish", json!({"status": 0}));
     journal += &envelope(2, t + 20000.0, "finish", json!({"status": 0}));
     let input = write(dir.path(), "journal.jsonl", &journal);
-    let config = write(
+    let config = rules_config(
         dir.path(),
-        "rules.toml",
         r#"
 [alerts.rules.sched_1h]
 kind = "job_state"
 state = "SCHED"
 for = "1h"
-
-[sources.s]
-type = "stdin"
-
-[sinks.o]
-type = "stdout"
-inputs = ["alerts"]
 "#,
     );
     let alerts = replay_alerts(&["--config", config.to_str().expect("utf-8")], &input);
@@ -309,20 +301,12 @@ fn a_drained_node_alert_carries_the_reason_it_was_drained_for() {
     );
     journal += &resource(t + 7900.0, "online", json!({"idset": "1"}));
     let input = write(dir.path(), "resource.jsonl", &journal);
-    let config = write(
+    let config = rules_config(
         dir.path(),
-        "rules.toml",
         r#"
 [alerts.rules.drained_1h]
 kind = "node_drained"
 for = "1h"
-
-[sources.s]
-type = "stdin"
-
-[sinks.o]
-type = "stdout"
-inputs = ["alerts"]
 "#,
     );
     let alerts = replay_alerts(&["--config", config.to_str().expect("utf-8")], &input);
@@ -344,4 +328,16 @@ inputs = ["alerts"]
         ],
         "{alerts:#?}"
     );
+}
+
+/// A config of these alert rules, for `fluxpipe replay --config`: the
+/// source and sink tables a config needs, alerts out.
+fn rules_config(dir: &Path, rules: &str) -> PathBuf {
+    write(
+        dir,
+        "rules.toml",
+        &format!(
+            "{rules}\n[sources.s]\ntype = \"stdin\"\n\n[sinks.o]\ntype = \"stdout\"\ninputs = [\"alerts\"]\n"
+        ),
+    )
 }

@@ -561,11 +561,14 @@ impl Shard {
             _ => None,
         };
         // The job as it was, for the metrics of what this record changes.
-        let before = key
-            .as_ref()
-            .and_then(|k| self.state.jobs.get(k))
+        let prior = key.as_ref().and_then(|k| self.state.jobs.get(k));
+        let before = prior
             .filter(|e| e.job.submitted && !e.job.invalidated)
             .map(|e| (e.job.state, e.job.t_state()));
+        // What the job rules see of the job, to skip the engine when this
+        // record changes none of it.
+        let view = (key.is_some() && !self.alerts.rules().is_empty())
+            .then(|| alerts::job_view(prior.map(|e| &**e)));
         let exception = match &record.body {
             Body::Event(ev)
                 if stream == crate::decode::EventStream::Job && ev.name == "exception" =>
@@ -586,14 +589,6 @@ impl Shard {
         self.first_sight(&cluster);
         let event_ts = match &record.body {
             Body::Event(ev) => Some(ev.timestamp),
-            _ => None,
-        };
-        // What the job rules see of the job, to skip the engine when this
-        // record changes none of it.
-        let view = match &key {
-            Some(k) if !self.alerts.rules().is_empty() => {
-                Some(alerts::job_view(self.state.jobs.get(k).map(|e| &**e)))
-            }
             _ => None,
         };
         let fx = self.state.apply(&cluster, record);
