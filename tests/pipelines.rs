@@ -73,6 +73,46 @@ fn every_example_pipeline_validates() {
     assert!(checked >= 4, "only {checked} example pipelines");
 }
 
+/// The README says any two shipped pipelines can run side by side: no two
+/// listen on one port, write one output file or keep state in one folder.
+#[test]
+fn example_pipelines_share_no_port_file_or_data_dir() {
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    for path in example_pipelines() {
+        let name = path
+            .file_stem()
+            .expect("stem")
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(&path).expect("read pipeline");
+        let value: toml::Value = toml::from_str(&text).expect("TOML");
+        let mut all = Vec::new();
+        leaves("", &value, &mut all);
+        for (key, v) in all {
+            let toml::Value::String(s) = v else { continue };
+            let claimed = if key == "data_dir" || key.ends_with(".path") {
+                format!("path {s}")
+            } else if key.starts_with("sources.") && key.ends_with(".address")
+                || key.starts_with("sinks.") && key.ends_with(".address")
+            {
+                format!(
+                    "port {}",
+                    loopback_port(&s).map_or(s.clone(), |p| p.to_string())
+                )
+            } else {
+                continue;
+            };
+            if let Some(other) = owner.insert(claimed.clone(), name.clone()) {
+                assert_eq!(other, name, "{claimed} in both {other} and {name}");
+            }
+        }
+    }
+    assert!(
+        owner.keys().filter(|k| k.starts_with("port")).count() >= 8,
+        "{owner:?}"
+    );
+}
+
 #[test]
 fn every_example_pipeline_has_a_run_test() {
     let stems: BTreeSet<String> = example_pipelines()
@@ -1020,7 +1060,7 @@ fn alerting_sends_replays_alerts_everywhere() {
     let hook = HttpReceiver::start();
     let copy = Copied::new("alerting", &[(9093, am_port), (8080, hook.port)], None);
     let run = copy.start(Stdio::null());
-    let port = copy.port(9464);
+    let port = copy.port(9465);
 
     let mut corpus_files: Vec<PathBuf> = std::fs::read_dir(corpus("jobs"))
         .expect("jobs")
@@ -1233,13 +1273,17 @@ fn kafka_ship_consume_and_scale_out() {
         (&scale, scale.start(Stdio::null())),
     ];
     let feed = [journal(JM1), journal(RES1)];
-    send(ship.port(7071), &feed, "not an event\n");
+    send(ship.port(7073), &feed, "not an event\n");
     let mut inputs = vec![corpus("jobs")];
     inputs.extend(feed.iter().cloned());
     let replayed = replay(&["--cluster", "corpus"], &inputs);
     assert!(!of_kind(&replayed, "rank").is_empty());
 
     let rejects = PathBuf::from(ship.value("sinks.rejects.path"));
+    let metrics_port = |copy: &Copied| match copy.name.as_str() {
+        "kafka-consumer" => copy.port(9466),
+        _ => copy.port(9467),
+    };
     settle("kafka", 45, || {
         if read_records(&rejects).len() != 1 {
             return Err("no dead letter yet".into());
@@ -1248,7 +1292,7 @@ fn kafka_ship_consume_and_scale_out() {
             let out = read_records(Path::new(&copy.value("sinks.jobs.path")));
             check_jobs(&out, &replayed).map_err(|e| format!("{}: {e}", copy.name))?;
             check_transitions(&out, &replayed).map_err(|e| format!("{}: {e}", copy.name))?;
-            check_cluster_metrics(&scrape(copy.port(9464)), "corpus", &replayed)
+            check_cluster_metrics(&scrape(metrics_port(copy)), "corpus", &replayed)
                 .map_err(|e| format!("{}: {e}", copy.name))?;
         }
         Ok(())
@@ -1257,7 +1301,7 @@ fn kafka_ship_consume_and_scale_out() {
     // messages.
     let mut received = BTreeSet::new();
     for (copy, _) in &members {
-        let s = scrape(copy.port(9464));
+        let s = scrape(metrics_port(copy));
         assert_eq!(
             sum(&s, "fluxpipe_kafka_partitions_owned", &[]),
             Some(12.0),
@@ -1272,7 +1316,7 @@ fn kafka_ship_consume_and_scale_out() {
     // The scale-out member's own rule feeds flux_jobs_stuck.
     assert!(
         sum(
-            &scrape(scale.port(9464)),
+            &scrape(metrics_port(&scale)),
             "flux_jobs_stuck",
             &[("rule", "stuck_in_cleanup"), ("flux_cluster", "corpus")]
         )
@@ -1320,6 +1364,26 @@ fn kafka_ship_consume_and_scale_out() {
         messages
             .iter()
             .any(|m| m.2.contains("\"stream\":\"resource\""))
+    );
+    // The shipper's file holds what went to the topic, record for record.
+    let mut in_file: Vec<String> = read_records(Path::new(&ship.value("sinks.events.path")))
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    let mut in_topic: Vec<String> = messages
+        .iter()
+        .map(|m| {
+            serde_json::from_str::<Value>(&m.2)
+                .expect("a JSON message")
+                .to_string()
+        })
+        .collect();
+    in_file.sort();
+    in_topic.sort();
+    assert_eq!(in_file.len(), in_topic.len());
+    assert!(
+        in_file == in_topic,
+        "the events file differs from the topic"
     );
 }
 

@@ -131,10 +131,10 @@ fn alerting_tour_step_runs() {
     let port = common::free_port();
     let config = std::fs::read_to_string(root.join("pipelines/alerting.toml"))
         .expect("alerting.toml")
-        .replace("127.0.0.1:9464", &format!("127.0.0.1:{port}"));
+        .replace("127.0.0.1:9465", &format!("127.0.0.1:{port}"));
     let copy = dir.path().join("alerting.toml");
     std::fs::write(&copy, config).expect("write config");
-    let on_port = |cmd: &str| cmd.replace("127.0.0.1:9464", &format!("127.0.0.1:{port}"));
+    let on_port = |cmd: &str| cmd.replace("127.0.0.1:9465", &format!("127.0.0.1:{port}"));
     let run = run
         .trim_end_matches('&')
         .replace("pipelines/alerting.toml", &copy.display().to_string());
