@@ -12,6 +12,7 @@
 use crate::flux::event::{Event, EventError};
 use crate::flux::exec::ExecResponse;
 use crate::flux::jobid::JobId;
+use crate::flux::object::JsonObject;
 use serde_json::Value;
 use std::path::Path;
 use thiserror::Error;
@@ -199,8 +200,9 @@ fn eventlog(stream: EventStream, id: JobId) -> PathKind {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Body {
     Event(Event),
-    /// An R object: a job's (job stream) or the instance's (resource stream).
-    R(Value),
+    /// An R object: a job's (job stream) or the instance's (resource
+    /// stream), as read.
+    R(JsonObject),
     /// A journal sentinel: the backlog ends here.
     Sentinel,
     /// An RFC 32 exec-protocol response.
@@ -297,11 +299,13 @@ fn decode_general(text: &str, origin: &Origin, format: Format, out: &mut Decoded
 /// only lines the general path would decode the same way, whole.
 mod fast {
     use super::{Body, Decoded, EventStream, Format, Record};
-    use crate::flux::event::Event;
+    use crate::flux::event::{Context, Event};
     use crate::flux::jobid::JobId;
+    use crate::flux::object::JsonObject;
     use serde::de::IgnoredAny;
     use serde::{Deserialize, Deserializer};
-    use serde_json::{Map, Value};
+    use serde_json::Map;
+    use serde_json::value::RawValue;
 
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -310,7 +314,7 @@ mod fast {
         id: Option<u64>,
         events: Vec<FastEvent>,
         #[serde(rename = "R", default)]
-        r: Option<Value>,
+        r: Option<Box<RawValue>>,
         #[serde(rename = "jobspec", default)]
         _jobspec: Option<IgnoredAny>,
     }
@@ -340,7 +344,7 @@ mod fast {
         timestamp: f64,
         name: String,
         #[serde(default, deserialize_with = "present")]
-        context: Option<Map<String, Value>>,
+        context: Option<Context>,
     }
 
     /// A key that, when there, must hold a value (`null` is not "absent").
@@ -401,7 +405,8 @@ mod fast {
         let Some(events) = events(j.events) else {
             return false;
         };
-        let r = j.r.filter(Value::is_object);
+        // R not an object: dropped, as the general path drops it.
+        let r = j.r.and_then(|r| JsonObject::from_raw(r).ok());
         match (j.id, format) {
             (Some(id), Format::Auto | Format::JobJournal) => {
                 let record = |body| Record::job_journal(JobId(id), body);
@@ -572,9 +577,7 @@ fn job_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
     let record = |body| Record::job_journal(id, body);
     // R comes with the alloc event it belongs to; apply it first so the
     // job knows its expiration when it enters RUN.
-    if let Some(r) = map.remove("R")
-        && r.is_object()
-    {
+    if let Some(Ok(r)) = map.remove("R").as_ref().map(JsonObject::from_value) {
         out.records.push(record(Body::R(r)));
     }
     for ev in events {
@@ -602,9 +605,7 @@ fn resource_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) 
         }
     }
     // R accompanies resource-define: apply it after the event.
-    if let Some(r) = map.remove("R")
-        && r.is_object()
-    {
+    if let Some(Ok(r)) = map.remove("R").as_ref().map(JsonObject::from_value) {
         out.records.push(record(Body::R(r)));
     }
 }
@@ -629,7 +630,7 @@ fn envelope(mut map: serde_json::Map<String, Value>) -> Result<Record, DecodeErr
     }
     // An R document (a job's `R`, or an instance's) travels as `"R"`.
     let body = match map.remove("R") {
-        Some(r @ Value::Object(_)) if !map.contains_key("event") => Body::R(r),
+        Some(Value::Object(r)) if !map.contains_key("event") => Body::R(JsonObject::from_map(&r)),
         Some(_) => {
             return Err(DecodeError::Field(
                 "envelope R: not an object, or beside an event".into(),

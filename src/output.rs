@@ -6,26 +6,29 @@ use crate::alerts::engine::{AlertEvent, Detail, Subject};
 use crate::alerts::rule::{Rule, RuleKind};
 use crate::decode::EventStream;
 use crate::flux::event::Event;
-use crate::flux::job::JobState;
+use crate::flux::job::{JobResult, JobState};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::{RankChange, RankState};
 use crate::pipeline::config::OutputStream;
 use crate::state::{JobEntry, JobKey, KeyedAnomaly, KeyedTransition};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
-use xxhash_rust::xxh3::Xxh3;
+use smallvec::SmallVec;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// A deterministic id for a record: the same input gives the same id in
 /// every run, so consumers can drop the repeats an at-least-once restart
 /// may send. XXH3 of the fields that identify the record, in hex.
 fn record_id(parts: &[&[u8]]) -> String {
-    let mut h = Xxh3::new();
+    // Length-prefixed, so ("ab","c") and ("a","bc") differ. Hashed in one
+    // call over a stack buffer: the digest a streaming hasher fed the same
+    // bytes gives, without its setup.
+    let mut bytes: SmallVec<[u8; 256]> = SmallVec::new();
     for p in parts {
-        // Length-prefixed, so ("ab","c") and ("a","bc") differ.
-        h.update(&(p.len() as u64).to_le_bytes());
-        h.update(p);
+        bytes.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(p);
     }
-    format!("{:016x}", h.digest())
+    const_hex::encode(xxh3_64(&bytes).to_be_bytes())
 }
 
 fn id_bytes(id: Option<JobId>) -> [u8; 8] {
@@ -45,7 +48,7 @@ impl OutputRecord {
     pub fn from_serialize(stream: OutputStream, value: &impl Serialize) -> Self {
         OutputRecord {
             stream,
-            line: serde_json::to_string(value).unwrap_or_default(),
+            line: json_line(value),
         }
     }
 
@@ -54,35 +57,103 @@ impl OutputRecord {
             stream,
             // Not `to_string()`: `Display` writes through a formatter, piece
             // by piece, at several times the cost (the same bytes).
-            line: serde_json::to_string(value).unwrap_or_default(),
+            line: json_line(value),
         }
     }
 }
 
+/// JSON text of a record. Room for a whole transition line from the start
+/// (serde_json's own guess is 128 bytes; the line is then copied to grow).
+fn json_line(value: &impl Serialize) -> String {
+    let mut out = Vec::with_capacity(384);
+    if serde_json::to_writer(&mut out, value).is_err() {
+        return String::new();
+    }
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).unwrap_or_default()
+}
+
 /// `"kind":"job"`: a job summary with the fields of `flux jobs --json`.
 pub fn job(key: &JobKey, entry: &JobEntry) -> Value {
-    let mut v = serde_json::to_value(entry.summary()).unwrap_or(Value::Null);
-    if let Value::Object(map) = &mut v {
-        map.insert("kind".into(), json!("job"));
-        map.insert("cluster".into(), json!(key.cluster));
-        map.insert("id".into(), json!(key.id.0));
-        let t = entry
-            .job
-            .last_timestamp()
-            .unwrap_or(0.0)
-            .to_bits()
-            .to_le_bytes();
-        map.insert(
-            "record_id".into(),
-            json!(record_id(&[
-                b"job",
-                key.cluster.as_bytes(),
-                &key.id.0.to_le_bytes(),
-                &t
-            ])),
-        );
+    serde_json::to_value(JobRecord::new(key, entry)).unwrap_or(Value::Null)
+}
+
+/// A job record, serialized straight to its line: the summary's fields
+/// and the record's own, in the sorted order of a record built as a map.
+#[derive(Debug, Serialize)]
+pub struct JobRecord<'a> {
+    cluster: &'a str,
+    dependencies: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exception_note: Option<&'a str>,
+    exception_occurred: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exception_severity: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exception_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expiration: Option<f64>,
+    id: u64,
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<i64>,
+    record_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<JobResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    returncode: Option<i64>,
+    state: JobState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    success: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    t_cleanup: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    t_depend: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    t_inactive: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    t_run: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    t_submit: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    urgency: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    userid: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waitstatus: Option<i64>,
+}
+
+impl<'a> JobRecord<'a> {
+    pub fn new(key: &'a JobKey, entry: &'a JobEntry) -> Self {
+        let job = &entry.job;
+        let s = job.summary_view();
+        let t = job.last_timestamp().unwrap_or(0.0).to_bits().to_le_bytes();
+        JobRecord {
+            cluster: &key.cluster,
+            dependencies: s.dependencies,
+            exception_note: s.exception.map(|e| e.note.as_str()),
+            exception_occurred: s.exception.is_some(),
+            exception_severity: s.exception.map(|e| e.severity),
+            exception_type: s.exception.map(|e| e.kind.as_str()),
+            expiration: s.expiration,
+            id: key.id.0,
+            kind: "job",
+            priority: s.priority,
+            record_id: record_id(&[b"job", key.cluster.as_bytes(), &key.id.0.to_le_bytes(), &t]),
+            result: s.result,
+            returncode: s.returncode,
+            state: s.state,
+            success: s.success,
+            t_cleanup: s.t_cleanup,
+            t_depend: s.t_depend,
+            t_inactive: s.t_inactive,
+            t_run: s.t_run,
+            t_submit: s.t_submit,
+            urgency: s.urgency,
+            userid: s.userid,
+            waitstatus: s.waitstatus,
+        }
     }
-    v
 }
 
 fn rank_fields(map: &mut Map<String, Value>, r: &RankState) {
@@ -408,6 +479,59 @@ mod tests {
             OutputRecord::from_serialize(OutputStream::Transitions, &rec).line,
             serde_json::to_string(&as_map).unwrap_or_default()
         );
+    }
+
+    /// A job record as it was built before `JobRecord`: the summary as a
+    /// map, with the record's own keys added.
+    fn job_as_map(key: &JobKey, entry: &JobEntry) -> Value {
+        let mut v = serde_json::to_value(entry.summary()).unwrap_or_default();
+        let t = entry.job.last_timestamp().unwrap_or(0.0).to_bits();
+        let id = record_id(&[
+            b"job",
+            key.cluster.as_bytes(),
+            &key.id.0.to_le_bytes(),
+            &t.to_le_bytes(),
+        ]);
+        if let Value::Object(map) = &mut v {
+            map.insert("kind".into(), json!("job"));
+            map.insert("cluster".into(), json!(key.cluster));
+            map.insert("id".into(), json!(key.id.0));
+            map.insert("record_id".into(), json!(id));
+        }
+        v
+    }
+
+    #[test]
+    fn a_job_line_is_the_summary_map_with_the_record_keys() {
+        let key = JobKey {
+            cluster: "c".into(),
+            id: JobId(7),
+        };
+        let events = [
+            Event::new(1.0, "submit")
+                .with_context(json!({"userid": 5, "urgency": 16, "flags": 0, "version": 1})),
+            Event::new(1.5, "dependency-add").with_context(json!({"description": "after:\"x"})),
+            Event::new(2.0, "validate"),
+            Event::new(3.0, "depend"),
+            Event::new(3.5, "priority").with_context(json!({"priority": 9})),
+            Event::new(4.0, "alloc"),
+            Event::new(4.5, "exception")
+                .with_context(json!({"type": "cancel", "severity": 0, "note": "n\u{e9}"})),
+            Event::new(5.0, "finish").with_context(json!({"status": 256})),
+            Event::new(6.0, "clean"),
+        ];
+        let mut entry = JobEntry::default();
+        for n in 0..=events.len() {
+            if n > 0 {
+                entry.job.apply(&events[n - 1]);
+            }
+            let line =
+                OutputRecord::from_serialize(OutputStream::Jobs, &JobRecord::new(&key, &entry))
+                    .line;
+            let want = serde_json::to_string(&job_as_map(&key, &entry)).unwrap_or_default();
+            assert_eq!(line, want, "after {n} events");
+            assert_eq!(job(&key, &entry), job_as_map(&key, &entry));
+        }
     }
 
     #[test]

@@ -215,7 +215,7 @@ impl State {
         };
         let applied = match body {
             Body::Event(ev) => res.apply(&ev),
-            Body::R(r) => res.apply_r(&r),
+            Body::R(r) => res.apply_r(&r.to_value()),
             Body::Sentinel | Body::ExecResponse(_) => return,
         };
         fx.duplicate = applied.skipped_duplicate;

@@ -595,10 +595,17 @@ impl Parts<'_> {
             seq: *self.seq,
         };
         let subject = subject();
-        self.timers
-            .entry(subject.cluster().to_string())
-            .or_default()
-            .insert(timer, (subject, rule as u16));
+        // Looked up before inserted: the cluster's name is copied once, not
+        // for every timer.
+        let cluster = subject.cluster();
+        match self.timers.get_mut(cluster) {
+            Some(timers) => timers.insert(timer, (subject, rule as u16)),
+            None => self
+                .timers
+                .entry(cluster.to_string())
+                .or_default()
+                .insert(timer, (subject, rule as u16)),
+        };
         Active {
             rule: rule as u16,
             since,

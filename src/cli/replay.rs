@@ -7,6 +7,7 @@ use crate::alerts::{self, EventClock};
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
+use crate::flux::object::JsonObject;
 use crate::output;
 use crate::state::{Effects, JobKey, KeyedAnomaly, State};
 use anyhow::{Context, Result};
@@ -260,11 +261,12 @@ impl Replay {
     }
 }
 
-fn read_json(path: &Path) -> Result<Value> {
+fn read_json(path: &Path) -> Result<JsonObject> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    // A damaged R is not fatal: it only adds expiration and hostnames.
-    Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+    // A damaged R is not fatal: it only adds expiration and hostnames. Read
+    // as `{}`, it has neither (and an instance's R says so, as an anomaly).
+    Ok(serde_json::from_str(&text).unwrap_or_default())
 }
 
 fn print_json(

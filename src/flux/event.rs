@@ -4,17 +4,25 @@
 //! optional `context` object, and possibly other keys, which are carried
 //! untouched rather than rejected.
 
-use serde::{Deserialize, Serialize};
+use super::object::JsonObject;
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use thiserror::Error;
 
+/// An event's `context`: kept as the JSON text it was read as. The model
+/// reads a key or two of a few events; building a map for every event (and
+/// dropping it) was most of the cost of decoding and applying one.
+pub type Context = JsonObject;
+
 /// One RFC 18 event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Event {
     pub timestamp: f64,
     pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context: Option<Map<String, Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<Context>,
     /// Keys beyond the three RFC 18 names: carried, never rejected.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -65,7 +73,7 @@ impl Event {
     /// The same event with `context` set (an object; anything else is dropped).
     pub fn with_context(mut self, context: Value) -> Self {
         if let Value::Object(map) = context {
-            self.context = Some(map);
+            self.context = Some(JsonObject::from_map(&map));
         }
         self
     }
@@ -97,7 +105,7 @@ impl Event {
         };
         let context = match map.remove("context") {
             None => None,
-            Some(Value::Object(c)) => Some(c),
+            Some(Value::Object(c)) => Some(JsonObject::from_map(&c)),
             Some(_) => return Err(EventError::BadContext),
         };
         Ok(Event {
@@ -114,16 +122,27 @@ impl Event {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// A context value, if present.
-    pub fn get(&self, key: &str) -> Option<&Value> {
+    /// A context value as JSON text, if present.
+    pub fn raw(&self, key: &str) -> Option<&RawValue> {
         self.context.as_ref().and_then(|c| c.get(key))
+    }
+
+    /// A context value, if present.
+    pub fn get(&self, key: &str) -> Option<Value> {
+        self.raw(key)
+            .and_then(|r| serde_json::from_str(r.get()).ok())
+    }
+
+    /// Whether the context has the key.
+    pub fn has(&self, key: &str) -> bool {
+        self.raw(key).is_some()
     }
 
     /// A required integer context key (JSON integer; floats with no fraction accepted).
     pub fn int(&self, key: &'static str) -> Result<i64, ContextError> {
         match self.get(key) {
             None => Err(ContextError::Missing(key)),
-            Some(v) => value_as_i64(v).ok_or(ContextError::WrongType {
+            Some(v) => value_as_i64(&v).ok_or(ContextError::WrongType {
                 key,
                 expected: "an integer",
             }),
@@ -146,11 +165,10 @@ impl Event {
     }
 
     /// A required string context key.
-    pub fn str(&self, key: &'static str) -> Result<&str, ContextError> {
-        match self.get(key) {
+    pub fn str(&self, key: &'static str) -> Result<Cow<'_, str>, ContextError> {
+        match self.raw(key) {
             None => Err(ContextError::Missing(key)),
-            Some(Value::String(s)) => Ok(s),
-            Some(_) => Err(ContextError::WrongType {
+            Some(r) => raw_str(r).ok_or(ContextError::WrongType {
                 key,
                 expected: "a string",
             }),
@@ -161,7 +179,7 @@ impl Event {
     pub fn bool(&self, key: &'static str) -> Result<bool, ContextError> {
         match self.get(key) {
             None => Err(ContextError::Missing(key)),
-            Some(Value::Bool(b)) => Ok(*b),
+            Some(Value::Bool(b)) => Ok(b),
             Some(_) => Err(ContextError::WrongType {
                 key,
                 expected: "a boolean",
@@ -170,11 +188,11 @@ impl Event {
     }
 
     /// An optional string context key: `Ok(None)` when absent or null.
-    pub fn opt_str(&self, key: &'static str) -> Result<Option<&str>, ContextError> {
-        match self.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(ContextError::WrongType {
+    pub fn opt_str(&self, key: &'static str) -> Result<Option<Cow<'_, str>>, ContextError> {
+        match self.raw(key) {
+            None => Ok(None),
+            Some(r) if r.get() == "null" => Ok(None),
+            Some(r) => raw_str(r).map(Some).ok_or(ContextError::WrongType {
                 key,
                 expected: "a string",
             }),
@@ -185,11 +203,19 @@ impl Event {
     pub fn opt_int(&self, key: &'static str) -> Result<Option<i64>, ContextError> {
         match self.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => value_as_i64(v).map(Some).ok_or(ContextError::WrongType {
+            Some(v) => value_as_i64(&v).map(Some).ok_or(ContextError::WrongType {
                 key,
                 expected: "an integer",
             }),
         }
+    }
+}
+
+/// A JSON string's text: borrowed when it has no escapes.
+fn raw_str(r: &RawValue) -> Option<Cow<'_, str>> {
+    match serde_json::from_str::<&str>(r.get()) {
+        Ok(s) => Some(Cow::Borrowed(s)),
+        Err(_) => serde_json::from_str::<String>(r.get()).ok().map(Cow::Owned),
     }
 }
 

@@ -246,7 +246,7 @@ impl ExecLog {
                 };
                 let active_ranks = match ev.opt_str("active_ranks") {
                     Ok(None) => None,
-                    Ok(Some(s)) => match IdSet::parse(s) {
+                    Ok(Some(s)) => match IdSet::parse(&s) {
                         Ok(set) => Some(set),
                         Err(e) => {
                             flag(
@@ -893,7 +893,11 @@ mod tests {
     fn responses_from_job_eventlog(job: &[Event]) -> Vec<Value> {
         job.iter()
             .filter_map(|e| {
-                let c = e.context.clone().map(Value::Object).unwrap_or(json!({}));
+                let c = e
+                    .context
+                    .as_ref()
+                    .map(|c| Value::Object(c.to_map()))
+                    .unwrap_or(json!({}));
                 let (kind, data) = match e.name.as_str() {
                     "start" => ("start", json!({})),
                     "release" => ("release", c),

@@ -5,8 +5,10 @@
 use super::anomaly::{Anomaly, AnomalyKind, Stream};
 use super::event::{ContextError, Event};
 use super::idset::Ranks;
+use super::object::{self, JsonObject};
 use super::stamp::Stamp;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fmt;
 use thin_vec::ThinVec;
 
@@ -580,7 +582,7 @@ impl Job {
     fn on_release(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
         match ev.str("ranks") {
             Ok(r) => {
-                if let Err(e) = Ranks::parse(r) {
+                if let Err(e) = Ranks::parse(&r) {
                     anomalies.push(anomaly(
                         AnomalyKind::InvalidContext,
                         ev,
@@ -632,7 +634,7 @@ impl Job {
             ));
         }
         let note = match ev.opt_str("note") {
-            Ok(n) => n.unwrap_or("").to_string(),
+            Ok(n) => n.map(Cow::into_owned).unwrap_or_default(),
             Err(e) => {
                 anomalies.push(context_anomaly(ev, e));
                 String::new()
@@ -670,10 +672,10 @@ impl Job {
             return;
         }
         if ev.name == "dependency-add" {
-            if !self.dependencies.iter().any(|d| d == desc) {
+            if !self.dependencies.iter().any(|d| *d == desc) {
                 self.dependencies.push(desc.to_string());
             }
-        } else if let Some(i) = self.dependencies.iter().position(|d| d == desc) {
+        } else if let Some(i) = self.dependencies.iter().position(|d| *d == desc) {
             self.dependencies.remove(i);
         } else {
             anomalies.push(anomaly(
@@ -692,10 +694,13 @@ impl Job {
 
     /// Take the expiration from the job's R (`execution.expiration`), as
     /// job-list does when the job reaches RUN. 0 means none.
-    pub fn apply_r(&mut self, r: &serde_json::Value) {
-        if let Some(exp) = r
-            .pointer("/execution/expiration")
-            .and_then(serde_json::Value::as_f64)
+    pub fn apply_r(&mut self, r: &JsonObject) {
+        // Only this key of R is read: the rest is skipped unparsed.
+        let exp = r
+            .get("execution")
+            .and_then(|e| object::find(e, "expiration"))
+            .and_then(|x| serde_json::from_str::<serde_json::Value>(x.get()).ok());
+        if let Some(exp) = exp.as_ref().and_then(serde_json::Value::as_f64)
             && exp > 0.0
             && !self.expiration.is_some()
         {
@@ -705,8 +710,34 @@ impl Job {
 
     /// The `flux jobs --json` view of the job.
     pub fn summary(&self) -> JobSummary {
-        let exc = self.exception.as_ref();
+        let v = self.summary_view();
         JobSummary {
+            userid: v.userid,
+            urgency: v.urgency,
+            priority: v.priority,
+            state: v.state,
+            result: v.result,
+            success: v.success,
+            waitstatus: v.waitstatus,
+            returncode: v.returncode,
+            exception_occurred: v.exception.is_some(),
+            exception_type: v.exception.map(|e| e.kind.clone()),
+            exception_severity: v.exception.map(|e| e.severity),
+            exception_note: v.exception.map(|e| e.note.clone()),
+            t_submit: v.t_submit,
+            t_depend: v.t_depend,
+            t_run: v.t_run,
+            t_cleanup: v.t_cleanup,
+            t_inactive: v.t_inactive,
+            expiration: v.expiration,
+            dependencies: v.dependencies.to_vec(),
+        }
+    }
+
+    /// The summary's values, borrowed (an output record serializes them
+    /// without copying).
+    pub fn summary_view(&self) -> SummaryView<'_> {
+        SummaryView {
             userid: self.userid,
             urgency: self.urgency,
             priority: self.priority,
@@ -715,19 +746,37 @@ impl Job {
             success: self.success(),
             waitstatus: self.waitstatus,
             returncode: self.returncode(),
-            exception_occurred: exc.is_some(),
-            exception_type: exc.map(|e| e.kind.clone()),
-            exception_severity: exc.map(|e| e.severity),
-            exception_note: exc.map(|e| e.note.clone()),
+            exception: self.exception.as_deref(),
             t_submit: self.t_submit.get(),
             t_depend: self.t_depend.get(),
             t_run: self.t_run.get(),
             t_cleanup: self.t_cleanup.get(),
             t_inactive: self.t_inactive.get(),
             expiration: self.expiration.get(),
-            dependencies: self.dependencies.to_vec(),
+            dependencies: &self.dependencies,
         }
     }
+}
+
+/// What [`JobSummary`] holds, borrowed from the job.
+#[derive(Debug, Clone, Copy)]
+pub struct SummaryView<'a> {
+    pub userid: Option<i64>,
+    pub urgency: Option<i64>,
+    pub priority: Option<i64>,
+    pub state: JobState,
+    pub result: Option<JobResult>,
+    pub success: Option<bool>,
+    pub waitstatus: Option<i64>,
+    pub returncode: Option<i64>,
+    pub exception: Option<&'a JobException>,
+    pub t_submit: Option<f64>,
+    pub t_depend: Option<f64>,
+    pub t_run: Option<f64>,
+    pub t_cleanup: Option<f64>,
+    pub t_inactive: Option<f64>,
+    pub expiration: Option<f64>,
+    pub dependencies: &'a [String],
 }
 
 /// A job summary with the field names of `flux jobs --json`. Fields a job

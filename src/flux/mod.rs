@@ -8,6 +8,7 @@ pub mod hostlist;
 pub mod idset;
 pub mod job;
 pub mod jobid;
+pub mod object;
 pub mod resource;
 pub mod stamp;
 

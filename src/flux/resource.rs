@@ -16,6 +16,7 @@
 //! event (online, offline, ...) of an earlier life of the instance. Any
 //! other older event is applied in log order and reported as out of order.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
@@ -185,7 +186,7 @@ impl Ctx<'_> {
     /// A REQUIRED idset key; `None` (with an anomaly) if absent or invalid.
     fn idset(&mut self, key: &'static str) -> Option<IdSet> {
         match self.ev.str(key) {
-            Ok(s) => match bounded_idset(s) {
+            Ok(s) => match bounded_idset(&s) {
                 Ok(set) => Some(set),
                 Err(e) => {
                     self.anomaly(
@@ -218,7 +219,7 @@ impl Ctx<'_> {
     fn opt_hostlist(&mut self, key: &'static str) -> Option<Hostlist> {
         match self.ev.opt_str(key) {
             Ok(None) => None,
-            Ok(Some(s)) => match Hostlist::parse(s) {
+            Ok(Some(s)) => match Hostlist::parse(&s) {
                 Ok(h) => Some(h),
                 Err(e) => {
                     self.anomaly(
@@ -238,7 +239,7 @@ impl Ctx<'_> {
     /// An OPTIONAL string key; a wrong type is reported and read as absent.
     fn opt_string(&mut self, key: &'static str) -> Option<String> {
         match self.ev.opt_str(key) {
-            Ok(s) => s.map(str::to_string),
+            Ok(s) => s.map(Cow::into_owned),
             Err(e) => {
                 self.context_error(e);
                 None
@@ -692,7 +693,7 @@ impl ResourceState {
         let ranks = cx.idset("ranks");
         let online = cx.idset("online");
         let nodelist = match cx.ev.str("nodelist") {
-            Ok(s) => match Hostlist::parse(s) {
+            Ok(s) => match Hostlist::parse(&s) {
                 Ok(h) => Some(h),
                 Err(e) => {
                     cx.anomaly(
@@ -832,7 +833,7 @@ impl ResourceState {
     fn on_define(&mut self, cx: &mut Ctx) {
         match cx.ev.str("method") {
             Ok(m) => {
-                if !DEFINE_METHODS.contains(&m) {
+                if !DEFINE_METHODS.contains(&&*m) {
                     cx.anomaly(
                         AnomalyKind::InvalidContext,
                         format!("`method` {m:?} is not one RFC 44 defines"),
@@ -888,7 +889,7 @@ impl ResourceState {
             Some(Value::Object(map)) => {
                 let mut list = Vec::new();
                 for (ids, info) in map {
-                    let set = match bounded_idset(ids) {
+                    let set = match bounded_idset(&ids) {
                         Ok(s) => s,
                         Err(e) => {
                             cx.anomaly(

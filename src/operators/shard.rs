@@ -15,7 +15,7 @@ use crate::alerts::{self, Clock, EventClock};
 use crate::decode::Body;
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::{Job, JobState};
-use crate::output::{self, OutputRecord};
+use crate::output::{self, JobRecord, OutputRecord};
 use crate::pipeline::changelog::{self, Change, EntryRef};
 use crate::pipeline::checkpoint::{ShardBytes, ShardState, ShardStateRef, spill_path};
 use crate::pipeline::config::OutputStream;
@@ -551,9 +551,13 @@ impl Shard {
             Body::Event(ev) if self.outputs.wants(OutputStream::Events) => {
                 Some(output::event(&cluster, stream, id, ev, &source))
             }
-            Body::R(r) if self.outputs.wants(OutputStream::Events) => {
-                Some(output::r_document(&cluster, stream, id, r, &source))
-            }
+            Body::R(r) if self.outputs.wants(OutputStream::Events) => Some(output::r_document(
+                &cluster,
+                stream,
+                id,
+                &r.to_value(),
+                &source,
+            )),
             _ => None,
         };
         let event_name = match &record.body {
@@ -632,18 +636,26 @@ impl Shard {
                 .await;
         }
         let name = event_name.as_ref().map(|(n, _)| n.as_str()).unwrap_or("");
+        let (transitions, jobs) = (
+            self.outputs.wants(OutputStream::Transitions),
+            self.outputs.wants(OutputStream::Jobs),
+        );
         for t in &fx.transitions {
-            self.outputs
-                .emit(OutputRecord::from_serialize(
-                    OutputStream::Transitions,
-                    &output::transition(t, name),
-                ))
-                .await;
+            if transitions {
+                self.outputs
+                    .emit(OutputRecord::from_serialize(
+                        OutputStream::Transitions,
+                        &output::transition(t, name),
+                    ))
+                    .await;
+            }
             if t.transition.to == JobState::Inactive {
-                if let Some(entry) = self.state.jobs.get(&t.key) {
-                    let summary = output::job(&t.key, entry);
+                if let Some(entry) = self.state.jobs.get(&t.key).filter(|_| jobs) {
                     self.outputs
-                        .emit(OutputRecord::new(OutputStream::Jobs, &summary))
+                        .emit(OutputRecord::from_serialize(
+                            OutputStream::Jobs,
+                            &JobRecord::new(&t.key, entry),
+                        ))
                         .await;
                 }
                 self.inactive.push_back((

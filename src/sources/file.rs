@@ -76,6 +76,7 @@ use super::SourceContext;
 use super::lines::LineReader;
 use crate::decode::{self, Body, EventStream, Origin, PathKind, Record};
 use crate::flux::jobid::JobId;
+use crate::flux::object::JsonObject;
 use crate::pipeline::config::{FileSourceConfig, ReadFrom};
 use anyhow::{Context, Result, anyhow};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
@@ -1062,11 +1063,13 @@ impl FileSource {
             .increment(1);
         match serde_json::from_slice::<serde_json::Value>(content) {
             Ok(value) => {
+                // Not an object: read as `{}`, which has no expiration or
+                // ranks (an instance's R says so, as an anomaly).
                 let record = Record {
                     cluster: None,
                     stream,
                     id,
-                    body: Body::R(value),
+                    body: Body::R(JsonObject::from_value(&value).unwrap_or_default()),
                 };
                 ctx.record(record).await.map_err(|_| Stop)
             }

@@ -74,7 +74,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
                 self.line_end += self.len as u64;
                 return Ok(Some(self.take()));
             }
-            let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
+            let (take, done) = match memchr::memchr(b'\n', chunk) {
                 Some(i) => (i + 1, true),
                 None => (chunk.len(), false),
             };

@@ -577,7 +577,7 @@ async fn a_growing_dump_tree_is_followed_with_ids_from_paths() {
     .unwrap();
     let got = src.take(1).await;
     match &got[0].record.body {
-        Body::R(v) => assert_eq!(v["execution"]["expiration"], 200.0),
+        Body::R(v) => assert_eq!(v.to_value()["execution"]["expiration"], 200.0),
         other => panic!("expected R, got {other:?}"),
     }
     src.quiet(100).await;
