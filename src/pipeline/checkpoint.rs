@@ -294,7 +294,7 @@ impl<R: Read> Read for Counting<R> {
     }
 }
 
-/// A writer or reader that checksums what goes through it.
+/// A writer that checksums what goes through it.
 struct Summing<T> {
     inner: T,
     sum: xxhash_rust::xxh3::Xxh3,
@@ -317,14 +317,6 @@ impl<W: Write> Write for Summing<W> {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
-    }
-}
-
-impl<R: Read> Read for Summing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.sum.update(&buf[..n]);
-        Ok(n)
     }
 }
 
@@ -433,13 +425,41 @@ pub fn encode(head: &Head, shards: &[ShardBytes]) -> Result<Vec<u8>, CheckpointE
 
 /// Decode a checkpoint; `path` only names it in errors.
 pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, CheckpointError> {
-    read_from(bytes, bytes.len() as u64, path)
+    read_from(&bytes, bytes.len() as u64, path)
 }
 
-/// Decode a checkpoint of `size` bytes from `r`, streaming: the file is
-/// never held in memory whole. The state decoded is only returned once the
-/// checksum over all of it has matched.
-pub fn read_from(mut r: impl Read, size: u64, path: &Path) -> Result<Checkpoint, CheckpointError> {
+/// Where a checkpoint's bytes can be read from any offset, as many times
+/// as needed: its shards are decoded side by side.
+pub trait Reopen: Sync {
+    fn open_at(&self, offset: u64) -> std::io::Result<Box<dyn Read + '_>>;
+}
+
+impl Reopen for &[u8] {
+    fn open_at(&self, offset: u64) -> std::io::Result<Box<dyn Read + '_>> {
+        let at = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.len());
+        Ok(Box::new(&self[at..]))
+    }
+}
+
+impl Reopen for Path {
+    fn open_at(&self, offset: u64) -> std::io::Result<Box<dyn Read + '_>> {
+        let mut f = std::fs::File::open(self)?;
+        f.seek(SeekFrom::Start(offset))?;
+        Ok(Box::new(f))
+    }
+}
+
+/// Decode a checkpoint of `size` bytes, never holding the file whole in
+/// memory. The shards are decoded on as many threads as there are cores
+/// while one more checksums the payload; the state is only returned once
+/// the checksum over all of it has matched.
+pub fn read_from(
+    src: &(impl Reopen + ?Sized),
+    size: u64,
+    path: &Path,
+) -> Result<Checkpoint, CheckpointError> {
     let corrupt = |why: String| CheckpointError::Corrupt {
         path: path.to_path_buf(),
         why,
@@ -454,7 +474,9 @@ pub fn read_from(mut r: impl Read, size: u64, path: &Path) -> Result<Checkpoint,
             path: path.to_path_buf(),
         });
     }
-    r.read_exact(&mut header).map_err(unreadable)?;
+    src.open_at(0)
+        .and_then(|mut r| r.read_exact(&mut header))
+        .map_err(unreadable)?;
     if &header[..MAGIC.len()] != MAGIC {
         return Err(CheckpointError::NotACheckpoint {
             path: path.to_path_buf(),
@@ -477,59 +499,112 @@ pub fn read_from(mut r: impl Read, size: u64, path: &Path) -> Result<Checkpoint,
             "{present} payload bytes where the header says {len} (truncated?)"
         )));
     }
-    // The checksum is taken below the buffer, a megabyte at a time; the
-    // decoder's many small reads only copy and count.
-    let mut payload = Counting {
-        inner: BufReader::with_capacity(1 << 20, Summing::new(r.take(len))),
-        count: 0,
+    let start = HEADER_LEN as u64;
+    let reader =
+        |offset: u64, n: u64| -> std::io::Result<BufReader<std::io::Take<Box<dyn Read + '_>>>> {
+            Ok(BufReader::with_capacity(
+                1 << 20,
+                src.open_at(offset)?.take(n),
+            ))
+        };
+    // The checksum, on its own thread, a megabyte at a time.
+    let summed = || -> std::io::Result<u64> {
+        let mut r = src.open_at(start)?.take(len);
+        let mut sum = xxhash_rust::xxh3::Xxh3::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match r.read(&mut buf)? {
+                0 => return Ok(sum.digest()),
+                n => sum.update(&buf[..n]),
+            }
+        }
     };
-    let head: Head =
-        rmp_serde::from_read(&mut payload).map_err(|e| corrupt(format!("head: {e}")))?;
-    let mut shards = Vec::new();
-    loop {
-        let left = len.saturating_sub(payload.count);
-        if left == 0 {
-            break;
+    std::thread::scope(|scope| {
+        let checksum = scope.spawn(summed);
+        let decoded = (|| {
+            // The head, then where each shard's bytes lie.
+            let mut payload = Counting {
+                inner: reader(start, len).map_err(unreadable)?,
+                count: 0,
+            };
+            let head: Head =
+                rmp_serde::from_read(&mut payload).map_err(|e| corrupt(format!("head: {e}")))?;
+            let mut parts = Vec::new();
+            let mut at = payload.count;
+            while at < len {
+                if len - at < 8 {
+                    return Err(corrupt("a shard's length is cut short".into()));
+                }
+                let mut n = [0u8; 8];
+                src.open_at(start + at)
+                    .and_then(|mut r| r.read_exact(&mut n))
+                    .map_err(unreadable)?;
+                let n = u64::from_le_bytes(n);
+                if n > len - at - 8 {
+                    return Err(corrupt("a shard runs past the end".into()));
+                }
+                parts.push((start + at + 8, n));
+                at += 8 + n;
+            }
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, parts.len().max(1));
+            let decoders: Vec<_> = (0..threads)
+                .map(|t| {
+                    let mine: Vec<(usize, (u64, u64))> = parts
+                        .iter()
+                        .copied()
+                        .enumerate()
+                        .skip(t)
+                        .step_by(threads)
+                        .collect();
+                    scope.spawn(move || {
+                        mine.into_iter()
+                            .map(|(i, (offset, n))| {
+                                let mut r = reader(offset, n).map_err(unreadable)?;
+                                let state: ShardState = rmp_serde::from_read(&mut r)
+                                    .map_err(|e| corrupt(format!("shard {i}: {e}")))?;
+                                Ok((i, state))
+                            })
+                            .collect::<Result<Vec<_>, CheckpointError>>()
+                    })
+                })
+                .collect();
+            let mut shards: Vec<(usize, ShardState)> = Vec::with_capacity(parts.len());
+            for d in decoders {
+                let got = d
+                    .join()
+                    .map_err(|_| corrupt("a shard's decoder failed".into()))??;
+                shards.extend(got);
+            }
+            shards.sort_by_key(|(i, _)| *i);
+            Ok(Checkpoint {
+                head,
+                shards: shards.into_iter().map(|(_, s)| s).collect(),
+            })
+        })();
+        // A damaged file is reported as such before what its damage did
+        // to the decoding.
+        let digest = checksum
+            .join()
+            .map_err(|_| corrupt("the checksum failed".into()))?
+            .map_err(unreadable)?;
+        if digest != sum {
+            return Err(corrupt("checksum mismatch".into()));
         }
-        if left < 8 {
-            return Err(corrupt("a shard's length is cut short".into()));
-        }
-        let mut n = [0u8; 8];
-        payload.read_exact(&mut n).map_err(unreadable)?;
-        let n = u64::from_le_bytes(n);
-        if n > left - 8 {
-            return Err(corrupt("a shard runs past the end".into()));
-        }
-        let mut shard = (&mut payload).take(n);
-        let state: ShardState = rmp_serde::from_read(&mut shard)
-            .map_err(|e| corrupt(format!("shard {}: {e}", shards.len())))?;
-        // Whatever the shard's encoding did not use still counts in the sum.
-        std::io::copy(&mut shard, &mut std::io::sink()).map_err(unreadable)?;
-        shards.push(state);
-    }
-    // Every payload byte has passed through the buffer, so through the sum.
-    if payload.inner.get_ref().sum.digest() != sum {
-        return Err(corrupt("checksum mismatch".into()));
-    }
-    Ok(Checkpoint { head, shards })
+        decoded
+    })
 }
 
 /// Read the checkpoint in `dir`; `None` if there is none yet.
 pub fn load(dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
     let path = dir.join(FILE_NAME);
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
+    let size = match std::fs::metadata(&path) {
+        Ok(m) => m.len(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Read { path, source }),
     };
-    let size = file
-        .metadata()
-        .map_err(|source| CheckpointError::Read {
-            path: path.clone(),
-            source,
-        })?
-        .len();
-    read_from(file, size, &path).map(Some)
+    read_from(path.as_path(), size, &path).map(Some)
 }
 
 /// Replace the checkpoint in `dir`, atomically and durably; returns its
