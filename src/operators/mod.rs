@@ -17,6 +17,9 @@ use std::hash::{BuildHasher, Hash, Hasher};
 
 /// The shard hasher's fixed seed.
 const SHARD_SEED: u64 = 0x5eed_f1c5_0000_0001;
+
+/// How much room a source waits for when its shard's queue is full.
+const WAKE_BATCH: usize = 64;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -101,10 +104,19 @@ impl Router {
     pub async fn send(&self, routed: Routed) -> Result<(), Closed> {
         let i = self.shard_of(&routed.cluster, routed.record.id.map(|id| id.0));
         let shard = self.shards.get(i).ok_or(Closed)?;
-        shard
-            .send(ShardMsg::Record(routed))
-            .await
-            .map_err(|_| Closed)
+        match shard.try_send(ShardMsg::Record(routed)) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(Closed),
+            Err(mpsc::error::TrySendError::Full(msg)) => {
+                // The shard is behind: wait until it has taken a batch, not
+                // one record, so the two threads do not wake each other
+                // (a system call each way) for every record.
+                let want = WAKE_BATCH.min(shard.max_capacity());
+                let mut permits = shard.reserve_many(want).await.map_err(|_| Closed)?;
+                permits.next().ok_or(Closed)?.send(msg);
+                Ok(())
+            }
+        }
     }
 
     /// How many shards there are.
