@@ -308,7 +308,132 @@ mod tests {
         assert_eq!(default_rules().len(), 11);
     }
 
+    /// A job's life as flux-core writes it (job and exec events, in
+    /// order), with events dropped, repeated out of place and given times
+    /// that may go back: what the job rules react to, right and wrong.
+    fn job_records() -> impl Strategy<Value = Vec<crate::decode::Record>> {
+        use crate::decode::{Body, EventStream, Record};
+        use crate::flux::event::Event;
+        use crate::flux::jobid::JobId;
+        use serde_json::json;
+        let life = [
+            (
+                EventStream::Job,
+                "submit",
+                json!({"userid": 1, "urgency": 16, "flags": 0, "version": 1}),
+            ),
+            (EventStream::Job, "validate", json!({})),
+            (EventStream::Job, "depend", json!({})),
+            (EventStream::Job, "priority", json!({"priority": 5})),
+            (EventStream::Job, "alloc", json!({})),
+            (
+                EventStream::Job,
+                "prolog-start",
+                json!({"description": "p"}),
+            ),
+            (EventStream::Exec, "init", json!({})),
+            (
+                EventStream::Job,
+                "prolog-finish",
+                json!({"description": "p", "status": 0}),
+            ),
+            (EventStream::Exec, "starting", json!({})),
+            (EventStream::Job, "start", json!({})),
+            (
+                EventStream::Job,
+                "resource-update",
+                json!({"expiration": 30.0}),
+            ),
+            (EventStream::Exec, "complete", json!({"status": 0})),
+            (
+                EventStream::Job,
+                "exception",
+                json!({"type": "cancel", "severity": 0, "note": ""}),
+            ),
+            (EventStream::Job, "finish", json!({"status": 0})),
+            (
+                EventStream::Job,
+                "epilog-start",
+                json!({"description": "e"}),
+            ),
+            (
+                EventStream::Job,
+                "release",
+                json!({"ranks": "all", "final": true}),
+            ),
+            (
+                EventStream::Job,
+                "epilog-finish",
+                json!({"description": "e", "status": 0}),
+            ),
+            (EventStream::Exec, "done", json!({})),
+            (EventStream::Job, "free", json!({})),
+            (EventStream::Job, "clean", json!({})),
+        ];
+        let n = life.len();
+        // Per step of the life: kept or not, and a time offset; then
+        // events of the life replayed at random places.
+        (
+            prop::collection::vec((prop::bool::weighted(0.85), -2i32..3), n),
+            prop::collection::vec((0..n, 0..n, 0i32..40), 0..4),
+        )
+            .prop_map(move |(steps, extra)| {
+                let record = |i: usize, t: i32| {
+                    let (stream, name, ctx) = &life[i];
+                    Record {
+                        cluster: None,
+                        stream: *stream,
+                        id: Some(JobId(7)),
+                        body: Body::Event(
+                            Event::new(f64::from(t.max(1)), *name).with_context(ctx.clone()),
+                        ),
+                    }
+                };
+                let mut out: Vec<Record> = steps
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (keep, _))| *keep)
+                    .map(|(i, (_, dt))| record(i, 10 * (i as i32 + 1) + dt))
+                    .collect();
+                for (at, which, t) in extra {
+                    out.insert(at.min(out.len()), record(which, t));
+                }
+                out
+            })
+    }
+
     proptest! {
+        /// The shard skips the alert engine for a record that leaves a job's
+        /// view as it was: that is only right if every job rule's condition
+        /// is a function of the view.
+        #[test]
+        fn job_rules_read_nothing_beyond_the_view(records in job_records()) {
+            use crate::state::{JobKey, State};
+            use crate::flux::jobid::JobId;
+            let key = JobKey { cluster: "c".into(), id: JobId(7) };
+            let kinds: Vec<RuleKind> = JobState::ALL
+                .iter()
+                .map(|s| RuleKind::JobState(*s))
+                .chain([RuleKind::Prolog, RuleKind::Epilog, RuleKind::Overrun, RuleKind::ExecIncomplete])
+                .collect();
+            let conditions = |st: &State| -> Vec<Option<f64>> {
+                kinds.iter().map(|k| st.jobs.get(&key).and_then(|e| job_condition(*k, e))).collect()
+            };
+            let mut st = State::new();
+            for r in records {
+                let view = job_view(st.jobs.get(&key).map(|e| &**e));
+                let before = conditions(&st);
+                let state_before = st.jobs.get(&key).map(|e| e.job.state);
+                st.apply("c", r);
+                if job_view(st.jobs.get(&key).map(|e| &**e)) == view {
+                    prop_assert_eq!(conditions(&st), before);
+                    if view.is_some() {
+                        prop_assert_eq!(st.jobs.get(&key).map(|e| e.job.state), state_before);
+                    }
+                }
+            }
+        }
+
         #[test]
         fn duration_parsing_never_panics(s in "\\PC{0,20}") {
             let _ = parse_duration(&s);
