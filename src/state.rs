@@ -133,6 +133,9 @@ pub struct Effects {
     pub rank_changes: Vec<(String, RankChange)>,
     /// The record repeated something already applied and was skipped.
     pub duplicate: bool,
+    /// The name and time of the event applied (job and resource streams),
+    /// moved out of it: what transition and rank records name.
+    pub event: Option<(String, f64)>,
 }
 
 /// Counters over everything applied.
@@ -153,6 +156,8 @@ pub struct State {
     pub counts: Counts,
     /// Cluster names, one copy each, for the job keys.
     clusters: HashSet<Arc<str>>,
+    /// The name interned last.
+    last_cluster: Option<Arc<str>>,
 }
 
 impl State {
@@ -163,8 +168,14 @@ impl State {
     /// The shared copy of a cluster name: a million job keys of one
     /// cluster hold one string, and making a key allocates nothing.
     pub fn intern(&mut self, cluster: &str) -> Arc<str> {
-        if let Some(c) = self.clusters.get(cluster) {
+        // Most records name the cluster the one before named.
+        if let Some(c) = self.last_cluster.as_ref().filter(|c| ***c == *cluster) {
             return c.clone();
+        }
+        if let Some(c) = self.clusters.get(cluster) {
+            let c = c.clone();
+            self.last_cluster = Some(c.clone());
+            return c;
         }
         let c: Arc<str> = Arc::from(cluster);
         self.clusters.insert(c.clone());
@@ -214,7 +225,11 @@ impl State {
             return;
         };
         let applied = match body {
-            Body::Event(ev) => res.apply(&ev),
+            Body::Event(ev) => {
+                let applied = res.apply(&ev);
+                fx.event = Some((ev.name, ev.timestamp));
+                applied
+            }
             Body::R(r) => res.apply_r(&r.to_value()),
             Body::Sentinel | Body::ExecResponse(_) => return,
         };
@@ -244,6 +259,7 @@ impl State {
                         transition: t,
                     });
                 }
+                fx.event = Some((ev.name, ev.timestamp));
             }
             (EventStream::Job, Body::R(r)) => entry.job.apply_r(&r),
             (EventStream::Exec, Body::Event(ev)) => {

@@ -560,10 +560,6 @@ impl Shard {
             )),
             _ => None,
         };
-        let event_name = match &record.body {
-            Body::Event(ev) => Some((ev.name.clone(), ev.timestamp)),
-            _ => None,
-        };
         // The job as it was, for the metrics of what this record changes.
         let prior = key.as_ref().and_then(|k| self.state.jobs.get(k));
         let before = prior
@@ -581,12 +577,6 @@ impl Shard {
                     (Ok(t), Ok(sev)) => Some((t.to_string(), sev)),
                     _ => None,
                 }
-            }
-            _ => None,
-        };
-        let resource_event = match &record.body {
-            Body::Event(ev) if stream == crate::decode::EventStream::Resource => {
-                Some(ev.name.clone())
             }
             _ => None,
         };
@@ -614,8 +604,12 @@ impl Shard {
             if let Some((kind, severity)) = exception {
                 metrics::counter!("flux_job_exceptions_total", "flux_cluster" => cluster.to_string(), "type" => kind, "severity" => severity.to_string()).increment(1);
             }
-            if let Some(name) = resource_event {
-                metrics::counter!("flux_resource_events_total", "flux_cluster" => cluster.to_string(), "event" => name).increment(1);
+            if let Some((name, _)) = fx
+                .event
+                .as_ref()
+                .filter(|_| stream == crate::decode::EventStream::Resource)
+            {
+                metrics::counter!("flux_resource_events_total", "flux_cluster" => cluster.to_string(), "event" => name.clone()).increment(1);
             }
         }
         if let Some(key) = new_key
@@ -635,6 +629,7 @@ impl Shard {
                 .emit(OutputRecord::new(OutputStream::Events, &ev))
                 .await;
         }
+        let event_name = &fx.event;
         let name = event_name.as_ref().map(|(n, _)| n.as_str()).unwrap_or("");
         let (transitions, jobs) = (
             self.outputs.wants(OutputStream::Transitions),
