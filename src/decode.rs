@@ -14,6 +14,7 @@ use crate::flux::exec::ExecResponse;
 use crate::flux::jobid::JobId;
 use crate::flux::object::JsonObject;
 use serde_json::Value;
+use smallvec::SmallVec;
 use std::path::Path;
 use thiserror::Error;
 
@@ -368,8 +369,10 @@ mod fast {
         }
     }
 
-    fn events(list: Vec<FastEvent>) -> Option<Vec<Event>> {
-        list.into_iter().map(FastEvent::valid).collect()
+    /// Whether every event is one `Event::from_value` accepts.
+    fn all_valid(list: &[FastEvent]) -> bool {
+        list.iter()
+            .all(|e| e.timestamp.is_finite() && e.timestamp > 0.0 && !e.name.is_empty())
     }
 
     /// Decode `text` if it is a common form; false leaves it to the
@@ -402,9 +405,12 @@ mod fast {
     }
 
     fn journal_records(j: Journal, format: Format, out: &mut Decoded) -> bool {
-        let Some(events) = events(j.events) else {
+        if !all_valid(&j.events) {
             return false;
-        };
+        }
+        let empty = j.events.is_empty();
+        // Valid, so each event converts; no list of them is built between.
+        let events = j.events.into_iter().filter_map(FastEvent::valid);
         // R not an object: dropped, as the general path drops it.
         let r = j.r.and_then(|r| JsonObject::from_raw(r).ok());
         match (j.id, format) {
@@ -412,18 +418,16 @@ mod fast {
                 let record = |body| Record::job_journal(JobId(id), body);
                 // R first, as the general path does.
                 out.records.extend(r.map(|r| record(Body::R(r))));
-                out.records
-                    .extend(events.into_iter().map(|e| record(Body::Event(e))));
+                out.records.extend(events.map(|e| record(Body::Event(e))));
                 true
             }
             (None, Format::Auto | Format::ResourceJournal) => {
                 let record = Record::resource_journal;
-                if events.is_empty() {
+                if empty {
                     out.records.push(record(Body::Sentinel));
                     return true;
                 }
-                out.records
-                    .extend(events.into_iter().map(|e| record(Body::Event(e))));
+                out.records.extend(events.map(|e| record(Body::Event(e))));
                 out.records.extend(r.map(|r| record(Body::R(r))));
                 true
             }
@@ -454,7 +458,9 @@ mod fast {
 /// The records of one line, and the errors of its bad parts.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decoded {
-    pub records: Vec<Record>,
+    /// Inline: a line is one record most of the time, and a list on the
+    /// heap for each would be allocated and freed per line.
+    pub records: SmallVec<[Record; 1]>,
     pub errors: Vec<DecodeError>,
 }
 
