@@ -2,16 +2,15 @@
 //! so logrotate can move it away.
 
 use super::SinkRx;
-use super::stdout::FLUSH_EVERY;
+use super::stdout::{FILE_LINGER, Lines, Next};
 use crate::pipeline::config::FileSinkConfig;
 use anyhow::Context;
 use std::path::Path;
-use std::time::Instant;
 use tokio::fs::{File, OpenOptions};
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::BufWriter;
 use tokio::signal::unix::{SignalKind, signal};
 
-async fn open(path: &Path) -> anyhow::Result<BufWriter<File>> {
+async fn open(path: &Path) -> anyhow::Result<File> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         tokio::fs::create_dir_all(parent)
             .await
@@ -23,39 +22,29 @@ async fn open(path: &Path) -> anyhow::Result<BufWriter<File>> {
         .open(path)
         .await
         .with_context(|| format!("cannot open {}", path.display()))?;
-    Ok(BufWriter::new(file))
+    Ok(file)
 }
 
 pub async fn run(name: &str, config: FileSinkConfig, mut rx: SinkRx) -> anyhow::Result<()> {
     let path = config.path;
-    let mut out = open(&path).await?;
-    let mut unflushed = 0u64;
-    let mut flushed_at = Instant::now();
+    let mut lines = Lines::new(open(&path).await?, FILE_LINGER);
     let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
     loop {
         tokio::select! {
-            rec = rx.recv() => {
-                let Some(rec) = rec else { break };
-                out.write_all(rec.line.as_bytes()).await?;
-                out.write_all(b"\n").await?;
-                unflushed += 1;
-                // A record counts as delivered once it is in the file.
-                if rx.is_empty() || flushed_at.elapsed() >= FLUSH_EVERY {
-                    out.flush().await?;
-                    rx.delivered(std::mem::take(&mut unflushed));
-                    flushed_at = Instant::now();
-                }
-            }
+            next = lines.next(&mut rx) => match next {
+                // A record counts as delivered once flushed to the file.
+                Next::Records => lines.write(&rx).await?,
+                Next::Flush => lines.flush(&rx).await?,
+                Next::Closed => break,
+            },
             _ = hup.recv() => {
-                out.flush().await?;
-                rx.delivered(std::mem::take(&mut unflushed));
-                out = open(&path).await?;
+                lines.flush(&rx).await?;
+                lines.out = BufWriter::new(open(&path).await?);
                 tracing::info!(sink = name, path = %path.display(), "reopened on SIGHUP");
             }
         }
     }
-    out.flush().await?;
-    rx.delivered(unflushed);
-    out.get_mut().sync_data().await.ok();
+    lines.flush(&rx).await?;
+    lines.out.get_mut().sync_data().await.ok();
     Ok(())
 }
