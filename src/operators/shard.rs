@@ -259,6 +259,10 @@ impl Shard {
     /// Note that a job's state changed; `owner`: where its record came
     /// from (a job keeps the partition that first sent it).
     fn touch_job(&mut self, key: &JobKey, owner: Option<&Owner>) {
+        // Nothing to record, nor a changelog to write it to (most records).
+        if owner.is_none() && self.logged.is_empty() {
+            return;
+        }
         let Some(entry) = self.state.jobs.get_mut(key) else {
             return;
         };
@@ -532,7 +536,9 @@ impl Shard {
             cluster: self.state.intern(&cluster),
             id,
         });
-        let new_key = key.clone().filter(|k| !self.state.jobs.contains_key(k));
+        // The job as it was, for the metrics of what this record changes.
+        let prior = key.as_ref().and_then(|k| self.state.jobs.get(k));
+        let new_key = key.clone().filter(|_| prior.is_none());
         if new_key.is_some() && self.state.jobs.len() >= self.retention.max_jobs {
             self.refused += 1;
             metrics::counter!("fluxpipe_jobs_refused_total", "reason" => "max_jobs").increment(1);
@@ -560,8 +566,6 @@ impl Shard {
             )),
             _ => None,
         };
-        // The job as it was, for the metrics of what this record changes.
-        let prior = key.as_ref().and_then(|k| self.state.jobs.get(k));
         let before = prior
             .filter(|e| e.job.submitted && !e.job.invalidated)
             .map(|e| (e.job.state, e.job.t_state()));
