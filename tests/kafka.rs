@@ -392,6 +392,10 @@ async fn a_consumer_killed_again_and_again_loses_nothing() {
             "no kill came after any progress: {progress:?}"
         );
         let child = start(&config);
+        // The kills may all come after the last summary: then the wait
+        // below ends at once, and the SIGTERM must not beat the process's
+        // own start (before it watches for the signal).
+        std::thread::sleep(Duration::from_millis(500));
         wait_until("every job after the kills", 180, || {
             job_summaries(&out).len() == jobs
         });

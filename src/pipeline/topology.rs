@@ -90,6 +90,11 @@ fn changelog_sources(config: &Config) -> Vec<Arc<str>> {
 
 /// Run a validated pipeline until shutdown.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
+    // Watched from the start: a SIGTERM while the checkpoint is restored
+    // or the sources start is a clean shutdown once they have, not death
+    // by the signal's default.
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     let workers = config
@@ -194,8 +199,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     drop(outputs);
     sink_ctx.ready.set(true);
 
-    let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut failed = false;
     loop {
         tokio::select! {
