@@ -695,11 +695,24 @@ impl Job {
     /// Take the expiration from the job's R (`execution.expiration`), as
     /// job-list does when the job reaches RUN. 0 means none.
     pub fn apply_r(&mut self, r: &JsonObject) {
-        // Only this key of R is read: the rest is skipped unparsed.
-        let exp = r
-            .get("execution")
-            .and_then(|e| object::find(e, "expiration"))
-            .and_then(|x| serde_json::from_str::<serde_json::Value>(x.get()).ok());
+        // Only this key of R is read: the rest is skipped unparsed, in one
+        // pass. A repeated key fails that pass; the lookups that keep the
+        // last of each, as a map would, decide then.
+        #[derive(serde::Deserialize)]
+        struct JobR {
+            execution: Option<Execution>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Execution {
+            expiration: Option<serde_json::Value>,
+        }
+        let exp = match serde_json::from_str::<JobR>(r.raw().get()) {
+            Ok(parsed) => parsed.execution.and_then(|e| e.expiration),
+            Err(_) => r
+                .get("execution")
+                .and_then(|e| object::find(e, "expiration"))
+                .and_then(|x| serde_json::from_str(x.get()).ok()),
+        };
         if let Some(exp) = exp.as_ref().and_then(serde_json::Value::as_f64)
             && exp > 0.0
             && !self.expiration.is_some()
@@ -836,6 +849,35 @@ mod tests {
             "submit",
             json!({"userid": 5588, "urgency": 16, "flags": 0, "version": 1}),
         )
+    }
+
+    #[test]
+    fn the_expiration_comes_from_r_as_a_map_would_read_it() {
+        let cases = [
+            (
+                r#"{"version":1,"execution":{"R_lite":[{"rank":"0"}],"expiration":5.5,"nodelist":["a"]}}"#,
+                Some(5.5),
+            ),
+            (
+                r#"{"execution":{"expiration":1},"execution":{"expiration":2}}"#,
+                Some(2.0),
+            ),
+            (
+                r#"{"execution":{"expiration":1,"expiration":3}}"#,
+                Some(3.0),
+            ),
+            (r#"{"execution":null}"#, None),
+            (r#"{"execution":7}"#, None),
+            (r#"{"execution":{"expiration":"soon"}}"#, None),
+            (r#"{"execution":{"expiration":0}}"#, None),
+            (r#"{}"#, None),
+        ];
+        for (text, want) in cases {
+            let r: JsonObject = serde_json::from_str(text).unwrap_or_default();
+            let mut job = Job::default();
+            job.apply_r(&r);
+            assert_eq!(job.expiration.get(), want, "{text}");
+        }
     }
 
     fn run(job: &mut Job, events: &[Event]) -> Vec<Anomaly> {
