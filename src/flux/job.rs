@@ -576,7 +576,7 @@ impl Job {
         }
         // Eventlogs without a version (flux-core 0.40 and older) may have
         // no `validate`: there the job was in DEPEND from submit on.
-        self.unversioned = ev.get("version").is_none();
+        self.unversioned = !ev.has("version");
     }
 
     fn on_release(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {

@@ -17,11 +17,11 @@ use std::hash::{BuildHasher, Hash, Hasher};
 
 /// The shard hasher's fixed seed.
 const SHARD_SEED: u64 = 0x5eed_f1c5_0000_0001;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
 
 /// How much room a source waits for when its shard's queue is full.
 const WAKE_BATCH: usize = 64;
-use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
 
 pub use crate::state::Owner;
 

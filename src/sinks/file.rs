@@ -2,7 +2,7 @@
 //! so logrotate can move it away.
 
 use super::SinkRx;
-use super::stdout::{FILE_LINGER, Lines, Next};
+use super::lines::{FILE_LINGER, Lines, Next};
 use crate::pipeline::config::FileSinkConfig;
 use anyhow::Context;
 use std::path::Path;

@@ -10,6 +10,7 @@ pub mod file;
 pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod lines;
 pub mod prometheus;
 pub mod socket;
 pub mod stdout;

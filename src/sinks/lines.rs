@@ -1,0 +1,101 @@
+//! JSON Lines through a buffered writer, for the sinks that write them
+//! (stdout, file): records taken from the queue in batches, flushed when
+//! the queue has run dry for a moment and now and then under load.
+
+use super::SinkRx;
+use crate::output::OutputRecord;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+
+/// Longest a written record waits in the buffer under steady load.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(200);
+
+/// How long a caught-up file sink waits for more before it flushes. A
+/// flush of a tokio file is a trip to the blocking thread pool: done for
+/// every record of a steady trickle, it cost more than the records. Standard
+/// output, read live, flushes at once.
+pub const FILE_LINGER: Duration = Duration::from_millis(2);
+
+/// Most records taken from the queue at once.
+pub const BATCH: usize = 1024;
+
+/// Records written, and not yet flushed, through a buffered writer: the
+/// loop of the stdout and file sinks.
+pub struct Lines<W: AsyncWrite + Unpin> {
+    pub out: BufWriter<W>,
+    batch: Vec<Arc<OutputRecord>>,
+    unflushed: u64,
+    flushed_at: Instant,
+    linger: Duration,
+}
+
+impl<W: AsyncWrite + Unpin> Lines<W> {
+    /// Lines written to `out`, flushed `linger` after the queue ran dry.
+    pub fn new(out: W, linger: Duration) -> Self {
+        Lines {
+            out: BufWriter::new(out),
+            batch: Vec::with_capacity(BATCH),
+            unflushed: 0,
+            flushed_at: Instant::now(),
+            linger,
+        }
+    }
+
+    /// When the buffer must be flushed: a moment after the queue ran dry,
+    /// or at once once it has waited `FLUSH_EVERY`.
+    pub fn flush_due(&self) -> Option<tokio::time::Instant> {
+        (self.unflushed > 0).then(|| {
+            let every = self.flushed_at + FLUSH_EVERY;
+            let linger = Instant::now() + self.linger;
+            tokio::time::Instant::from_std(every.min(linger))
+        })
+    }
+
+    /// Wait for records or for the flush to come due; cancel-safe (it
+    /// only waits), so it can race other events in a `select!`.
+    pub async fn next(&mut self, rx: &mut SinkRx) -> Next {
+        // Flush when nothing else has come for a moment, so a quiet feed
+        // is not held back, and now and then under load.
+        let due = self.flush_due().filter(|_| rx.is_empty());
+        if due.is_some() && self.linger.is_zero() {
+            return Next::Flush;
+        }
+        let n = match due {
+            Some(due) => tokio::select! {
+                n = rx.recv_many(&mut self.batch, BATCH) => n,
+                _ = tokio::time::sleep_until(due) => return Next::Flush,
+            },
+            None => rx.recv_many(&mut self.batch, BATCH).await,
+        };
+        if n == 0 { Next::Closed } else { Next::Records }
+    }
+
+    /// Write the records taken.
+    pub async fn write(&mut self, rx: &SinkRx) -> std::io::Result<()> {
+        for rec in self.batch.drain(..) {
+            self.out.write_all(rec.line.as_bytes()).await?;
+            self.out.write_all(b"\n").await?;
+            self.unflushed += 1;
+        }
+        if self.flushed_at.elapsed() >= FLUSH_EVERY {
+            self.flush(rx).await?;
+        }
+        Ok(())
+    }
+
+    /// Flush; the records flushed count as delivered.
+    pub async fn flush(&mut self, rx: &SinkRx) -> std::io::Result<()> {
+        self.out.flush().await?;
+        rx.delivered(std::mem::take(&mut self.unflushed));
+        self.flushed_at = Instant::now();
+        Ok(())
+    }
+}
+
+/// What [`Lines::next`] waited for.
+pub enum Next {
+    Records,
+    Flush,
+    Closed,
+}
