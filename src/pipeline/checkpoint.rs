@@ -423,6 +423,9 @@ pub fn encode(head: &Head, shards: &[ShardBytes]) -> Result<Vec<u8>, CheckpointE
     Ok(out.into_inner())
 }
 
+/// The payload size from which shards are decoded on several threads.
+const PARALLEL_FROM: u64 = 4 << 20;
+
 /// Decode a checkpoint; `path` only names it in errors.
 pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, CheckpointError> {
     read_from(&bytes, bytes.len() as u64, path)
@@ -459,6 +462,17 @@ pub fn read_from(
     src: &(impl Reopen + ?Sized),
     size: u64,
     path: &Path,
+) -> Result<Checkpoint, CheckpointError> {
+    read(src, size, path, PARALLEL_FROM)
+}
+
+/// [`read_from`], on several threads from a payload of `parallel_from`
+/// bytes.
+fn read(
+    src: &(impl Reopen + ?Sized),
+    size: u64,
+    path: &Path,
+    parallel_from: u64,
 ) -> Result<Checkpoint, CheckpointError> {
     let corrupt = |why: String| CheckpointError::Corrupt {
         path: path.to_path_buf(),
@@ -519,8 +533,20 @@ pub fn read_from(
             }
         }
     };
+    let decode_part = |(i, (offset, n)): (usize, (u64, u64))| {
+        let mut r = reader(offset, n).map_err(unreadable)?;
+        let state: ShardState =
+            rmp_serde::from_read(&mut r).map_err(|e| corrupt(format!("shard {i}: {e}")))?;
+        Ok::<_, CheckpointError>((i, state))
+    };
+    // Threads pay off for a big state only; a small one (and the fuzzer's
+    // inputs) is checked, then decoded, on this thread.
+    let parallel = len >= parallel_from;
+    if !parallel && summed().map_err(unreadable)? != sum {
+        return Err(corrupt("checksum mismatch".into()));
+    }
     std::thread::scope(|scope| {
-        let checksum = scope.spawn(summed);
+        let checksum = parallel.then(|| scope.spawn(summed));
         let decoded = (|| {
             // The head, then where each shard's bytes lie.
             let mut payload = Counting {
@@ -546,37 +572,47 @@ pub fn read_from(
                 parts.push((start + at + 8, n));
                 at += 8 + n;
             }
-            let threads = std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .clamp(1, parts.len().max(1));
-            let decoders: Vec<_> = (0..threads)
-                .map(|t| {
-                    let mine: Vec<(usize, (u64, u64))> = parts
-                        .iter()
-                        .copied()
-                        .enumerate()
-                        .skip(t)
-                        .step_by(threads)
-                        .collect();
-                    scope.spawn(move || {
-                        mine.into_iter()
-                            .map(|(i, (offset, n))| {
-                                let mut r = reader(offset, n).map_err(unreadable)?;
-                                let state: ShardState = rmp_serde::from_read(&mut r)
-                                    .map_err(|e| corrupt(format!("shard {i}: {e}")))?;
-                                Ok((i, state))
-                            })
-                            .collect::<Result<Vec<_>, CheckpointError>>()
+            let threads = if parallel {
+                std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .clamp(1, parts.len().max(1))
+            } else {
+                1
+            };
+            let mut shards: Vec<(usize, ShardState)> = if threads == 1 {
+                parts
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .map(decode_part)
+                    .collect::<Result<_, _>>()?
+            } else {
+                let decoders: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let mine: Vec<(usize, (u64, u64))> = parts
+                            .iter()
+                            .copied()
+                            .enumerate()
+                            .skip(t)
+                            .step_by(threads)
+                            .collect();
+                        let decode_part = &decode_part;
+                        scope.spawn(move || {
+                            mine.into_iter()
+                                .map(decode_part)
+                                .collect::<Result<Vec<_>, CheckpointError>>()
+                        })
                     })
-                })
-                .collect();
-            let mut shards: Vec<(usize, ShardState)> = Vec::with_capacity(parts.len());
-            for d in decoders {
-                let got = d
-                    .join()
-                    .map_err(|_| corrupt("a shard's decoder failed".into()))??;
-                shards.extend(got);
-            }
+                    .collect();
+                let mut shards = Vec::with_capacity(parts.len());
+                for d in decoders {
+                    let got = d
+                        .join()
+                        .map_err(|_| corrupt("a shard's decoder failed".into()))??;
+                    shards.extend(got);
+                }
+                shards
+            };
             shards.sort_by_key(|(i, _)| *i);
             Ok(Checkpoint {
                 head,
@@ -585,12 +621,14 @@ pub fn read_from(
         })();
         // A damaged file is reported as such before what its damage did
         // to the decoding.
-        let digest = checksum
-            .join()
-            .map_err(|_| corrupt("the checksum failed".into()))?
-            .map_err(unreadable)?;
-        if digest != sum {
-            return Err(corrupt("checksum mismatch".into()));
+        if let Some(checksum) = checksum {
+            let digest = checksum
+                .join()
+                .map_err(|_| corrupt("the checksum failed".into()))?
+                .map_err(unreadable)?;
+            if digest != sum {
+                return Err(corrupt("checksum mismatch".into()));
+            }
         }
         decoded
     })
@@ -838,6 +876,34 @@ mod tests {
             load(dir.path()).unwrap().is_none(),
             "no checkpoint replaced"
         );
+    }
+
+    #[test]
+    fn threads_or_not_the_same_shards_come_back() {
+        let (a, b, c) = (state_with(40), state_with(3), State::new());
+        let head = Head::default();
+        let parts = [
+            shard_bytes(&a).into(),
+            shard_bytes(&b).into(),
+            shard_bytes(&c).into(),
+        ];
+        let bytes = encode(&head, &parts).unwrap();
+        let p = Path::new("p");
+        let jobs = |c: &Checkpoint| c.shards.iter().map(|s| s.jobs.len()).collect::<Vec<_>>();
+        let on_threads = read(&&bytes[..], bytes.len() as u64, p, 0).unwrap();
+        let here = read(&&bytes[..], bytes.len() as u64, p, u64::MAX).unwrap();
+        assert_eq!(jobs(&on_threads), vec![40, 3, 0]);
+        assert_eq!(jobs(&on_threads), jobs(&here));
+        // A damaged byte anywhere is a checksum mismatch either way.
+        let mut flipped = bytes.clone();
+        let i = flipped.len() - 5;
+        flipped[i] ^= 0x40;
+        for from in [0, u64::MAX] {
+            assert!(matches!(
+                read(&&flipped[..], flipped.len() as u64, p, from),
+                Err(CheckpointError::Corrupt { why, .. }) if why == "checksum mismatch"
+            ));
+        }
     }
 
     #[test]
