@@ -356,23 +356,20 @@ mod fast {
     }
 
     impl FastEvent {
+        /// Whether it is an event `Event::from_value` accepts.
+        fn is_valid(&self) -> bool {
+            self.timestamp.is_finite() && self.timestamp > 0.0 && !self.name.is_empty()
+        }
+
         /// The event, if it is one `Event::from_value` accepts.
         fn valid(self) -> Option<Event> {
-            (self.timestamp.is_finite() && self.timestamp > 0.0 && !self.name.is_empty()).then(
-                || Event {
-                    timestamp: self.timestamp,
-                    name: self.name,
-                    context: self.context,
-                    extra: Map::new(),
-                },
-            )
+            self.is_valid().then(|| Event {
+                timestamp: self.timestamp,
+                name: self.name,
+                context: self.context,
+                extra: Map::new(),
+            })
         }
-    }
-
-    /// Whether every event is one `Event::from_value` accepts.
-    fn all_valid(list: &[FastEvent]) -> bool {
-        list.iter()
-            .all(|e| e.timestamp.is_finite() && e.timestamp > 0.0 && !e.name.is_empty())
     }
 
     /// Decode `text` if it is a common form; false leaves it to the
@@ -405,7 +402,7 @@ mod fast {
     }
 
     fn journal_records(j: Journal, format: Format, out: &mut Decoded) -> bool {
-        if !all_valid(&j.events) {
+        if !j.events.iter().all(FastEvent::is_valid) {
             return false;
         }
         let empty = j.events.is_empty();

@@ -44,19 +44,11 @@ pub struct OutputRecord {
 }
 
 impl OutputRecord {
-    /// A record from anything that serializes to a JSON object.
-    pub fn from_serialize(stream: OutputStream, value: &impl Serialize) -> Self {
+    /// A record from anything that serializes to a JSON object (a
+    /// record struct, or a `Value` built as a map).
+    pub fn new(stream: OutputStream, value: &impl Serialize) -> Self {
         OutputRecord {
             stream,
-            line: json_line(value),
-        }
-    }
-
-    pub fn new(stream: OutputStream, value: &Value) -> Self {
-        OutputRecord {
-            stream,
-            // Not `to_string()`: `Display` writes through a formatter, piece
-            // by piece, at several times the cost (the same bytes).
             line: json_line(value),
         }
     }
@@ -64,6 +56,8 @@ impl OutputRecord {
 
 /// JSON text of a record. Room for a whole transition line from the start
 /// (serde_json's own guess is 128 bytes; the line is then copied to grow).
+/// Not a `Value`'s `to_string()`: `Display` writes through a formatter,
+/// piece by piece, at several times the cost (the same bytes).
 fn json_line(value: &impl Serialize) -> String {
     let mut out = Vec::with_capacity(384);
     if serde_json::to_writer(&mut out, value).is_err() {
@@ -476,7 +470,7 @@ mod tests {
             "record_id": rec.record_id.clone(),
         });
         assert_eq!(
-            OutputRecord::from_serialize(OutputStream::Transitions, &rec).line,
+            OutputRecord::new(OutputStream::Transitions, &rec).line,
             serde_json::to_string(&as_map).unwrap_or_default()
         );
     }
@@ -525,9 +519,7 @@ mod tests {
             if n > 0 {
                 entry.job.apply(&events[n - 1]);
             }
-            let line =
-                OutputRecord::from_serialize(OutputStream::Jobs, &JobRecord::new(&key, &entry))
-                    .line;
+            let line = OutputRecord::new(OutputStream::Jobs, &JobRecord::new(&key, &entry)).line;
             let want = serde_json::to_string(&job_as_map(&key, &entry)).unwrap_or_default();
             assert_eq!(line, want, "after {n} events");
             assert_eq!(job(&key, &entry), job_as_map(&key, &entry));

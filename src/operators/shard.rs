@@ -642,7 +642,7 @@ impl Shard {
         for t in &fx.transitions {
             if transitions {
                 self.outputs
-                    .emit(OutputRecord::from_serialize(
+                    .emit(OutputRecord::new(
                         OutputStream::Transitions,
                         &output::transition(t, name),
                     ))
@@ -651,7 +651,7 @@ impl Shard {
             if t.transition.to == JobState::Inactive {
                 if let Some(entry) = self.state.jobs.get(&t.key).filter(|_| jobs) {
                     self.outputs
-                        .emit(OutputRecord::from_serialize(
+                        .emit(OutputRecord::new(
                             OutputStream::Jobs,
                             &JobRecord::new(&t.key, entry),
                         ))
