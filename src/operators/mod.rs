@@ -25,13 +25,33 @@ const WAKE_BATCH: usize = 64;
 
 pub use crate::state::Owner;
 
+/// A source as shards know it. Records carry their source's index in the
+/// pipeline's list of these rather than its names: a name shared by
+/// reference count would have its count written by the source's thread and
+/// the shard's for every record, a cache line moved between cores each time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceInfo {
+    pub name: Arc<str>,
+    /// The cluster of its records that do not name their own.
+    pub cluster: Arc<str>,
+}
+
+impl SourceInfo {
+    pub fn new(name: &str, cluster: &str) -> Self {
+        SourceInfo {
+            name: name.into(),
+            cluster: cluster.into(),
+        }
+    }
+}
+
 /// A decoded record on its way to its shard.
 #[derive(Debug)]
 pub struct Routed {
-    /// The record's cluster: its own, or its source's default.
-    pub cluster: Arc<str>,
-    /// The source it came from.
-    pub source: Arc<str>,
+    /// The index of the source it came from among the pipeline's sources;
+    /// a record from an unknown index has no source name, and its cluster
+    /// is its own or empty.
+    pub source: usize,
     /// The partition it came from, for partitioned sources.
     pub owner: Option<Owner>,
     pub record: Record,
@@ -100,9 +120,9 @@ impl Router {
         (h.finish() % n.max(1) as u64) as usize
     }
 
-    /// Send one record; waits while the shard's queue is full.
-    pub async fn send(&self, routed: Routed) -> Result<(), Closed> {
-        let i = self.shard_of(&routed.cluster, routed.record.id.map(|id| id.0));
+    /// Send one record to shard `i` (its key's: [`Router::shard_of`]);
+    /// waits while the shard's queue is full.
+    pub async fn send(&self, i: usize, routed: Routed) -> Result<(), Closed> {
         let shard = self.shards.get(i).ok_or(Closed)?;
         match shard.try_send(ShardMsg::Record(routed)) {
             Ok(()) => Ok(()),

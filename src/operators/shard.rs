@@ -8,7 +8,7 @@
 
 use super::ages::OldestEntries;
 use super::job_metrics::ClusterMetrics;
-use super::{BarrierReply, Owner, Routed, ShardMsg, ShardSnapshot};
+use super::{BarrierReply, Owner, Routed, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::alerts::engine::{AlertEvent, Engine, Status, Subject};
 use crate::alerts::rule::Rule;
 use crate::alerts::{self, Clock, EventClock};
@@ -19,7 +19,7 @@ use crate::output::{self, JobRecord, OutputRecord};
 use crate::pipeline::changelog::{self, Change, EntryRef};
 use crate::pipeline::checkpoint::{ShardBytes, ShardState, ShardStateRef, spill_path};
 use crate::pipeline::config::OutputStream;
-use crate::sinks::Outputs;
+use crate::sinks::{HeldOutputs, Outputs};
 use crate::state::{JobKey, KeyedAnomaly, State};
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use foldhash::{HashMap, HashSet};
@@ -80,7 +80,8 @@ pub struct Shard {
     event_clock: EventClock,
     /// More alerts are due than the last batch fired.
     alerts_due: bool,
-    outputs: Outputs,
+    /// Outputs of the records in hand, for the sinks once they are applied.
+    outputs: HeldOutputs,
     retention: Retention,
     /// Jobs that became INACTIVE, oldest first, with when to drop them.
     inactive: VecDeque<(Instant, JobKey)>,
@@ -113,6 +114,9 @@ pub struct Shard {
     /// Where to encode the state at a barrier (data folder, shard index,
     /// rounds so far); in memory when unset.
     spill: Option<(PathBuf, usize, u64)>,
+    /// The pipeline's sources, by the index records carry: this shard's
+    /// own copies of their names.
+    sources: Vec<SourceInfo>,
 }
 
 /// Count `delta` active jobs of a user into or out of `state`.
@@ -152,7 +156,7 @@ impl Shard {
             shared_clock: alerts.shared,
             event_clock: EventClock::default(),
             alerts_due: false,
-            outputs,
+            outputs: HeldOutputs::new(outputs),
             retention,
             inactive: VecDeque::new(),
             unsubmitted: VecDeque::new(),
@@ -167,6 +171,7 @@ impl Shard {
             dirty: HashMap::default(),
             users: UserJobs::default(),
             spill: None,
+            sources: Vec::new(),
         }
     }
 
@@ -180,6 +185,16 @@ impl Shard {
     /// Count active jobs per user too.
     pub fn with_user_jobs(mut self, users: UserJobs) -> Self {
         self.users = users;
+        self
+    }
+
+    /// The pipeline's sources, in the order of the indexes their records
+    /// carry. Copied: no name is shared with another thread.
+    pub fn with_sources(mut self, sources: &[SourceInfo]) -> Self {
+        self.sources = sources
+            .iter()
+            .map(|s| SourceInfo::new(&s.name, &s.cluster))
+            .collect();
         self
     }
 
@@ -477,6 +492,7 @@ impl Shard {
             // Everything before the barrier is applied, and its outputs
             // are queued at the sinks.
             ShardMsg::Barrier(reply) => {
+                self.outputs.flush().await;
                 let _ = reply.send(self.snapshot());
             }
             ShardMsg::Release { source, partitions } => self.release(&source, &partitions),
@@ -489,6 +505,7 @@ impl Shard {
     pub async fn run(mut self, mut rx: mpsc::Receiver<ShardMsg>) -> ShardSnapshot {
         let restored = std::mem::take(&mut self.restored_alerts);
         self.emit_alerts(&restored).await;
+        self.outputs.flush().await;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -512,22 +529,36 @@ impl Shard {
                 _ = tick.tick() => self.expire(Instant::now()).await,
                 _ = std::future::ready(()), if self.alerts_due => self.fire_due().await,
             }
+            self.outputs.flush().await;
         }
         // Input is over: what is due fires before the shard ends.
         while self.alerts_due {
             self.fire_due().await;
         }
+        self.outputs.flush().await;
         self.snapshot()
     }
 
-    /// Apply one record and emit its outputs.
+    /// Hand the outputs held so far to the sinks.
+    pub async fn flush(&mut self) {
+        self.outputs.flush().await;
+    }
+
+    /// Apply one record and emit its outputs (held until [`Shard::flush`]).
     pub async fn apply(&mut self, routed: Routed) {
         let Routed {
-            cluster,
             source,
             owner,
-            record,
+            mut record,
         } = routed;
+        let (source, cluster) = match self.sources.get(source) {
+            Some(s) => (s.name.clone(), s.cluster.clone()),
+            None => (Arc::from(""), Arc::from("")),
+        };
+        let cluster = match record.cluster.take() {
+            Some(own) => Arc::from(own),
+            None => cluster,
+        };
         let stream = record.stream;
         let id = record.id;
         // The shard's own copy of the name: no reference count shared
@@ -836,7 +867,7 @@ impl Shard {
         }
     }
 
-    async fn emit_anomalies(&self, anomalies: &[KeyedAnomaly]) {
+    async fn emit_anomalies(&mut self, anomalies: &[KeyedAnomaly]) {
         for a in anomalies {
             metrics::counter!(
                 "fluxpipe_anomalies_total",
@@ -928,11 +959,10 @@ mod tests {
 
     fn routed(id: u64, stream: EventStream, ev: Event) -> Routed {
         Routed {
-            cluster: Arc::from("c"),
-            source: Arc::from("test"),
+            source: 0,
             owner: None,
             record: Record {
-                cluster: None,
+                cluster: Some("c".into()),
                 stream,
                 id: Some(JobId(id)),
                 body: Body::Event(ev),
@@ -987,6 +1017,7 @@ mod tests {
         shard
             .apply(routed(7, EventStream::Job, Event::new(7.0, "clean")))
             .await;
+        shard.flush().await;
         let mut kinds = Vec::new();
         while let Ok(r) = rx.try_recv() {
             kinds.push(serde_json::from_str::<serde_json::Value>(&r.line).unwrap()["kind"].clone());
@@ -1132,6 +1163,7 @@ mod tests {
                 shard.apply(routed(id, EventStream::Job, ev.clone())).await;
             }
         }
+        shard.flush().await;
         let mut ids = Vec::new();
         while let Ok(r) = rx.try_recv() {
             ids.push(serde_json::from_str::<serde_json::Value>(&r.line).unwrap()["id"].clone());
@@ -1161,10 +1193,12 @@ mod tests {
         shard
             .apply(routed(9, EventStream::Exec, Event::new(5.5, "init")))
             .await;
+        shard.flush().await;
         assert!(rx.try_recv().is_err(), "no anomaly yet");
         shard
             .expire(Instant::now() + Duration::from_secs(601))
             .await;
+        shard.flush().await;
         let a: serde_json::Value = serde_json::from_str(&rx.try_recv().unwrap().line).unwrap();
         assert_eq!(
             (a["kind"].as_str(), a["id"].as_u64()),

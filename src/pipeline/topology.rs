@@ -15,8 +15,8 @@
 use super::checkpoint::{self, Head, ShardState};
 use super::config::{Config, OperatorConfig, SinkConfig};
 use super::coordinator::{self, Coordinator, Schedule};
-use crate::operators::Router;
 use crate::operators::shard::{AlertSetup, Retention, Shard};
+use crate::operators::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::sinks::{self, Outputs, SinkContext};
 use crate::sources::{self, SourceContext};
 use crate::telemetry;
@@ -50,6 +50,36 @@ fn schedule(config: &Config) -> Schedule {
             .then(|| Duration::from_secs_f64(c.interval_secs.min(1e9))),
         timeout: Duration::from_secs_f64(c.timeout_secs.clamp(0.1, 1e9)),
     }
+}
+
+/// A shard's thread ended without its final state.
+#[derive(Debug, thiserror::Error)]
+#[error("a shard's thread panicked")]
+struct ShardPanicked;
+
+/// Run a shard on a thread of its own, in a single-threaded runtime: its
+/// loop is the busiest in the pipeline, and on the shared runtime it was
+/// moved between worker threads with the sources and sinks, waking them and
+/// being woken, its data cold in the other core's cache. The returned
+/// future ends with the shard's final state.
+fn on_own_thread(
+    index: usize,
+    shard: Shard,
+    rx: mpsc::Receiver<ShardMsg>,
+) -> anyhow::Result<impl Future<Output = Result<ShardSnapshot, ShardPanicked>> + use<>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .context("cannot start a shard's runtime")?;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("fluxpipe-shard-{index}"))
+        .spawn(move || {
+            let _ = done_tx.send(runtime.block_on(shard.run(rx)));
+        })
+        .context("cannot start a shard's thread")?;
+    // The sender is dropped unsent only if the shard panicked.
+    Ok(async move { done_rx.await.map_err(|_| ShardPanicked) })
 }
 
 /// Read the checkpoint and deal its state out to `workers` shards.
@@ -138,6 +168,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         clock: config.alerts.clock,
         shared: Default::default(),
     };
+    let source_table: Vec<SourceInfo> = config
+        .sources
+        .iter()
+        .map(|(name, source)| SourceInfo::new(name, &source.decode().cluster))
+        .collect();
     let mut shard_tasks = JoinSet::new();
     let mut shard_txs = Vec::with_capacity(workers);
     for (index, saved) in restored.drain(..).enumerate() {
@@ -154,8 +189,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         let shard = shard
             .with_changelog(changelog_sources(&config))
             .with_user_jobs(sink_ctx.users.clone())
+            .with_sources(&source_table)
             .with_spill(config.data_dir.clone(), index);
-        shard_tasks.spawn(shard.run(rx));
+        shard_tasks.spawn(on_own_thread(index, shard, rx)?);
     }
     let router = Router::new(shard_txs);
     let mut coordinator = Coordinator::new(
@@ -167,7 +203,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     );
 
     let mut source_tasks = JoinSet::new();
-    for (name, source) in &config.sources {
+    for (index, (name, source)) in config.sources.iter().enumerate() {
         let link = coordinator.link(
             name,
             sources::has_positions(source),
@@ -175,6 +211,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         );
         let ctx = SourceContext::new(
             name,
+            index,
             source.decode(),
             router.clone(),
             outputs.clone(),
@@ -224,8 +261,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let drain = async {
         while let Some(done) = shard_tasks.join_next().await {
             match done {
-                Ok(Ok(reply)) => states.push(reply.state),
-                Ok(Err(e)) => tracing::error!("cannot encode a shard's final state: {e}"),
+                Ok(Ok(Ok(reply))) => states.push(reply.state),
+                Ok(Ok(Err(e))) => tracing::error!("cannot encode a shard's final state: {e}"),
+                Ok(Err(e)) => tracing::error!("{e}"),
                 Err(e) => tracing::error!("shard task: {e}"),
             }
         }

@@ -73,7 +73,7 @@
 //! waits while the pipeline is full; nothing is buffered meanwhile.
 
 use super::SourceContext;
-use super::lines::LineReader;
+use super::lines::{LineReader, READ_BYTES};
 use crate::decode::{self, Body, EventStream, Origin, PathKind, Record};
 use crate::flux::jobid::JobId;
 use crate::flux::object::JsonObject;
@@ -643,9 +643,6 @@ fn parse_hex(s: &str) -> Option<u64> {
 
 type Reader = LineReader<Tail>;
 
-/// Most bytes read from a tailed file at once.
-const CHUNK_BYTES: usize = 64 * 1024;
-
 /// Why bytes read from a tailed file were thrown away: when they were read,
 /// the file no longer began as its fingerprint says ([`Head::Other`] or
 /// [`Head::Short`]), so they are not the rest of the file that was tracked.
@@ -712,7 +709,7 @@ fn read_checked(
     fp: u64,
     mut buf: Vec<u8>,
 ) -> std::io::Result<Vec<u8>> {
-    buf.resize(CHUNK_BYTES, 0);
+    buf.resize(READ_BYTES, 0);
     let n = loop {
         match file.read_at(&mut buf, offset) {
             Ok(n) => break n,

@@ -27,6 +27,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Clone)]
 pub struct SourceContext {
     pub name: Arc<str>,
+    /// Its index among the pipeline's sources (what its records carry).
+    index: usize,
     pub decode: DecodeConfig,
     cluster: Arc<str>,
     router: Router,
@@ -45,6 +47,7 @@ pub struct SourceContext {
 impl SourceContext {
     pub fn new(
         name: &str,
+        index: usize,
         decode: DecodeConfig,
         router: Router,
         outputs: Outputs,
@@ -53,6 +56,7 @@ impl SourceContext {
     ) -> Self {
         SourceContext {
             name: name.into(),
+            index,
             cluster: decode.cluster.as_str().into(),
             decode,
             router,
@@ -136,18 +140,14 @@ impl SourceContext {
     }
 
     async fn route(&self, record: Record, owner: Option<Owner>) -> Result<(), Closed> {
-        let cluster = match &record.cluster {
-            Some(c) => Arc::from(c.as_str()),
-            None => self.cluster.clone(),
+        let cluster = record.cluster.as_deref().unwrap_or(&self.cluster);
+        let shard = self.router.shard_of(cluster, record.id.map(|id| id.0));
+        let routed = Routed {
+            source: self.index,
+            owner,
+            record,
         };
-        self.router
-            .send(Routed {
-                cluster,
-                source: self.name.clone(),
-                owner,
-                record,
-            })
-            .await
+        self.router.send(shard, routed).await
     }
 
     /// The router, for partitioned sources that release and adopt state.

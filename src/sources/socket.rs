@@ -20,7 +20,7 @@
 //! handed on), wait for the connection tasks, remove the Unix socket file.
 
 use super::SourceContext;
-use super::lines::{Line, LineReader};
+use super::lines::{Line, LineReader, READ_BYTES};
 use crate::pipeline::config::{SocketMode, SocketSourceConfig};
 use anyhow::Context;
 use std::io;
@@ -195,7 +195,10 @@ async fn connection<S: AsyncRead + Unpin>(
     let _open = OpenConnection::new(&ctx.name);
     tracing::debug!(source = %ctx.name, peer = %label, "connection opened");
     let origin = ctx.default_origin();
-    let mut reader = LineReader::new(BufReader::new(stream), ctx.decode.max_line_bytes);
+    let mut reader = LineReader::new(
+        BufReader::with_capacity(READ_BYTES, stream),
+        ctx.decode.max_line_bytes,
+    );
     let mut lineno = 0u64;
     loop {
         // Reading is cancel-safe: what was read of a line stays in the

@@ -1,12 +1,12 @@
 //! `type = "stdin"`: lines from standard input until it ends.
 
 use super::SourceContext;
-use super::lines::LineReader;
+use super::lines::{LineReader, READ_BYTES};
 use tokio::io::BufReader;
 
 pub async fn run(ctx: SourceContext) -> anyhow::Result<()> {
     let mut reader = LineReader::new(
-        BufReader::new(tokio::io::stdin()),
+        BufReader::with_capacity(READ_BYTES, tokio::io::stdin()),
         ctx.decode.max_line_bytes,
     );
     let origin = ctx.default_origin();

@@ -53,6 +53,7 @@ fn context(
     let (outputs, mut rxs) = Outputs::new([("dead", &sink)]);
     let ctx = SourceContext::new(
         "files",
+        0,
         config.decode(),
         Router::new(vec![tx]),
         outputs,
