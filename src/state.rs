@@ -24,12 +24,29 @@ pub struct Owner {
 }
 
 /// A job's key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct JobKey {
     /// Shared: every key of a cluster points at one copy of its name
     /// ([`State::intern`]).
     pub cluster: Arc<str>,
     pub id: JobId,
+}
+
+/// Equal as the derived equality would say; cheaper: the ids first, and
+/// interned names by address before their bytes.
+impl PartialEq for JobKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+            && (Arc::ptr_eq(&self.cluster, &other.cluster) || self.cluster == other.cluster)
+    }
+}
+
+/// As derived: the name's bytes, then the id (equal keys hash alike).
+impl std::hash::Hash for JobKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.cluster.hash(state);
+        self.id.hash(state);
+    }
 }
 
 /// Everything known about one job.
@@ -168,8 +185,13 @@ impl State {
     /// The shared copy of a cluster name: a million job keys of one
     /// cluster hold one string, and making a key allocates nothing.
     pub fn intern(&mut self, cluster: &str) -> Arc<str> {
-        // Most records name the cluster the one before named.
-        if let Some(c) = self.last_cluster.as_ref().filter(|c| ***c == *cluster) {
+        // Most records name the cluster the one before named, often by
+        // the very string interned (a shard's copy of its sources' names).
+        if let Some(c) = self
+            .last_cluster
+            .as_ref()
+            .filter(|c| std::ptr::eq(&***c, cluster) || ***c == *cluster)
+        {
             return c.clone();
         }
         if let Some(c) = self.clusters.get(cluster) {

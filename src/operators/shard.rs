@@ -193,7 +193,11 @@ impl Shard {
     pub fn with_sources(mut self, sources: &[SourceInfo]) -> Self {
         self.sources = sources
             .iter()
-            .map(|s| SourceInfo::new(&s.name, &s.cluster))
+            .map(|s| SourceInfo {
+                name: Arc::from(&*s.name),
+                // The state's own copy, which its job keys share.
+                cluster: self.state.intern(&s.cluster),
+            })
             .collect();
         self
     }
@@ -508,22 +512,19 @@ impl Shard {
         self.outputs.flush().await;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // What is queued is taken in one go: one trip through `select!`
+        // (whose polling of every branch costs as much as applying a small
+        // record) and one release of queue room (a lock shared with the
+        // sources) for up to `DRAIN_BATCH` messages.
+        let mut taken = Vec::with_capacity(DRAIN_BATCH);
         loop {
             tokio::select! {
-                msg = rx.recv() => {
-                    let Some(msg) = msg else { break };
-                    self.handle(msg).await;
-                    // What is queued already is taken without a trip
-                    // through `select!`, whose polling of every branch
-                    // costs as much as applying a small record.
-                    for _ in 0..DRAIN_BATCH {
-                        if self.alerts_due {
-                            break;
-                        }
-                        match rx.try_recv() {
-                            Ok(msg) => self.handle(msg).await,
-                            Err(_) => break,
-                        }
+                n = rx.recv_many(&mut taken, DRAIN_BATCH) => {
+                    if n == 0 {
+                        break;
+                    }
+                    for msg in taken.drain(..) {
+                        self.handle(msg).await;
                     }
                 }
                 _ = tick.tick() => self.expire(Instant::now()).await,
