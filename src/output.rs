@@ -6,7 +6,7 @@ use crate::alerts::engine::{AlertEvent, Detail, Subject};
 use crate::alerts::rule::{Rule, RuleKind};
 use crate::decode::EventStream;
 use crate::flux::event::Event;
-use crate::flux::job::{JobResult, JobState};
+use crate::flux::job::{JobResult, JobState, Transition};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::{RankChange, RankState};
 use crate::pipeline::config::OutputStream;
@@ -14,6 +14,7 @@ use crate::state::{JobEntry, JobKey, KeyedAnomaly, KeyedTransition};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use smallvec::SmallVec;
+use std::sync::OnceLock;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// A deterministic id for a record: the same input gives the same id in
@@ -37,10 +38,14 @@ fn id_bytes(id: Option<JobId>) -> [u8; 8] {
 
 /// One record on its way to the sinks: the stream it belongs to and its
 /// JSON text (no trailing newline), serialized once for every sink.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct OutputRecord {
     pub stream: OutputStream,
-    pub line: String,
+    line: OnceLock<String>,
+    /// A transition whose line is not written yet: it is written where it
+    /// is first wanted, on a sink's thread, not on the shard's (the
+    /// busiest), and not at all for a sink that only counts records.
+    transition: Option<Box<OwnedTransition>>,
 }
 
 impl OutputRecord {
@@ -49,9 +54,49 @@ impl OutputRecord {
     pub fn new(stream: OutputStream, value: &impl Serialize) -> Self {
         OutputRecord {
             stream,
-            line: json_line(value),
+            line: OnceLock::from(json_line(value)),
+            transition: None,
         }
     }
+
+    /// A `transitions` record of a job's state change, caused by `event`.
+    pub fn transition(t: &KeyedTransition, event: &str) -> Self {
+        OutputRecord {
+            stream: OutputStream::Transitions,
+            line: OnceLock::new(),
+            transition: Some(Box::new(OwnedTransition {
+                // Copied, not shared: a count of references written by the
+                // shard's thread and a sink's for every record costs more.
+                cluster: t.key.cluster.as_ref().into(),
+                event: event.into(),
+                id: t.key.id,
+                transition: t.transition,
+            })),
+        }
+    }
+
+    /// The record's JSON text.
+    pub fn line(&self) -> &str {
+        self.line.get_or_init(|| match &self.transition {
+            Some(t) => json_line(&transition(&t.cluster, t.id, &t.transition, &t.event)),
+            None => String::new(),
+        })
+    }
+}
+
+impl PartialEq for OutputRecord {
+    fn eq(&self, other: &Self) -> bool {
+        self.stream == other.stream && self.line() == other.line()
+    }
+}
+
+/// What a transition record is made from, owned.
+#[derive(Debug, Clone)]
+struct OwnedTransition {
+    cluster: Box<str>,
+    event: Box<str>,
+    id: JobId,
+    transition: Transition,
 }
 
 /// JSON text of a record. Room for a whole transition line from the start
@@ -229,22 +274,27 @@ pub fn anomaly(a: &KeyedAnomaly) -> Value {
 }
 
 /// `"kind":"transition"`: a job state change.
-pub fn transition<'a>(t: &'a KeyedTransition, event: &'a str) -> TransitionRecord<'a> {
+pub fn transition<'a>(
+    cluster: &'a str,
+    id: JobId,
+    t: &Transition,
+    event: &'a str,
+) -> TransitionRecord<'a> {
     TransitionRecord {
-        cluster: &t.key.cluster,
+        cluster,
         event,
-        from: t.transition.from,
-        id: t.key.id.0,
+        from: t.from,
+        id: id.0,
         kind: "transition",
         record_id: record_id(&[
             b"transition",
-            t.key.cluster.as_bytes(),
-            &t.key.id.0.to_le_bytes(),
-            t.transition.to.as_str().as_bytes(),
-            &t.transition.timestamp.to_bits().to_le_bytes(),
+            cluster.as_bytes(),
+            &id.0.to_le_bytes(),
+            t.to.as_str().as_bytes(),
+            &t.timestamp.to_bits().to_le_bytes(),
         ]),
-        timestamp: t.transition.timestamp,
-        to: t.transition.to,
+        timestamp: t.timestamp,
+        to: t.to,
     }
 }
 
@@ -463,16 +513,21 @@ mod tests {
                 timestamp: 1700000000.25,
             },
         };
-        let rec = transition(&t, "alloc");
+        let rec = transition(&t.key.cluster, t.key.id, &t.transition, "alloc");
         let as_map = json!({
             "kind": "transition", "cluster": "c\"1", "id": 42, "from": "SCHED",
             "to": "RUN", "timestamp": 1700000000.25, "event": "alloc",
             "record_id": rec.record_id.clone(),
         });
+        let want = serde_json::to_string(&as_map).unwrap_or_default();
         assert_eq!(
-            OutputRecord::new(OutputStream::Transitions, &rec).line,
-            serde_json::to_string(&as_map).unwrap_or_default()
+            OutputRecord::new(OutputStream::Transitions, &rec).line(),
+            want
         );
+        // Written later, on a sink's thread: the same line.
+        let lazy = OutputRecord::transition(&t, "alloc");
+        assert_eq!(lazy.stream, OutputStream::Transitions);
+        assert_eq!(lazy.line(), want);
     }
 
     /// A job record as it was built before `JobRecord`: the summary as a
@@ -519,7 +574,8 @@ mod tests {
             if n > 0 {
                 entry.job.apply(&events[n - 1]);
             }
-            let line = OutputRecord::new(OutputStream::Jobs, &JobRecord::new(&key, &entry)).line;
+            let rec = OutputRecord::new(OutputStream::Jobs, &JobRecord::new(&key, &entry));
+            let line = rec.line();
             let want = serde_json::to_string(&job_as_map(&key, &entry)).unwrap_or_default();
             assert_eq!(line, want, "after {n} events");
             assert_eq!(job(&key, &entry), job_as_map(&key, &entry));

@@ -673,12 +673,7 @@ impl Shard {
         );
         for t in &fx.transitions {
             if transitions {
-                self.outputs
-                    .emit(OutputRecord::new(
-                        OutputStream::Transitions,
-                        &output::transition(t, name),
-                    ))
-                    .await;
+                self.outputs.emit(OutputRecord::transition(t, name)).await;
             }
             if t.transition.to == JobState::Inactive {
                 if let Some(entry) = self.state.jobs.get(&t.key).filter(|_| jobs) {
@@ -1021,7 +1016,8 @@ mod tests {
         shard.flush().await;
         let mut kinds = Vec::new();
         while let Ok(r) = rx.try_recv() {
-            kinds.push(serde_json::from_str::<serde_json::Value>(&r.line).unwrap()["kind"].clone());
+            kinds
+                .push(serde_json::from_str::<serde_json::Value>(r.line()).unwrap()["kind"].clone());
         }
         assert_eq!(kinds.iter().filter(|k| *k == "job").count(), 1);
         assert_eq!(kinds.iter().filter(|k| *k == "event").count(), 7);
@@ -1167,7 +1163,7 @@ mod tests {
         shard.flush().await;
         let mut ids = Vec::new();
         while let Ok(r) = rx.try_recv() {
-            ids.push(serde_json::from_str::<serde_json::Value>(&r.line).unwrap()["id"].clone());
+            ids.push(serde_json::from_str::<serde_json::Value>(r.line()).unwrap()["id"].clone());
         }
         assert_eq!(ids, [1, 2, 3]);
         assert_eq!(shard.jobs_tracked(), 3);
@@ -1200,7 +1196,7 @@ mod tests {
             .expire(Instant::now() + Duration::from_secs(601))
             .await;
         shard.flush().await;
-        let a: serde_json::Value = serde_json::from_str(&rx.try_recv().unwrap().line).unwrap();
+        let a: serde_json::Value = serde_json::from_str(rx.try_recv().unwrap().line()).unwrap();
         assert_eq!(
             (a["kind"].as_str(), a["id"].as_u64()),
             (Some("anomaly"), Some(9))
@@ -1292,12 +1288,12 @@ mod tests {
             let mut alerts = 0u64;
             while let Some(r) = rx.recv().await {
                 if std::env::var_os("DUE_ALERTS_DEBUG").is_some() {
-                    eprintln!("{}", r.line);
+                    eprintln!("{}", r.line());
                 }
                 if r.stream == OutputStream::Alerts {
                     alerts += 1;
-                } else if r.line.contains(&format!("\"id\":{MARKER}"))
-                    || (r.line.contains(&format!("\"id\":{n},")) && r.line.contains("SCHED"))
+                } else if r.line().contains(&format!("\"id\":{MARKER}"))
+                    || (r.line().contains(&format!("\"id\":{n},")) && r.line().contains("SCHED"))
                 {
                     let _ = seen_tx.send((alerts, std::time::Instant::now()));
                 }

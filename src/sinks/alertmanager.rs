@@ -220,7 +220,7 @@ pub async fn run(name: &str, config: AlertmanagerSinkConfig, mut rx: SinkRx) -> 
                 // from the restored state, so records are done with here.
                 rx.done_with(n as u64);
                 for rec in buf.drain(..) {
-                    if let Err(e) = book.take(&rec.line) {
+                    if let Err(e) = book.take(rec.line()) {
                         poster.error("alert record skipped", &e.to_string());
                     }
                 }

@@ -217,7 +217,7 @@ pub async fn run(name: &str, config: HttpSinkConfig, mut rx: SinkRx) -> anyhow::
             if i > 0 {
                 body.push(b',');
             }
-            body.extend_from_slice(rec.line.as_bytes());
+            body.extend_from_slice(rec.line().as_bytes());
         }
         body.push(b']');
         sender.deliver(batch.len(), &body, &rx).await;

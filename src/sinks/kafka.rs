@@ -127,7 +127,7 @@ async fn enqueue(
     in_flight: &mut JoinSet<bool>,
     sink: &str,
 ) -> Option<impl std::future::Future<Output = bool> + Send + 'static> {
-    let key = record_key(&rec.line);
+    let key = record_key(rec.line());
     loop {
         let headers = OwnedHeaders::new().insert(Header {
             key: "fluxpipe-stream",
@@ -135,7 +135,7 @@ async fn enqueue(
         });
         let message = FutureRecord::to(topic)
             .key(&key)
-            .payload(&rec.line)
+            .payload(rec.line())
             .headers(headers);
         match producer.send_result(message) {
             Ok(delivery) => {

@@ -74,7 +74,7 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
     /// Write the records taken.
     pub async fn write(&mut self, rx: &SinkRx) -> std::io::Result<()> {
         for rec in self.batch.drain(..) {
-            self.out.write_all(rec.line.as_bytes()).await?;
+            self.out.write_all(rec.line().as_bytes()).await?;
             self.out.write_all(b"\n").await?;
             self.unflushed += 1;
         }

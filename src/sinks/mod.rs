@@ -460,7 +460,7 @@ mod tests {
 
     fn lines(rx: &mut SinkRx) -> Vec<String> {
         std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|r| r.line.clone())
+            .map(|r| r.line().to_string())
             .collect()
     }
 
@@ -501,7 +501,7 @@ mod tests {
         let taker = tokio::spawn(async move {
             let mut got = Vec::new();
             while let Some(r) = rx.recv().await {
-                got.push(r.line.clone());
+                got.push(r.line().to_string());
             }
             got
         });

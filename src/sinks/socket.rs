@@ -116,7 +116,7 @@ pub async fn run(name: &str, config: SocketSinkConfig, mut rx: SinkRx) -> anyhow
             }
             bytes.clear();
             for rec in &batch {
-                bytes.extend_from_slice(rec.line.as_bytes());
+                bytes.extend_from_slice(rec.line().as_bytes());
                 bytes.push(b'\n');
             }
         }

@@ -127,7 +127,7 @@ impl Running {
             .await
             .expect("no dead letter within 5 s")
             .expect("dead letters closed");
-        serde_json::from_str(&rec.line).expect("dead letter JSON")
+        serde_json::from_str(rec.line()).expect("dead letter JSON")
     }
 
     /// Stop the source and keep its final positions for the next start.
