@@ -35,6 +35,7 @@ pub struct JobKey {
 /// Equal as the derived equality would say; cheaper: the ids first, and
 /// interned names by address before their bytes.
 impl PartialEq for JobKey {
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
         self.id == other.id
             && (Arc::ptr_eq(&self.cluster, &other.cluster) || self.cluster == other.cluster)
@@ -43,6 +44,7 @@ impl PartialEq for JobKey {
 
 /// As derived: the name's bytes, then the id (equal keys hash alike).
 impl std::hash::Hash for JobKey {
+    #[inline]
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.cluster.hash(state);
         self.id.hash(state);

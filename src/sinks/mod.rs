@@ -294,17 +294,14 @@ impl Outputs {
                     if port.tx.send(record.clone()).await.is_ok() {
                         port.queued.fetch_add(1, Ordering::Release);
                     } else {
-                        port.dropped.fetch_add(1, Ordering::Relaxed);
-                        metrics::counter!("fluxpipe_records_dropped_total", "sink" => port.name.to_string(), "reason" => "closed").increment(1);
+                        port.closed(1);
                     }
                 }
                 WhenFull::DropNewest => port.try_deliver(&record),
             }
         }
     }
-}
 
-impl Outputs {
     /// Deliver records to every subscribed sink, each sink's in one go: room
     /// for all of them is reserved at once, and the sink, if it was waiting,
     /// is woken once rather than for every record.
@@ -322,9 +319,7 @@ impl Outputs {
                     while left > 0 {
                         let n = left.min(port.tx.max_capacity());
                         let Ok(permits) = port.tx.reserve_many(n).await else {
-                            // A sink that has exited (after an error) drops records.
-                            port.dropped.fetch_add(left as u64, Ordering::Relaxed);
-                            metrics::counter!("fluxpipe_records_dropped_total", "sink" => port.name.to_string(), "reason" => "closed").increment(left as u64);
+                            port.closed(left as u64);
                             break;
                         };
                         for (permit, record) in permits.zip(&mut sending) {
@@ -346,6 +341,12 @@ impl Outputs {
 }
 
 impl SinkPort {
+    /// The sink has exited (after an error): `n` records dropped.
+    fn closed(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!("fluxpipe_records_dropped_total", "sink" => self.name.to_string(), "reason" => "closed").increment(n);
+    }
+
     /// Queue a record if there is room; otherwise drop and count it.
     fn try_deliver(&self, record: &Arc<OutputRecord>) {
         if self.tx.try_send(record.clone()).is_ok() {
