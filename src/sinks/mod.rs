@@ -282,23 +282,8 @@ impl Outputs {
 
     /// Deliver one record to every subscribed sink.
     pub async fn emit(&self, record: OutputRecord) {
-        if !self.wants(record.stream) {
-            return;
-        }
-        let bit = record.stream.bit();
-        let record = Arc::new(record);
-        for port in self.ports.iter().filter(|p| p.streams & bit != 0) {
-            match port.when_full {
-                WhenFull::Block => {
-                    // A sink that has exited (after an error) drops records.
-                    if port.tx.send(record.clone()).await.is_ok() {
-                        port.queued.fetch_add(1, Ordering::Release);
-                    } else {
-                        port.closed(1);
-                    }
-                }
-                WhenFull::DropNewest => port.try_deliver(&record),
-            }
+        if self.wants(record.stream) {
+            self.emit_all(&mut vec![Arc::new(record)]).await;
         }
     }
 
