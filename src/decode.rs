@@ -313,7 +313,8 @@ mod fast {
     struct Journal {
         #[serde(default, deserialize_with = "present")]
         id: Option<u64>,
-        events: Vec<FastEvent>,
+        /// Inline: most journal messages carry one event.
+        events: smallvec::SmallVec<[FastEvent; 1]>,
         #[serde(rename = "R", default)]
         r: Option<Box<RawValue>>,
         #[serde(rename = "jobspec", default)]
@@ -343,7 +344,7 @@ mod fast {
     #[serde(deny_unknown_fields)]
     struct FastEvent {
         timestamp: f64,
-        name: String,
+        name: compact_str::CompactString,
         #[serde(default, deserialize_with = "present")]
         context: Option<Context>,
     }

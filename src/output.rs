@@ -42,10 +42,17 @@ fn id_bytes(id: Option<JobId>) -> [u8; 8] {
 pub struct OutputRecord {
     pub stream: OutputStream,
     line: OnceLock<String>,
-    /// A transition whose line is not written yet: it is written where it
-    /// is first wanted, on a sink's thread, not on the shard's (the
-    /// busiest), and not at all for a sink that only counts records.
-    transition: Option<Box<OwnedTransition>>,
+    /// A record whose line is not written yet: it is written where it is
+    /// first wanted, on a sink's thread, not on the shard's (the busiest),
+    /// and not at all for a sink that only counts records.
+    unwritten: Option<Box<Unwritten>>,
+}
+
+/// What the records written late are made from, owned.
+#[derive(Debug, Clone)]
+enum Unwritten {
+    Transition(OwnedTransition),
+    Job(JobRecord),
 }
 
 impl OutputRecord {
@@ -55,30 +62,43 @@ impl OutputRecord {
         OutputRecord {
             stream,
             line: OnceLock::from(json_line(value)),
-            transition: None,
+            unwritten: None,
+        }
+    }
+
+    fn unwritten(stream: OutputStream, what: Unwritten) -> Self {
+        OutputRecord {
+            stream,
+            line: OnceLock::new(),
+            unwritten: Some(Box::new(what)),
         }
     }
 
     /// A `transitions` record of a job's state change, caused by `event`.
     pub fn transition(t: &KeyedTransition, event: &str) -> Self {
-        OutputRecord {
-            stream: OutputStream::Transitions,
-            line: OnceLock::new(),
-            transition: Some(Box::new(OwnedTransition {
-                // Copied, not shared: a count of references written by the
-                // shard's thread and a sink's for every record costs more.
-                cluster: t.key.cluster.as_ref().into(),
-                event: event.into(),
-                id: t.key.id,
-                transition: t.transition,
-            })),
-        }
+        let owned = OwnedTransition {
+            // Copied, not shared: a count of references written by the
+            // shard's thread and a sink's for every record costs more.
+            cluster: t.key.cluster.as_ref().into(),
+            event: event.into(),
+            id: t.key.id,
+            transition: t.transition,
+        };
+        Self::unwritten(OutputStream::Transitions, Unwritten::Transition(owned))
+    }
+
+    /// A `jobs` record: a job's summary.
+    pub fn job(record: JobRecord) -> Self {
+        Self::unwritten(OutputStream::Jobs, Unwritten::Job(record))
     }
 
     /// The record's JSON text.
     pub fn line(&self) -> &str {
-        self.line.get_or_init(|| match &self.transition {
-            Some(t) => json_line(&transition(&t.cluster, t.id, &t.transition, &t.event)),
+        self.line.get_or_init(|| match self.unwritten.as_deref() {
+            Some(Unwritten::Transition(t)) => {
+                json_line(&transition(&t.cluster, t.id, &t.transition, &t.event))
+            }
+            Some(Unwritten::Job(j)) => json_line(j),
             None => String::new(),
         })
     }
@@ -119,17 +139,20 @@ pub fn job(key: &JobKey, entry: &JobEntry) -> Value {
 
 /// A job record, serialized straight to its line: the summary's fields
 /// and the record's own, in the sorted order of a record built as a map.
-#[derive(Debug, Serialize)]
-pub struct JobRecord<'a> {
-    cluster: &'a str,
-    dependencies: &'a [String],
+///
+/// Owned, so that its line can be written where it is first wanted (a
+/// sink's thread) rather than on the shard's.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobRecord {
+    cluster: Box<str>,
+    dependencies: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    exception_note: Option<&'a str>,
+    exception_note: Option<String>,
     exception_occurred: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     exception_severity: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    exception_type: Option<&'a str>,
+    exception_type: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     expiration: Option<f64>,
     id: u64,
@@ -162,18 +185,18 @@ pub struct JobRecord<'a> {
     waitstatus: Option<i64>,
 }
 
-impl<'a> JobRecord<'a> {
-    pub fn new(key: &'a JobKey, entry: &'a JobEntry) -> Self {
+impl JobRecord {
+    pub fn new(key: &JobKey, entry: &JobEntry) -> Self {
         let job = &entry.job;
         let s = job.summary_view();
         let t = job.last_timestamp().unwrap_or(0.0).to_bits().to_le_bytes();
         JobRecord {
-            cluster: &key.cluster,
-            dependencies: s.dependencies,
-            exception_note: s.exception.map(|e| e.note.as_str()),
+            cluster: key.cluster.as_ref().into(),
+            dependencies: s.dependencies.to_vec(),
+            exception_note: s.exception.map(|e| e.note.clone()),
             exception_occurred: s.exception.is_some(),
             exception_severity: s.exception.map(|e| e.severity),
-            exception_type: s.exception.map(|e| e.kind.as_str()),
+            exception_type: s.exception.map(|e| e.kind.clone()),
             expiration: s.expiration,
             id: key.id.0,
             kind: "job",
@@ -574,10 +597,12 @@ mod tests {
             if n > 0 {
                 entry.job.apply(&events[n - 1]);
             }
-            let rec = OutputRecord::new(OutputStream::Jobs, &JobRecord::new(&key, &entry));
-            let line = rec.line();
+            let rec = OutputRecord::job(JobRecord::new(&key, &entry));
+            assert_eq!(rec.stream, OutputStream::Jobs);
             let want = serde_json::to_string(&job_as_map(&key, &entry)).unwrap_or_default();
-            assert_eq!(line, want, "after {n} events");
+            assert_eq!(rec.line(), want, "after {n} events (written late)");
+            let now = OutputRecord::new(OutputStream::Jobs, &JobRecord::new(&key, &entry));
+            assert_eq!(now.line(), want, "after {n} events");
             assert_eq!(job(&key, &entry), job_as_map(&key, &entry));
         }
     }

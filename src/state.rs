@@ -154,7 +154,7 @@ pub struct Effects {
     pub duplicate: bool,
     /// The name and time of the event applied (job and resource streams),
     /// moved out of it: what transition and rank records name.
-    pub event: Option<(String, f64)>,
+    pub event: Option<(compact_str::CompactString, f64)>,
 }
 
 /// Counters over everything applied.

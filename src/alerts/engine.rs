@@ -17,7 +17,7 @@ use super::rule::Rule;
 use crate::flux::job::JobState;
 use crate::state::JobKey;
 use foldhash::HashMap;
-use std::cmp::Ordering;
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::hash::Hash;
 
@@ -122,30 +122,35 @@ pub struct AlertEvent {
 /// One rule's condition holding for one subject, as observed.
 pub type Holds = Option<(f64, Detail)>;
 
-/// A deadline, ordered by `f64::total_cmp`, with a sequence number that
-/// makes every timer key unique.
-#[derive(Debug, Clone, Copy)]
+/// A deadline with a sequence number that makes every timer key unique.
+/// The deadline is kept as bits whose integer order is `f64::total_cmp`'s
+/// order: timers are compared as two integers (they are compared often,
+/// in a map of every condition holding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct TimerKey {
-    deadline: f64,
+    order: u64,
     seq: u64,
 }
 
-impl PartialEq for TimerKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
+/// The bit that `f64::total_cmp` flips the others by (the sign).
+const SIGN: u64 = 1 << 63;
+
+impl TimerKey {
+    fn new(deadline: f64, seq: u64) -> Self {
+        let bits = deadline.to_bits();
+        // Negative numbers: every bit flipped (larger magnitude sorts
+        // first); positive ones: the sign bit set, above every negative.
+        let order = if bits & SIGN != 0 { !bits } else { bits | SIGN };
+        TimerKey { order, seq }
     }
-}
-impl Eq for TimerKey {}
-impl PartialOrd for TimerKey {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for TimerKey {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.deadline
-            .total_cmp(&other.deadline)
-            .then(self.seq.cmp(&other.seq))
+
+    fn deadline(self) -> f64 {
+        let bits = if self.order & SIGN != 0 {
+            self.order & !SIGN
+        } else {
+            !self.order
+        };
+        f64::from_bits(bits)
     }
 }
 
@@ -213,10 +218,10 @@ impl Engine {
     /// live). A new condition's timer is pushed back by it, so a job read
     /// late (a dump folder read file by file) is judged by its own time,
     /// not by the newest time of the other jobs.
-    pub fn observe_job(
+    pub fn observe_job<D: Borrow<Detail>>(
         &mut self,
         key: &JobKey,
-        holds: &[(usize, Holds)],
+        holds: &[(usize, Option<(f64, D)>)],
         at: f64,
         lag: f64,
         out: &mut Vec<AlertEvent>,
@@ -231,10 +236,10 @@ impl Engine {
     }
 
     /// The same for a node.
-    pub fn observe_node(
+    pub fn observe_node<D: Borrow<Detail>>(
         &mut self,
         key: &NodeKey,
-        holds: &[(usize, Holds)],
+        holds: &[(usize, Option<(f64, D)>)],
         at: f64,
         lag: f64,
         out: &mut Vec<AlertEvent>,
@@ -270,7 +275,7 @@ impl Engine {
         self.timers
             .get(cluster)
             .and_then(|t| t.first_key_value())
-            .map(|(k, _)| k.deadline)
+            .map(|(k, _)| k.deadline())
     }
 
     /// Fire the alerts whose deadline is at or before their cluster's
@@ -287,7 +292,7 @@ impl Engine {
         for (cluster, timers) in &mut self.timers {
             let Some(now) = clock(cluster) else { continue };
             while let Some(first) = timers.first_entry() {
-                if first.key().deadline > now {
+                if first.key().deadline() > now {
                     break;
                 }
                 if fired >= limit {
@@ -381,7 +386,7 @@ impl Engine {
                 subject: subject.clone(),
                 rule: rule.name.clone(),
                 since: a.since,
-                delay: a.timer.deadline - a.starts,
+                delay: a.timer.deadline() - a.starts,
                 fired: a.fired,
                 detail: a.detail.clone(),
             });
@@ -430,10 +435,7 @@ impl Engine {
             let hold = self.rules[rule].hold_secs;
             self.seq += 1;
             let starts = c.since + hold;
-            let timer = TimerKey {
-                deadline: starts + c.delay.max(0.0),
-                seq: self.seq,
-            };
+            let timer = TimerKey::new(starts + c.delay.max(0.0), self.seq);
             let list = match &c.subject {
                 Subject::Job(k) => self.jobs.entry(k.clone()).or_default(),
                 Subject::Node(n) => self.nodes.entry(n.clone()).or_default(),
@@ -520,12 +522,12 @@ struct Parts<'a> {
 }
 
 impl Parts<'_> {
-    fn observe<K: Hash + Eq + Clone>(
+    fn observe<K: Hash + Eq + Clone, D: Borrow<Detail>>(
         &mut self,
         map: &mut HashMap<K, Vec<Active>>,
         key: &K,
         subject: impl Fn(K) -> Subject,
-        holds: &[(usize, Holds)],
+        holds: &[(usize, Option<(f64, D)>)],
         (at, lag): (f64, f64),
         out: &mut Vec<AlertEvent>,
     ) {
@@ -536,11 +538,13 @@ impl Parts<'_> {
             None => {
                 for (rule, h) in holds {
                     if let Some((since, detail)) = h {
-                        new.push(
-                            self.activate(*rule, *since, lag, detail.clone(), || {
-                                subject(key.clone())
-                            }),
-                        );
+                        new.push(self.activate(
+                            *rule,
+                            *since,
+                            lag,
+                            detail.borrow().clone(),
+                            || subject(key.clone()),
+                        ));
                     }
                 }
                 if !new.is_empty() {
@@ -554,14 +558,16 @@ impl Parts<'_> {
                     match (pos, h) {
                         (Some(i), None) => cleared.push(list.swap_remove(i)),
                         (Some(i), Some((_, detail))) => {
+                            let detail = detail.borrow();
                             if !list[i].fired && list[i].detail != *detail {
                                 list[i].detail = detail.clone();
                             }
                         }
                         (None, Some((since, detail))) => {
-                            list.push(self.activate(*rule, *since, lag, detail.clone(), || {
-                                subject(key.clone())
-                            }));
+                            let detail = detail.borrow().clone();
+                            list.push(
+                                self.activate(*rule, *since, lag, detail, || subject(key.clone())),
+                            );
                         }
                         (None, None) => {}
                     }
@@ -590,10 +596,7 @@ impl Parts<'_> {
         let hold = self.rules.get(rule).map_or(0.0, |r| r.hold_secs);
         *self.seq += 1;
         let starts = since + hold;
-        let timer = TimerKey {
-            deadline: starts + lag,
-            seq: *self.seq,
-        };
+        let timer = TimerKey::new(starts + lag, *self.seq);
         let subject = subject();
         // Looked up before inserted: the cluster's name is copied once, not
         // for every timer.
@@ -708,7 +711,7 @@ mod tests {
         );
         e.advance(|_| Some(5000.0), 10, &mut out);
         assert!(out.is_empty());
-        e.observe_job(&job(1), &[(0, None)], 1300.0, 0.0, &mut out);
+        e.observe_job(&job(1), &[(0, Holds::None)], 1300.0, 0.0, &mut out);
         assert_eq!(
             statuses(&out),
             vec![(Status::Resolved, 1100.0, Some(1300.0))]
@@ -728,7 +731,7 @@ mod tests {
             0.0,
             &mut out,
         );
-        e.observe_job(&job(1), &[(0, None)], 1050.0, 0.0, &mut out);
+        e.observe_job(&job(1), &[(0, Holds::None)], 1050.0, 0.0, &mut out);
         e.advance(|_| Some(1e9), 10, &mut out);
         assert!(out.is_empty());
         assert_eq!(e.pending_timers(), 0);
@@ -746,7 +749,7 @@ mod tests {
             0.0,
             &mut out,
         );
-        e.observe_job(&job(1), &[(0, None)], 1500.0, 0.0, &mut out);
+        e.observe_job(&job(1), &[(0, Holds::None)], 1500.0, 0.0, &mut out);
         assert_eq!(
             statuses(&out),
             vec![
@@ -802,7 +805,7 @@ mod tests {
         );
         e.advance(|_| Some(5000.0), 10, &mut out);
         assert!(out.is_empty(), "not due by its own time");
-        e.observe_job(&job(1), &[(0, None)], 1050.0, 4000.0, &mut out);
+        e.observe_job(&job(1), &[(0, Holds::None)], 1050.0, 4000.0, &mut out);
         assert!(out.is_empty());
         // a job whose log ends while it waits fires at the end of a replay
         e.observe_job(

@@ -81,13 +81,15 @@ pub fn observe_job(
     out: &mut Vec<AlertEvent>,
 ) {
     let entry = state.jobs.get(key);
-    // On the stack: this runs for every record.
-    let holds: SmallVec<[(usize, Holds); 8]> = engine
+    // One detail for every rule of the job, lent rather than copied into
+    // each: this runs for every change of a job's state.
+    let detail = entry.map(|e| Detail::State(e.job.state));
+    let holds: SmallVec<[(usize, Option<(f64, &Detail)>); 8]> = engine
         .rules_for(true)
         .map(|(i, rule)| {
-            let h = entry.and_then(|e| {
-                job_condition(rule.kind, e).map(|since| (since, Detail::State(e.job.state)))
-            });
+            let h = entry
+                .zip(detail.as_ref())
+                .and_then(|(e, d)| job_condition(rule.kind, e).map(|since| (since, d)));
             (i, h)
         })
         .collect();

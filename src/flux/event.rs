@@ -5,6 +5,7 @@
 //! untouched rather than rejected.
 
 use super::object::JsonObject;
+use compact_str::CompactString;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -20,7 +21,9 @@ pub type Context = JsonObject;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Event {
     pub timestamp: f64,
-    pub name: String,
+    /// Inline (event names are short): no allocation made on a source's
+    /// thread and freed on a shard's for every event.
+    pub name: CompactString,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context: Option<Context>,
     /// Keys beyond the three RFC 18 names: carried, never rejected.
@@ -61,7 +64,7 @@ pub enum ContextError {
 
 impl Event {
     /// An event with no context, for tests and generators.
-    pub fn new(timestamp: f64, name: impl Into<String>) -> Self {
+    pub fn new(timestamp: f64, name: impl Into<CompactString>) -> Self {
         Event {
             timestamp,
             name: name.into(),
@@ -100,7 +103,7 @@ impl Event {
         }
         let name = match map.remove("name") {
             None => return Err(EventError::MissingName),
-            Some(Value::String(s)) if !s.is_empty() => s,
+            Some(Value::String(s)) if !s.is_empty() => CompactString::from(s),
             Some(_) => return Err(EventError::BadName),
         };
         let context = match map.remove("context") {
@@ -123,30 +126,34 @@ impl Event {
     }
 
     /// A context value as JSON text, if present.
+    /// A context value's JSON text, if present.
+    fn text(&self, key: &str) -> Option<&str> {
+        self.context
+            .as_ref()
+            .and_then(|c| super::object::find_text(c.raw(), key))
+    }
+
     pub fn raw(&self, key: &str) -> Option<&RawValue> {
         self.context.as_ref().and_then(|c| c.get(key))
     }
 
     /// A context value, if present.
     pub fn get(&self, key: &str) -> Option<Value> {
-        self.raw(key)
-            .and_then(|r| serde_json::from_str(r.get()).ok())
+        self.text(key).and_then(|t| serde_json::from_str(t).ok())
     }
 
     /// Whether the context has the key.
     pub fn has(&self, key: &str) -> bool {
-        self.raw(key).is_some()
+        self.text(key).is_some()
     }
 
     /// A required integer context key (JSON integer; floats with no fraction accepted).
     pub fn int(&self, key: &'static str) -> Result<i64, ContextError> {
-        match self.get(key) {
-            None => Err(ContextError::Missing(key)),
-            Some(v) => value_as_i64(&v).ok_or(ContextError::WrongType {
-                key,
-                expected: "an integer",
-            }),
-        }
+        let text = self.text(key).ok_or(ContextError::Missing(key))?;
+        raw_int(text).ok_or(ContextError::WrongType {
+            key,
+            expected: "an integer",
+        })
     }
 
     /// A required number context key (integer or float).
@@ -166,7 +173,7 @@ impl Event {
 
     /// A required string context key.
     pub fn str(&self, key: &'static str) -> Result<Cow<'_, str>, ContextError> {
-        match self.raw(key) {
+        match self.text(key) {
             None => Err(ContextError::Missing(key)),
             Some(r) => raw_str(r).ok_or(ContextError::WrongType {
                 key,
@@ -189,9 +196,8 @@ impl Event {
 
     /// An optional string context key: `Ok(None)` when absent or null.
     pub fn opt_str(&self, key: &'static str) -> Result<Option<Cow<'_, str>>, ContextError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(r) if r.get() == "null" => Ok(None),
+        match self.text(key) {
+            None | Some("null") => Ok(None),
             Some(r) => raw_str(r).map(Some).ok_or(ContextError::WrongType {
                 key,
                 expected: "a string",
@@ -201,9 +207,9 @@ impl Event {
 
     /// An optional integer context key: `Ok(None)` when absent or null.
     pub fn opt_int(&self, key: &'static str) -> Result<Option<i64>, ContextError> {
-        match self.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => value_as_i64(&v).map(Some).ok_or(ContextError::WrongType {
+        match self.text(key) {
+            None | Some("null") => Ok(None),
+            Some(text) => raw_int(text).map(Some).ok_or(ContextError::WrongType {
                 key,
                 expected: "an integer",
             }),
@@ -211,11 +217,23 @@ impl Event {
     }
 }
 
+/// An integer from a JSON value's text. An integer literal is read as one
+/// (the text is JSON, so it has no `+` or leading zero that Rust would
+/// take and JSON would not); anything else through a JSON value.
+fn raw_int(text: &str) -> Option<i64> {
+    if let Ok(i) = text.parse::<i64>() {
+        return Some(i);
+    }
+    serde_json::from_str(text)
+        .ok()
+        .and_then(|v| value_as_i64(&v))
+}
+
 /// A JSON string's text: borrowed when it has no escapes.
-fn raw_str(r: &RawValue) -> Option<Cow<'_, str>> {
-    match serde_json::from_str::<&str>(r.get()) {
+fn raw_str(text: &str) -> Option<Cow<'_, str>> {
+    match serde_json::from_str::<&str>(text) {
         Ok(s) => Some(Cow::Borrowed(s)),
-        Err(_) => serde_json::from_str::<String>(r.get()).ok().map(Cow::Owned),
+        Err(_) => serde_json::from_str::<String>(text).ok().map(Cow::Owned),
     }
 }
 
@@ -299,6 +317,24 @@ mod tests {
         #[test]
         fn parse_never_panics(s in ".*") {
             let _ = Event::parse(&s);
+        }
+
+        #[test]
+        fn integers_are_read_as_a_json_value_reads_them(v in prop_oneof![
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            (-1e19f64..1e19).prop_map(|f| Value::from(f.trunc())),
+            "[0-9.-]{0,4}".prop_map(Value::from),
+            Just(Value::Null),
+            Just(serde_json::json!([1])),
+        ]) {
+            let e = Event::new(1.0, "x").with_context(serde_json::json!({"k": v}));
+            let want = value_as_i64(&v);
+            prop_assert_eq!(e.int("k").ok(), want);
+            let opt = if v.is_null() { Some(None) } else { want.map(Some) };
+            prop_assert_eq!(e.opt_int("k").ok(), opt);
+            prop_assert_eq!(e.int("absent"), Err(ContextError::Missing("absent")));
         }
 
         #[test]

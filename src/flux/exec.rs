@@ -46,7 +46,7 @@ pub struct ExecLog {
     shell_exit: Option<ShellExit>,
     done: bool,
     shell_events: u64,
-    last_shell_event: Option<String>,
+    last_shell_event: Option<compact_str::CompactString>,
     /// Newest timestamp among exec-system events. Only those are checked
     /// for order: the shell writes `shell.*` events on its own, and real
     /// logs interleave the two writers with slightly crossed timestamps

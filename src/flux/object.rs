@@ -76,8 +76,145 @@ impl JsonObject {
 /// A key of a JSON object's text (the last one when repeated); `None`
 /// when absent or when the text is not an object.
 pub fn find<'a>(object: &'a RawValue, key: &str) -> Option<&'a RawValue> {
+    match scan::find(object.get(), key) {
+        // The value's text, as a `RawValue`: checked again, but it is one
+        // value, not the object.
+        scan::Found::Value(text) => serde_json::from_str(text).ok(),
+        scan::Found::Absent => None,
+        scan::Found::Unsure => find_by_serde(object, key),
+    }
+}
+
+/// The same, as the value's JSON text: what reading a number or a string
+/// needs, without making it a `RawValue` first.
+pub fn find_text<'a>(object: &'a RawValue, key: &str) -> Option<&'a str> {
+    match scan::find(object.get(), key) {
+        scan::Found::Value(text) => Some(text),
+        scan::Found::Absent => None,
+        scan::Found::Unsure => find_by_serde(object, key).map(RawValue::get),
+    }
+}
+
+fn find_by_serde<'a>(object: &'a RawValue, key: &str) -> Option<&'a RawValue> {
     let mut de = serde_json::Deserializer::from_str(object.get());
     FindKey(key).deserialize(&mut de).ok().flatten()
+}
+
+/// Finding a key by walking the object's text. The text is JSON already
+/// checked (a `RawValue`), so a walk need not check it again: it only
+/// finds where each key and value ends, several times faster than
+/// deserializing the object. Keys written with escapes are left to
+/// serde_json, which compares them unescaped.
+mod scan {
+    pub enum Found<'a> {
+        Value(&'a str),
+        Absent,
+        /// Not walked (an escaped key): ask serde_json.
+        Unsure,
+    }
+
+    pub fn find<'a>(text: &'a str, key: &str) -> Found<'a> {
+        walk(text, key).unwrap_or(Found::Unsure)
+    }
+
+    fn walk<'a>(text: &'a str, key: &str) -> Option<Found<'a>> {
+        let b = text.as_bytes();
+        let mut i = ws(b, 0);
+        if b.get(i) != Some(&b'{') {
+            return Some(Found::Absent);
+        }
+        i = ws(b, i + 1);
+        let mut found = Found::Absent;
+        if b.get(i) == Some(&b'}') {
+            return Some(found);
+        }
+        loop {
+            if b.get(i) != Some(&b'"') {
+                return None;
+            }
+            let (end, escaped) = string_end(b, i + 1)?;
+            if escaped {
+                return None;
+            }
+            let name = text.get(i + 1..end)?;
+            i = ws(b, end + 1);
+            if b.get(i) != Some(&b':') {
+                return None;
+            }
+            let start = ws(b, i + 1);
+            let stop = value_end(b, start)?;
+            if name == key {
+                // The last of a repeated key, as a map keeps it.
+                found = Found::Value(text.get(start..stop)?);
+            }
+            i = ws(b, stop);
+            match b.get(i) {
+                Some(b',') => i = ws(b, i + 1),
+                Some(b'}') => return Some(found),
+                _ => return None,
+            }
+        }
+    }
+
+    fn ws(b: &[u8], mut i: usize) -> usize {
+        while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            i += 1;
+        }
+        i
+    }
+
+    /// The index of the quote closing a string whose text starts at `i`,
+    /// and whether it has escapes.
+    fn string_end(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
+        // Byte by byte: keys and values here are short, shorter than what
+        // a vectorized search needs to pay for its setup.
+        let mut escaped = false;
+        loop {
+            match b.get(i)? {
+                b'"' => return Some((i, escaped)),
+                b'\\' => {
+                    escaped = true;
+                    i += 2;
+                }
+                _ => i += 1,
+            }
+        }
+    }
+
+    /// The index just past the value starting at `i`.
+    fn value_end(b: &[u8], i: usize) -> Option<usize> {
+        match b.get(i)? {
+            b'"' => string_end(b, i + 1).map(|(end, _)| end + 1),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                let mut j = i;
+                loop {
+                    match b.get(j)? {
+                        b'"' => j = string_end(b, j + 1)?.0,
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                return Some(j + 1);
+                            }
+                        }
+                        _ => {}
+                    }
+                    j += 1;
+                }
+            }
+            _ => {
+                let mut j = i;
+                while !matches!(
+                    b.get(j),
+                    None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+                ) {
+                    j += 1;
+                }
+                Some(j)
+            }
+        }
+    }
 }
 
 /// `{}`.
@@ -238,6 +375,34 @@ mod tests {
             prop_assert!(o.get("absent-key").is_none());
             prop_assert_eq!(o.to_map(), map.clone());
             prop_assert_eq!(o.is_empty(), map.is_empty());
+        }
+
+        #[test]
+        fn the_walk_finds_what_serde_json_finds(
+            pairs in prop::collection::vec(("[a-c\"\\\\é]{0,3}", prop_oneof![
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_map(Value::from),
+                ".{0,6}".prop_map(Value::from),
+                Just(json!({"x": [1, {"y": "]}\\\""}], "z": []})),
+                Just(json!([[], {}, "a,b"])),
+                Just(Value::Null),
+                Just(json!(true)),
+            ]), 0..6),
+            spaced in any::<bool>(),
+        ) {
+            // Written by hand: repeated keys kept, spacing either way.
+            let sep = if spaced { " \n " } else { "" };
+            let body: Vec<String> = pairs
+                .iter()
+                .map(|(k, v)| format!("{}{sep}:{sep}{v}", Value::from(k.as_str())))
+                .collect();
+            let text = format!("{{{sep}{}{sep}}}", body.join(&format!("{sep},{sep}")));
+            let raw = RawValue::from_string(text.clone()).unwrap_or_else(|e| panic!("{text}: {e}"));
+            for key in pairs.iter().map(|(k, _)| k.as_str()).chain(["absent", ""]) {
+                let want = find_by_serde(&raw, key).map(RawValue::get);
+                prop_assert_eq!(find(&raw, key).map(RawValue::get), want, "{} in {}", key, text);
+                prop_assert_eq!(find_text(&raw, key), want, "{} in {}", key, text);
+            }
         }
 
         #[test]

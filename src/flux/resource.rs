@@ -151,9 +151,9 @@ pub struct ResourceState {
     restarts: u64,
     applied: u64,
     /// Keys of applied events that a later life may replay (drains, ...).
-    seen_persistent: HashSet<(u64, String)>,
+    seen_persistent: HashSet<(u64, compact_str::CompactString)>,
     /// Keys of applied events of the current life; cleared at `restart`.
-    seen_life: HashSet<(u64, String)>,
+    seen_life: HashSet<(u64, compact_str::CompactString)>,
 }
 
 /// Per-event scratch: the event plus what applying it produced.

@@ -645,7 +645,7 @@ impl Shard {
                 .as_ref()
                 .filter(|_| stream == crate::decode::EventStream::Resource)
             {
-                metrics::counter!("flux_resource_events_total", "flux_cluster" => cluster.to_string(), "event" => name.clone()).increment(1);
+                metrics::counter!("flux_resource_events_total", "flux_cluster" => cluster.to_string(), "event" => name.to_string()).increment(1);
             }
         }
         if let Some(key) = new_key
@@ -678,10 +678,7 @@ impl Shard {
             if t.transition.to == JobState::Inactive {
                 if let Some(entry) = self.state.jobs.get(&t.key).filter(|_| jobs) {
                     self.outputs
-                        .emit(OutputRecord::new(
-                            OutputStream::Jobs,
-                            &JobRecord::new(&t.key, entry),
-                        ))
+                        .emit(OutputRecord::job(JobRecord::new(&t.key, entry)))
                         .await;
                 }
                 self.inactive.push_back((

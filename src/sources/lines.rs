@@ -9,13 +9,14 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 /// at the default 8 KiB that was one trip per ~60 journal lines.
 pub const READ_BYTES: usize = 64 * 1024;
 
-/// One item read.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Line {
+/// One item read, borrowed from the reader until its next read: the
+/// reader's buffer is reused, not a new one allocated for every line.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum Line<'a> {
     /// A complete line, without its `\n` (and `\r`).
-    Full(Vec<u8>),
+    Full(&'a [u8]),
     /// A line longer than the limit: its first `max` bytes and its length.
-    TooLong { prefix: Vec<u8>, len: usize },
+    TooLong { prefix: &'a [u8], len: usize },
 }
 
 /// Bounded line reader over any async buffered reader. A line cut short by
@@ -27,6 +28,8 @@ pub struct LineReader<R> {
     /// The current line's bytes (at most `max`) and its full length so far.
     buf: Vec<u8>,
     len: usize,
+    /// `buf` holds the line last returned: cleared when reading resumes.
+    returned: bool,
     /// Offset just past the last complete line returned.
     line_end: u64,
 }
@@ -43,6 +46,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
             max: max.max(1),
             buf: Vec::new(),
             len: 0,
+            returned: false,
             line_end: offset,
         }
     }
@@ -69,7 +73,10 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
     /// The next line, or `None` at the end of the input for now. When
     /// `input_over` (a socket that closed, stdin at EOF), a last line with
     /// no newline is returned; otherwise it is held until its newline comes.
-    pub async fn next(&mut self, input_over: bool) -> std::io::Result<Option<Line>> {
+    pub async fn next(&mut self, input_over: bool) -> std::io::Result<Option<Line<'_>>> {
+        if std::mem::take(&mut self.returned) {
+            self.buf.clear();
+        }
         loop {
             let chunk = self.inner.fill_buf().await?;
             if chunk.is_empty() {
@@ -97,31 +104,38 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
         }
     }
 
-    fn take(&mut self) -> Line {
+    fn take(&mut self) -> Line<'_> {
         let len = std::mem::take(&mut self.len);
-        finish(std::mem::take(&mut self.buf), len, self.max)
+        self.returned = true;
+        finish(&self.buf, len, self.max)
     }
 }
 
-fn finish(mut buf: Vec<u8>, len: usize, max: usize) -> Line {
+fn finish(buf: &[u8], len: usize, max: usize) -> Line<'_> {
     if len > max {
         return Line::TooLong { prefix: buf, len };
     }
-    if buf.last() == Some(&b'\r') {
-        buf.pop();
-    }
-    Line::Full(buf)
+    Line::Full(buf.strip_suffix(b"\r").unwrap_or(buf))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    async fn all(input: &[u8], max: usize) -> Vec<Line> {
+    #[derive(Debug, PartialEq)]
+    enum Owned {
+        Full(Vec<u8>),
+        TooLong(Vec<u8>, usize),
+    }
+
+    async fn all(input: &[u8], max: usize) -> Vec<Owned> {
         let mut r = LineReader::new(tokio::io::BufReader::with_capacity(4, input), max);
         let mut out = Vec::new();
         while let Some(l) = r.next(true).await.unwrap() {
-            out.push(l);
+            out.push(match l {
+                Line::Full(b) => Owned::Full(b.to_vec()),
+                Line::TooLong { prefix, len } => Owned::TooLong(prefix.to_vec(), len),
+            });
         }
         out
     }
@@ -132,13 +146,10 @@ mod tests {
         assert_eq!(
             out,
             vec![
-                Line::Full(b"ab".to_vec()),
-                Line::TooLong {
-                    prefix: b"cdefg".to_vec(),
-                    len: 8
-                },
-                Line::Full(vec![]),
-                Line::Full(b"xyz".to_vec()),
+                Owned::Full(b"ab".to_vec()),
+                Owned::TooLong(b"cdefg".to_vec(), 8),
+                Owned::Full(vec![]),
+                Owned::Full(b"xyz".to_vec()),
             ]
         );
     }
@@ -153,10 +164,7 @@ mod tests {
         // "cc" has no newline yet: held, not returned, position unchanged
         assert_eq!(r.next(false).await.unwrap(), None);
         assert_eq!((r.position(), r.pending()), (5, 2));
-        assert_eq!(
-            r.next(true).await.unwrap(),
-            Some(Line::Full(b"cc".to_vec()))
-        );
+        assert_eq!(r.next(true).await.unwrap(), Some(Line::Full(b"cc")));
         assert_eq!(r.position(), 7);
     }
 }

@@ -88,7 +88,7 @@ impl SourceContext {
     /// Decode one line read at `location` and route its records.
     pub async fn line(
         &self,
-        line: Line,
+        line: Line<'_>,
         origin: &Origin,
         location: &(dyn Fn() -> String + Sync),
     ) -> Result<(), Closed> {
@@ -99,7 +99,7 @@ impl SourceContext {
     /// partitioned source: the state its records build belongs to it.
     pub async fn partition_line(
         &self,
-        line: Line,
+        line: Line<'_>,
         origin: &Origin,
         location: &(dyn Fn() -> String + Sync),
         owner: Option<&Owner>,
@@ -112,17 +112,16 @@ impl SourceContext {
                     "line of {len} bytes is longer than max_line_bytes ({})",
                     self.decode.max_line_bytes
                 );
-                self.dead_letter(&location(), &error, &prefix).await;
+                self.dead_letter(&location(), &error, prefix).await;
                 return Ok(());
             }
         };
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(());
         }
-        let decoded = decode::decode_line(&bytes, origin, self.decode.format);
+        let decoded = decode::decode_line(bytes, origin, self.decode.format);
         for err in &decoded.errors {
-            self.dead_letter(&location(), &err.to_string(), &bytes)
-                .await;
+            self.dead_letter(&location(), &err.to_string(), bytes).await;
         }
         for record in decoded.records {
             if record.body == decode::Body::Sentinel {

@@ -246,8 +246,8 @@ async fn closed_mid_line<S: AsyncRead + Unpin>(
     let len = reader.pending();
     // The input is over: this returns the held bytes (at most max_line_bytes).
     let bytes = match reader.next(true).await {
-        Ok(Some(Line::Full(bytes))) => bytes,
-        Ok(Some(Line::TooLong { prefix, .. })) => prefix,
+        Ok(Some(Line::Full(bytes))) => bytes.to_vec(),
+        Ok(Some(Line::TooLong { prefix, .. })) => prefix.to_vec(),
         _ => Vec::new(),
     };
     ctx.dead_letter(
@@ -287,11 +287,11 @@ async fn udp(socket: UdpSocket, ctx: &SourceContext) {
             lineno += 1;
             let line = if piece.len() > max {
                 Line::TooLong {
-                    prefix: piece[..max].to_vec(),
+                    prefix: &piece[..max],
                     len: piece.len(),
                 }
             } else {
-                Line::Full(piece.strip_suffix(b"\r").unwrap_or(piece).to_vec())
+                Line::Full(piece.strip_suffix(b"\r").unwrap_or(piece))
             };
             if ctx
                 .line(line, &origin, &|| format!("udp://{peer}:{lineno}"))

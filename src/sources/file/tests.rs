@@ -85,7 +85,7 @@ fn record(msg: ShardMsg) -> Routed {
 
 fn name(r: &Routed) -> String {
     match &r.record.body {
-        Body::Event(e) => e.name.clone(),
+        Body::Event(e) => e.name.to_string(),
         Body::R(_) => "R".into(),
         other => format!("{other:?}"),
     }

@@ -714,13 +714,15 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
                 let origin = ctx.origin_with(origin_of(&msg));
                 let offset = msg.offset();
                 let owner = Owner { source: ctx.name.clone(), partition: key.1 };
-                let payload = msg.payload().unwrap_or_default();
-                let line = if payload.len() > ctx.decode.max_line_bytes {
-                    Line::TooLong { prefix: payload[..ctx.decode.max_line_bytes].to_vec(), len: payload.len() }
-                } else {
-                    Line::Full(payload.to_vec())
-                };
+                // Copied: the message borrows the consumer, and is let go
+                // before the wait for room at the shards.
+                let payload = msg.payload().unwrap_or_default().to_vec();
                 drop(msg);
+                let line = if payload.len() > ctx.decode.max_line_bytes {
+                    Line::TooLong { prefix: &payload[..ctx.decode.max_line_bytes], len: payload.len() }
+                } else {
+                    Line::Full(&payload)
+                };
                 let location = || format!("{}/{}@{offset}", key.0, key.1);
                 let sent = {
                     let send = ctx.partition_line(line, &origin, &location, Some(&owner));
