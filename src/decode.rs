@@ -214,7 +214,7 @@ pub enum Body {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     /// The cluster named by the line itself; `None` means the source's.
-    pub cluster: Option<String>,
+    pub cluster: Option<Box<str>>,
     pub stream: EventStream,
     /// The job (job and exec streams).
     pub id: Option<JobId>,
@@ -305,7 +305,6 @@ mod fast {
     use crate::flux::object::JsonObject;
     use serde::de::IgnoredAny;
     use serde::{Deserialize, Deserializer};
-    use serde_json::Map;
     use serde_json::value::RawValue;
 
     #[derive(Deserialize)]
@@ -327,7 +326,7 @@ mod fast {
         #[serde(borrow)]
         stream: &'a str,
         #[serde(default)]
-        cluster: Option<String>,
+        cluster: Option<Box<str>>,
         #[serde(default)]
         id: Option<u64>,
         event: FastEvent,
@@ -368,7 +367,7 @@ mod fast {
                 timestamp: self.timestamp,
                 name: self.name,
                 context: self.context,
-                extra: Map::new(),
+                extra: None,
             })
         }
     }
@@ -622,7 +621,7 @@ fn envelope(mut map: serde_json::Map<String, Value>) -> Result<Record, DecodeErr
     };
     let cluster = match map.remove("cluster") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s),
+        Some(Value::String(s)) => Some(s.into_boxed_str()),
         Some(_) => return Err(DecodeError::Field("envelope cluster: not a string".into())),
     };
     let id = match map.get("id") {

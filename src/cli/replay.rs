@@ -213,7 +213,7 @@ impl Replay {
     }
 
     fn apply(&mut self, rec: Record) {
-        let cluster = rec.cluster.clone().unwrap_or_else(|| self.cluster.clone());
+        let cluster: String = rec.cluster.as_deref().unwrap_or(&self.cluster).to_string();
         let key = rec.id.map(|id| JobKey {
             cluster: self.state.intern(&cluster),
             id,

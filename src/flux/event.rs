@@ -26,9 +26,11 @@ pub struct Event {
     pub name: CompactString,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context: Option<Context>,
-    /// Keys beyond the three RFC 18 names: carried, never rejected.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    /// Keys beyond the three RFC 18 names: carried, never rejected. Boxed
+    /// and absent when there are none (nearly always): an event crosses
+    /// from a source's thread to a shard's, and is copied at its size.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<Box<Map<String, Value>>>,
 }
 
 /// Why a JSON value is not an RFC 18 event.
@@ -69,7 +71,7 @@ impl Event {
             timestamp,
             name: name.into(),
             context: None,
-            extra: Map::new(),
+            extra: None,
         }
     }
 
@@ -115,7 +117,7 @@ impl Event {
             timestamp,
             name,
             context,
-            extra: map,
+            extra: (!map.is_empty()).then(|| Box::new(map)),
         })
     }
 
@@ -272,7 +274,8 @@ mod tests {
     fn carries_extra_keys() {
         let line = r#"{"timestamp":1.5,"name":"x","extra":[1,2]}"#;
         let e = Event::parse(line).unwrap();
-        assert_eq!(e.extra.get("extra"), Some(&serde_json::json!([1, 2])));
+        let extra = e.extra.as_ref().and_then(|m| m.get("extra"));
+        assert_eq!(extra, Some(&serde_json::json!([1, 2])));
         assert_eq!(Event::parse(&e.to_line()).unwrap(), e);
     }
 

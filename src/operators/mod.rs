@@ -52,8 +52,10 @@ pub struct Routed {
     /// a record from an unknown index has no source name, and its cluster
     /// is its own or empty.
     pub source: usize,
-    /// The partition it came from, for partitioned sources.
-    pub owner: Option<Owner>,
+    /// The partition of its source it came from, for partitioned sources
+    /// (the shard names the owner: no name shared with the source's
+    /// thread).
+    pub partition: Option<i32>,
     pub record: Record,
 }
 

@@ -549,13 +549,17 @@ impl Shard {
     pub async fn apply(&mut self, routed: Routed) {
         let Routed {
             source,
-            owner,
+            partition,
             mut record,
         } = routed;
         let (source, cluster) = match self.sources.get(source) {
             Some(s) => (s.name.clone(), s.cluster.clone()),
             None => (Arc::from(""), Arc::from("")),
         };
+        let owner = partition.map(|partition| Owner {
+            source: source.clone(),
+            partition,
+        });
         let cluster = match record.cluster.take() {
             Some(own) => Arc::from(own),
             None => cluster,
@@ -953,7 +957,7 @@ mod tests {
     fn routed(id: u64, stream: EventStream, ev: Event) -> Routed {
         Routed {
             source: 0,
-            owner: None,
+            partition: None,
             record: Record {
                 cluster: Some("c".into()),
                 stream,
@@ -1026,11 +1030,9 @@ mod tests {
         assert_eq!(shard.jobs_tracked(), 0);
     }
 
+    /// From partition `partition` of source 0 (`k` in a plain shard).
     fn owned(mut r: Routed, partition: i32) -> Routed {
-        r.owner = Some(Owner {
-            source: Arc::from("k"),
-            partition,
-        });
+        r.partition = Some(partition);
         r
     }
 
@@ -1043,6 +1045,7 @@ mod tests {
             AlertSetup::default(),
         )
         .with_changelog([Arc::from("k")])
+        .with_sources(&[SourceInfo::new("k", "c")])
     }
 
     fn key(id: u64) -> JobKey {

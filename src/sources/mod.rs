@@ -13,7 +13,7 @@ pub mod socket;
 pub mod stdin;
 
 use crate::decode::{self, Origin, Record};
-use crate::operators::{Closed, Owner, Routed, Router};
+use crate::operators::{Closed, Routed, Router};
 use crate::output::{self, OutputRecord};
 use crate::pipeline::config::{DecodeConfig, OutputStream, SourceConfig};
 use crate::pipeline::coordinator::CheckpointLink;
@@ -95,14 +95,14 @@ impl SourceContext {
         self.partition_line(line, origin, location, None).await
     }
 
-    /// The same for a line read from a partition (`owner`) of a
-    /// partitioned source: the state its records build belongs to it.
+    /// The same for a line read from a partition of a partitioned source:
+    /// the state its records build belongs to it.
     pub async fn partition_line(
         &self,
         line: Line<'_>,
         origin: &Origin,
         location: &(dyn Fn() -> String + Sync),
-        owner: Option<&Owner>,
+        partition: Option<i32>,
     ) -> Result<(), Closed> {
         self.received.increment(1);
         let bytes = match line {
@@ -127,7 +127,7 @@ impl SourceContext {
             if record.body == decode::Body::Sentinel {
                 continue;
             }
-            self.route(record, owner.cloned()).await?;
+            self.route(record, partition).await?;
         }
         Ok(())
     }
@@ -138,12 +138,12 @@ impl SourceContext {
         self.route(record, None).await
     }
 
-    async fn route(&self, record: Record, owner: Option<Owner>) -> Result<(), Closed> {
+    async fn route(&self, record: Record, partition: Option<i32>) -> Result<(), Closed> {
         let cluster = record.cluster.as_deref().unwrap_or(&self.cluster);
         let shard = self.router.shard_of(cluster, record.id.map(|id| id.0));
         let routed = Routed {
             source: self.index,
-            owner,
+            partition,
             record,
         };
         self.router.send(shard, routed).await

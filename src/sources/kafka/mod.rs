@@ -713,7 +713,6 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
                 }
                 let origin = ctx.origin_with(origin_of(&msg));
                 let offset = msg.offset();
-                let owner = Owner { source: ctx.name.clone(), partition: key.1 };
                 // Copied: the message borrows the consumer, and is let go
                 // before the wait for room at the shards.
                 let payload = msg.payload().unwrap_or_default().to_vec();
@@ -725,7 +724,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
                 };
                 let location = || format!("{}/{}@{offset}", key.0, key.1);
                 let sent = {
-                    let send = ctx.partition_line(line, &origin, &location, Some(&owner));
+                    let send = ctx.partition_line(line, &origin, &location, Some(key.1));
                     tokio::pin!(send);
                     tokio::select! {
                         biased;
