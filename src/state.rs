@@ -42,11 +42,12 @@ impl PartialEq for JobKey {
     }
 }
 
-/// As derived: the name's bytes, then the id (equal keys hash alike).
+/// The id alone: equal keys have equal ids, so they hash alike, and ids
+/// are unique within a cluster and nearly so across clusters. The name is
+/// not hashed (a job is looked up several times for each of its records).
 impl std::hash::Hash for JobKey {
     #[inline]
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.cluster.hash(state);
         self.id.hash(state);
     }
 }

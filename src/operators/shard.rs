@@ -496,7 +496,7 @@ impl Shard {
             // Everything before the barrier is applied, and its outputs
             // are queued at the sinks.
             ShardMsg::Barrier(reply) => {
-                self.outputs.flush().await;
+                self.flush().await;
                 let _ = reply.send(self.snapshot());
             }
             ShardMsg::Release { source, partitions } => self.release(&source, &partitions),
@@ -509,7 +509,7 @@ impl Shard {
     pub async fn run(mut self, mut rx: mpsc::Receiver<ShardMsg>) -> ShardSnapshot {
         let restored = std::mem::take(&mut self.restored_alerts);
         self.emit_alerts(&restored).await;
-        self.outputs.flush().await;
+        self.flush().await;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // What is queued is taken in one go: one trip through `select!`
@@ -530,18 +530,20 @@ impl Shard {
                 _ = tick.tick() => self.expire(Instant::now()).await,
                 _ = std::future::ready(()), if self.alerts_due => self.fire_due().await,
             }
-            self.outputs.flush().await;
+            self.flush().await;
         }
         // Input is over: what is due fires before the shard ends.
         while self.alerts_due {
             self.fire_due().await;
         }
-        self.outputs.flush().await;
+        self.flush().await;
         self.snapshot()
     }
 
-    /// Hand the outputs held so far to the sinks.
+    /// The end of a round of work: hand the outputs held so far to the
+    /// sinks, and publish the oldest state entries that changed.
     pub async fn flush(&mut self) {
+        self.ages.publish();
         self.outputs.flush().await;
     }
 
@@ -1225,6 +1227,7 @@ mod tests {
             later.timestamp += 10.0;
             shard.apply(routed(8, EventStream::Job, later)).await;
         }
+        shard.flush().await;
         let text = ages.render();
         assert!(
             text.contains("{flux_cluster=\"c\",state=\"SCHED\"} 4\n"),
@@ -1234,6 +1237,7 @@ mod tests {
         shard
             .apply(routed(7, EventStream::Job, evs[4].clone()))
             .await;
+        shard.flush().await;
         let text = ages.render();
         assert!(text.contains("state=\"SCHED\"} 14\n"), "{text}");
         assert!(text.contains("state=\"RUN\"} 5\n"), "{text}");
@@ -1241,6 +1245,7 @@ mod tests {
         for ev in &evs[5..] {
             shard.apply(routed(7, EventStream::Job, ev.clone())).await;
         }
+        shard.flush().await;
         let text = ages.render();
         assert!(!text.contains("RUN") && !text.contains("CLEANUP"), "{text}");
     }
