@@ -11,6 +11,7 @@ use crate::flux::jobid::JobId;
 use crate::flux::resource::{RankChange, RankState};
 use crate::pipeline::config::OutputStream;
 use crate::state::{JobEntry, JobKey, KeyedAnomaly, KeyedTransition};
+use compact_str::CompactString;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use smallvec::SmallVec;
@@ -45,14 +46,17 @@ pub struct OutputRecord {
     /// A record whose line is not written yet: it is written where it is
     /// first wanted, on a sink's thread, not on the shard's (the busiest),
     /// and not at all for a sink that only counts records.
-    unwritten: Option<Box<Unwritten>>,
+    unwritten: Unwritten,
 }
 
-/// What the records written late are made from, owned.
+/// What the records written late are made from, owned. A transition is
+/// held inline (one allocation for the whole record, freed on a sink's
+/// thread); a job summary, larger and rarer, is boxed.
 #[derive(Debug, Clone)]
 enum Unwritten {
+    Nothing,
     Transition(OwnedTransition),
-    Job(JobRecord),
+    Job(Box<JobRecord>),
 }
 
 impl OutputRecord {
@@ -62,7 +66,7 @@ impl OutputRecord {
         OutputRecord {
             stream,
             line: OnceLock::from(json_line(value)),
-            unwritten: None,
+            unwritten: Unwritten::Nothing,
         }
     }
 
@@ -70,7 +74,7 @@ impl OutputRecord {
         OutputRecord {
             stream,
             line: OnceLock::new(),
-            unwritten: Some(Box::new(what)),
+            unwritten: what,
         }
     }
 
@@ -89,17 +93,17 @@ impl OutputRecord {
 
     /// A `jobs` record: a job's summary.
     pub fn job(record: JobRecord) -> Self {
-        Self::unwritten(OutputStream::Jobs, Unwritten::Job(record))
+        Self::unwritten(OutputStream::Jobs, Unwritten::Job(Box::new(record)))
     }
 
     /// The record's JSON text.
     pub fn line(&self) -> &str {
-        self.line.get_or_init(|| match self.unwritten.as_deref() {
-            Some(Unwritten::Transition(t)) => {
+        self.line.get_or_init(|| match &self.unwritten {
+            Unwritten::Transition(t) => {
                 json_line(&transition(&t.cluster, t.id, &t.transition, &t.event))
             }
-            Some(Unwritten::Job(j)) => json_line(j),
-            None => String::new(),
+            Unwritten::Job(j) => json_line(&**j),
+            Unwritten::Nothing => String::new(),
         })
     }
 }
@@ -113,8 +117,9 @@ impl PartialEq for OutputRecord {
 /// What a transition record is made from, owned.
 #[derive(Debug, Clone)]
 struct OwnedTransition {
-    cluster: Box<str>,
-    event: Box<str>,
+    /// Inline when short (most names): no allocation of their own.
+    cluster: CompactString,
+    event: CompactString,
     id: JobId,
     transition: Transition,
 }

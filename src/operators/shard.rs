@@ -89,6 +89,8 @@ pub struct Shard {
     unsubmitted: VecDeque<(Instant, JobKey)>,
     /// This shard's share of the `fluxpipe_jobs_tracked` gauge.
     reported: usize,
+    /// The cluster whose series [`Shard::first_sight`] saw last.
+    last_seen: Option<Arc<str>>,
     /// Per-node state for the metrics endpoint.
     nodes: NodeBoard,
     /// State-entry times of this shard's active jobs.
@@ -161,6 +163,7 @@ impl Shard {
             inactive: VecDeque::new(),
             unsubmitted: VecDeque::new(),
             reported: 0,
+            last_seen: None,
             nodes,
             ages: OldestEntries::new(ages),
             series: HashMap::default(),
@@ -405,7 +408,7 @@ impl Shard {
             self.resource_owners.insert(cluster, owner);
         }
         for (cluster, res) in saved.resources {
-            self.first_sight(&cluster);
+            self.first_sight(&Arc::from(cluster.as_str()));
             for rank in res.ranks() {
                 let at = rank.drain_timestamp.or(res.last_timestamp());
                 self.nodes
@@ -465,8 +468,17 @@ impl Shard {
 
     /// Every known label value of the job series is exported, with 0 until
     /// it happens.
-    fn first_sight(&mut self, cluster: &str) {
-        if self.series.contains_key(cluster) {
+    fn first_sight(&mut self, cluster: &Arc<str>) {
+        // The cluster of the record before, most of the time: known.
+        if self
+            .last_seen
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, cluster))
+        {
+            return;
+        }
+        if self.series.contains_key(&**cluster) {
+            self.last_seen = Some(cluster.clone());
             return;
         }
         self.series
@@ -481,6 +493,10 @@ impl Shard {
     /// Shards share one gauge: each adds the change in its own count.
     fn report_tracked(&mut self) {
         let now = self.state.jobs.len();
+        // Most records neither add nor drop a job: no shared counter written.
+        if now == self.reported {
+            return;
+        }
         let gauge = metrics::gauge!("fluxpipe_jobs_tracked");
         if now > self.reported {
             gauge.increment((now - self.reported) as f64);
