@@ -122,6 +122,9 @@ pub struct AlertEvent {
 /// One rule's condition holding for one subject, as observed.
 pub type Holds = Option<(f64, Detail)>;
 
+/// The same with the detail lent (one detail shared by a job's rules).
+pub type HoldsLent<'a> = Option<(f64, &'a Detail)>;
+
 /// A deadline with a sequence number that makes every timer key unique.
 /// The deadline is kept as bits whose integer order is `f64::total_cmp`'s
 /// order: timers are compared as two integers (they are compared often,

@@ -9,7 +9,7 @@ pub use rule::{JobView, job_view};
 
 use crate::flux::resource::RankChange;
 use crate::state::{JobKey, State};
-use engine::{AlertEvent, Detail, Drain, Engine, Holds, NodeKey, Subject};
+use engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsLent, NodeKey, Subject};
 use rule::{RuleKind, job_condition, node_condition};
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -84,7 +84,7 @@ pub fn observe_job(
     // One detail for every rule of the job, lent rather than copied into
     // each: this runs for every change of a job's state.
     let detail = entry.map(|e| Detail::State(e.job.state));
-    let holds: SmallVec<[(usize, Option<(f64, &Detail)>); 8]> = engine
+    let holds: SmallVec<[(usize, HoldsLent); 8]> = engine
         .rules_for(true)
         .map(|(i, rule)| {
             let h = entry
