@@ -63,6 +63,9 @@ pub struct Routed {
 #[derive(Debug)]
 pub enum ShardMsg {
     Record(Routed),
+    /// Records in the order read: one message (and at most one wake-up of
+    /// the shard) for many.
+    Records(Vec<Routed>),
     /// A checkpoint barrier: every record before it is applied; the shard
     /// answers with its state, encoded.
     Barrier(oneshot::Sender<ShardSnapshot>),
@@ -125,8 +128,17 @@ impl Router {
     /// Send one record to shard `i` (its key's: [`Router::shard_of`]);
     /// waits while the shard's queue is full.
     pub async fn send(&self, i: usize, routed: Routed) -> Result<(), Closed> {
+        self.send_msg(i, ShardMsg::Record(routed)).await
+    }
+
+    /// Send records, in order, to shard `i` in one message.
+    pub async fn send_batch(&self, i: usize, batch: Vec<Routed>) -> Result<(), Closed> {
+        self.send_msg(i, ShardMsg::Records(batch)).await
+    }
+
+    async fn send_msg(&self, i: usize, msg: ShardMsg) -> Result<(), Closed> {
         let shard = self.shards.get(i).ok_or(Closed)?;
-        match shard.try_send(ShardMsg::Record(routed)) {
+        match shard.try_send(msg) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Closed(_)) => Err(Closed),
             Err(mpsc::error::TrySendError::Full(msg)) => {

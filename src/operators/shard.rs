@@ -509,6 +509,11 @@ impl Shard {
     async fn handle(&mut self, msg: ShardMsg) {
         match msg {
             ShardMsg::Record(routed) => self.apply(routed).await,
+            ShardMsg::Records(batch) => {
+                for routed in batch {
+                    self.apply(routed).await;
+                }
+            }
             // Everything before the barrier is applied, and its outputs
             // are queued at the sinks.
             ShardMsg::Barrier(reply) => {

@@ -69,11 +69,14 @@
 //! always) when a check or walk sees it grow. At most [`Tuning::max_open`] are
 //! open; the oldest-opened is closed to make room.
 //!
-//! Backpressure: a line is handed on with [`SourceContext::line`], which
-//! waits while the pipeline is full; nothing is buffered meanwhile.
+//! Backpressure: a file's lines are handed on in batches (an [`Outbox`],
+//! up to 64 records, and whatever is held when a turn on the file ends),
+//! waiting while the pipeline is full. A file's position moves past a line
+//! only once its batch is handed on; at shutdown what is held is dropped
+//! and read again at the next start.
 
-use super::SourceContext;
 use super::lines::{LineReader, READ_BYTES};
+use super::{Outbox, SourceContext};
 use crate::decode::{self, Body, EventStream, Origin, PathKind, Record};
 use crate::flux::jobid::JobId;
 use crate::flux::object::JsonObject;
@@ -198,6 +201,27 @@ pub async fn run_tuned(
 
 /// The source stops: shutdown, or the pipeline is gone.
 struct Stop;
+
+/// Hand on the records of the lines `held` stands for, then move the
+/// file's position past them; at shutdown they stay unread.
+async fn hand_on(
+    ctx: &SourceContext,
+    out: &mut Outbox,
+    held: &mut Option<(u64, u64)>,
+    position: &mut u64,
+    lines: &mut u64,
+) -> Result<(), Stop> {
+    let Some((to, count)) = held.take() else {
+        return Ok(());
+    };
+    tokio::select! {
+        biased;
+        sent = ctx.flush(out) => sent.map_err(|_| Stop)?,
+        _ = ctx.shutdown.cancelled() => return Err(Stop),
+    }
+    (*position, *lines) = (to, count);
+    Ok(())
+}
 
 /// Device and inode.
 type FileId = (u64, u64);
@@ -1293,17 +1317,25 @@ impl FileSource {
         }
 
         let mut n = 0;
+        // Lines are handed on in batches; the position moves past a line
+        // once it is handed on. `held`: where it will be then.
+        let mut out = ctx.outbox();
+        let mut held: Option<(u64, u64)> = None;
+        let mut next_lineno = *lines;
         loop {
             if n >= budget {
+                hand_on(ctx, &mut out, &mut held, position, lines).await?;
                 return Ok(true);
             }
             let line = match reader.next(false).await {
                 Ok(Some(line)) => line,
                 Ok(None) => {
+                    hand_on(ctx, &mut out, &mut held, position, lines).await?;
                     *at_eof = true;
                     return Ok(false);
                 }
                 Err(e) => {
+                    hand_on(ctx, &mut out, &mut held, position, lines).await?;
                     *reader_slot = None;
                     self.open_count -= 1;
                     match e.get_ref().and_then(|e| e.downcast_ref::<Changed>()) {
@@ -1335,18 +1367,23 @@ impl FileSource {
                     return Ok(false);
                 }
             };
-            let lineno = *lines + 1;
+            next_lineno += 1;
+            let lineno = next_lineno;
             let here: &Path = path;
             let location = || format!("{}:{lineno}", here.display());
-            tokio::select! {
+            let all_handed_on = tokio::select! {
                 biased;
-                sent = ctx.line(line, origin, &location) => sent.map_err(|_| Stop)?,
-                // Shutdown while the pipeline is full: the line is not
-                // counted as read, so a restart sends it again.
+                sent = ctx.hold_line(&mut out, line, origin, &location) => sent.map_err(|_| Stop)?,
+                // Shutdown while the pipeline is full: the lines not handed
+                // on are not counted as read, so a restart sends them again.
                 _ = ctx.shutdown.cancelled() => return Err(Stop),
+            };
+            if all_handed_on {
+                (*position, *lines) = (reader.position(), lineno);
+                held = None;
+            } else {
+                held = Some((reader.position(), lineno));
             }
-            *position = reader.position();
-            *lines = lineno;
             *last_active = Instant::now();
             *at_eof = false;
             n += 1;

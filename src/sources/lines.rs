@@ -111,6 +111,14 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
     }
 }
 
+impl<S: tokio::io::AsyncRead> LineReader<tokio::io::BufReader<S>> {
+    /// Whether a whole line is buffered: the next read returns it without
+    /// waiting for input.
+    pub fn line_ready(&self) -> bool {
+        memchr::memchr(b'\n', self.inner.buffer()).is_some()
+    }
+}
+
 fn finish(buf: &[u8], len: usize, max: usize) -> Line<'_> {
     if len > max {
         return Line::TooLong { prefix: buf, len };

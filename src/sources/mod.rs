@@ -23,6 +23,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
 
+/// Most records an [`Outbox`] holds before handing them on.
+const OUTBOX_RECORDS: usize = 64;
+
+/// Records decoded but not yet handed to the shards, by shard, in the
+/// order read. A source holds the records of the lines it has at hand
+/// and hands them on together ([`SourceContext::flush`]) before it waits
+/// for more input: one queue message and at most one wake-up of a shard
+/// per batch, not per record. What a source holds it has not handed on: a
+/// source with positions moves them past held lines only once they are.
+pub struct Outbox {
+    by_shard: Vec<Vec<Routed>>,
+    held: usize,
+}
+
 /// What a source needs to hand its lines on.
 #[derive(Clone)]
 pub struct SourceContext {
@@ -85,18 +99,64 @@ impl SourceContext {
         }
     }
 
-    /// Decode one line read at `location` and route its records.
-    pub async fn line(
+    /// An empty outbox for this source's lines.
+    pub fn outbox(&self) -> Outbox {
+        Outbox {
+            by_shard: (0..self.router.len()).map(|_| Vec::new()).collect(),
+            held: 0,
+        }
+    }
+
+    /// Decode one line read at `location` and hold its records in `out`,
+    /// handing them on when it is full. Returns whether everything held,
+    /// this line's records included, has been handed on.
+    pub async fn hold_line(
         &self,
+        out: &mut Outbox,
         line: Line<'_>,
         origin: &Origin,
         location: &(dyn Fn() -> String + Sync),
-    ) -> Result<(), Closed> {
-        self.partition_line(line, origin, location, None).await
+    ) -> Result<bool, Closed> {
+        let Some(records) = self.decode_line(line, origin, location).await else {
+            return Ok(out.held == 0);
+        };
+        for record in records {
+            let shard = self.shard_of(&record);
+            let routed = Routed {
+                source: self.index,
+                partition: None,
+                record,
+            };
+            match out.by_shard.get_mut(shard) {
+                Some(batch) => batch.push(routed),
+                None => return Err(Closed),
+            }
+            out.held += 1;
+        }
+        if out.held >= OUTBOX_RECORDS {
+            self.flush(out).await?;
+        }
+        Ok(out.held == 0)
     }
 
-    /// The same for a line read from a partition of a partitioned source:
-    /// the state its records build belongs to it.
+    /// Hand on what `out` holds.
+    pub async fn flush(&self, out: &mut Outbox) -> Result<(), Closed> {
+        if out.held == 0 {
+            return Ok(());
+        }
+        out.held = 0;
+        for (shard, batch) in out.by_shard.iter_mut().enumerate() {
+            if !batch.is_empty() {
+                let batch = std::mem::replace(batch, Vec::with_capacity(OUTBOX_RECORDS));
+                self.router.send_batch(shard, batch).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Decode one line read from a partition of a partitioned source and
+    /// route its records one by one (the Kafka source, whose offsets move
+    /// per message); the state they build belongs to the partition.
     pub async fn partition_line(
         &self,
         line: Line<'_>,
@@ -104,6 +164,23 @@ impl SourceContext {
         location: &(dyn Fn() -> String + Sync),
         partition: Option<i32>,
     ) -> Result<(), Closed> {
+        let Some(records) = self.decode_line(line, origin, location).await else {
+            return Ok(());
+        };
+        for record in records {
+            self.route(record, partition).await?;
+        }
+        Ok(())
+    }
+
+    /// Decode one line: its records (journal sentinels left out), after
+    /// what could not be decoded of it went to `dead_letter`.
+    async fn decode_line(
+        &self,
+        line: Line<'_>,
+        origin: &Origin,
+        location: &(dyn Fn() -> String + Sync),
+    ) -> Option<impl Iterator<Item = Record> + use<>> {
         self.received.increment(1);
         let bytes = match line {
             Line::Full(bytes) => bytes,
@@ -113,23 +190,27 @@ impl SourceContext {
                     self.decode.max_line_bytes
                 );
                 self.dead_letter(&location(), &error, prefix).await;
-                return Ok(());
+                return None;
             }
         };
         if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(());
+            return None;
         }
         let decoded = decode::decode_line(bytes, origin, self.decode.format);
         for err in &decoded.errors {
             self.dead_letter(&location(), &err.to_string(), bytes).await;
         }
-        for record in decoded.records {
-            if record.body == decode::Body::Sentinel {
-                continue;
-            }
-            self.route(record, partition).await?;
-        }
-        Ok(())
+        Some(
+            decoded
+                .records
+                .into_iter()
+                .filter(|r| r.body != decode::Body::Sentinel),
+        )
+    }
+
+    fn shard_of(&self, record: &Record) -> usize {
+        let cluster = record.cluster.as_deref().unwrap_or(&self.cluster);
+        self.router.shard_of(cluster, record.id.map(|id| id.0))
     }
 
     /// Route one ready-made record (an R document read whole, say): its
@@ -139,8 +220,7 @@ impl SourceContext {
     }
 
     async fn route(&self, record: Record, partition: Option<i32>) -> Result<(), Closed> {
-        let cluster = record.cluster.as_deref().unwrap_or(&self.cluster);
-        let shard = self.router.shard_of(cluster, record.id.map(|id| id.0));
+        let shard = self.shard_of(&record);
         let routed = Routed {
             source: self.index,
             partition,

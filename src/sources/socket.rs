@@ -200,7 +200,12 @@ async fn connection<S: AsyncRead + Unpin>(
         ctx.decode.max_line_bytes,
     );
     let mut lineno = 0u64;
+    let mut out = ctx.outbox();
     loop {
+        // What is held goes on before waiting for the peer.
+        if !reader.line_ready() && ctx.flush(&mut out).await.is_err() {
+            break;
+        }
         // Reading is cancel-safe: what was read of a line stays in the
         // reader. At shutdown a line not yet complete is left unread.
         let next = tokio::select! {
@@ -222,13 +227,15 @@ async fn connection<S: AsyncRead + Unpin>(
         };
         lineno += 1;
         if ctx
-            .line(line, &origin, &|| format!("{label}:{lineno}"))
+            .hold_line(&mut out, line, &origin, &|| format!("{label}:{lineno}"))
             .await
             .is_err()
         {
             break;
         }
     }
+    // What was read is handed on.
+    let _ = ctx.flush(&mut out).await;
     tracing::debug!(source = %ctx.name, peer = %label, lines = lineno, "connection closed");
 }
 
@@ -265,6 +272,7 @@ async fn udp(socket: UdpSocket, ctx: &SourceContext) {
     let max = ctx.decode.max_line_bytes.max(1);
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut lineno = 0u64;
+    let mut out = ctx.outbox();
     loop {
         let received = tokio::select! {
             _ = ctx.shutdown.cancelled() => break,
@@ -294,12 +302,18 @@ async fn udp(socket: UdpSocket, ctx: &SourceContext) {
                 Line::Full(piece.strip_suffix(b"\r").unwrap_or(piece))
             };
             if ctx
-                .line(line, &origin, &|| format!("udp://{peer}:{lineno}"))
+                .hold_line(&mut out, line, &origin, &|| {
+                    format!("udp://{peer}:{lineno}")
+                })
                 .await
                 .is_err()
             {
                 return;
             }
+        }
+        // A datagram's lines go on together.
+        if ctx.flush(&mut out).await.is_err() {
+            return;
         }
     }
 }

@@ -11,20 +11,31 @@ pub async fn run(ctx: SourceContext) -> anyhow::Result<()> {
     );
     let origin = ctx.default_origin();
     let mut lineno = 0u64;
-    loop {
+    let mut out = ctx.outbox();
+    let read = loop {
+        // What is held goes on before waiting for input.
+        if !reader.line_ready() && ctx.flush(&mut out).await.is_err() {
+            break Ok(());
+        }
         let line = tokio::select! {
-            _ = ctx.shutdown.cancelled() => break,
-            line = reader.next(true) => line?,
+            _ = ctx.shutdown.cancelled() => break Ok(()),
+            line = reader.next(true) => line,
         };
-        let Some(line) = line else { break };
+        let line = match line {
+            Ok(Some(line)) => line,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
         lineno += 1;
         if ctx
-            .line(line, &origin, &|| format!("stdin:{lineno}"))
+            .hold_line(&mut out, line, &origin, &|| format!("stdin:{lineno}"))
             .await
             .is_err()
         {
-            break;
+            break Ok(());
         }
-    }
-    Ok(())
+    };
+    // What was read is handed on, whatever ended the reading.
+    let _ = ctx.flush(&mut out).await;
+    Ok(read?)
 }

@@ -22,6 +22,9 @@ fn fast() -> Tuning {
 
 struct Running {
     records: mpsc::Receiver<ShardMsg>,
+    /// Records received beyond what `take` was asked for (lines come in
+    /// batches).
+    extra: std::collections::VecDeque<Routed>,
     dead: SinkRx,
     token: CancellationToken,
     task: tokio::task::JoinHandle<Result<String>>,
@@ -45,9 +48,23 @@ fn context(
     mpsc::Receiver<ShardMsg>,
     SinkRx,
 ) {
+    context_with_queue(dir, keys, 4096)
+}
+
+/// The same with a shard queue of `queue` messages.
+fn context_with_queue(
+    dir: &Path,
+    keys: &str,
+    queue: usize,
+) -> (
+    FileSourceConfig,
+    SourceContext,
+    mpsc::Receiver<ShardMsg>,
+    SinkRx,
+) {
     let config: FileSourceConfig =
         toml::from_str(&format!("poll_interval_ms = 20\n{keys}")).expect("source config");
-    let (tx, records) = mpsc::channel(4096);
+    let (tx, records) = mpsc::channel(queue);
     let sink: SinkConfig =
         toml::from_str("type = \"stdout\"\ninputs = [\"dead_letter\"]").expect("sink config");
     let (outputs, mut rxs) = Outputs::new([("dead", &sink)]);
@@ -68,6 +85,7 @@ fn start(dir: &Path, keys: &str, tuning: Tuning) -> Running {
     let (config, ctx, records, dead) = context(dir, keys);
     Running {
         records,
+        extra: Default::default(),
         dead,
         token: ctx.shutdown.clone(),
         task: tokio::spawn(run_tuned(config, ctx, tuning)),
@@ -75,10 +93,11 @@ fn start(dir: &Path, keys: &str, tuning: Tuning) -> Running {
     }
 }
 
-/// The record in a shard message (the tests send no barriers).
-fn record(msg: ShardMsg) -> Routed {
+/// The records in a shard message (the tests send no barriers).
+fn records(msg: ShardMsg) -> Vec<Routed> {
     match msg {
-        ShardMsg::Record(r) => r,
+        ShardMsg::Record(r) => vec![r],
+        ShardMsg::Records(batch) => batch,
         other => panic!("unexpected {other:?}"),
     }
 }
@@ -95,14 +114,20 @@ impl Running {
     /// The next `n` records (fails after 5 s).
     async fn take(&mut self, n: usize) -> Vec<Routed> {
         let mut out = Vec::new();
+        while out.len() < n
+            && let Some(r) = self.extra.pop_front()
+        {
+            out.push(r);
+        }
         while out.len() < n {
             let names: Vec<String> = out.iter().map(name).collect();
             let r = timeout(Duration::from_secs(5), self.records.recv())
                 .await
                 .unwrap_or_else(|_| panic!("waited 5 s for {n} records, got {names:?}"))
                 .expect("router closed");
-            out.push(record(r));
+            out.extend(records(r));
         }
+        self.extra.extend(out.drain(n..));
         out
     }
 
@@ -116,9 +141,13 @@ impl Running {
 
     /// Nothing more arrives for `ms`.
     async fn quiet(&mut self, ms: u64) {
+        if let Some(r) = self.extra.front() {
+            panic!("unexpected record {}", name(r));
+        }
         if let Ok(Some(r)) = timeout(Duration::from_millis(ms), self.records.recv()).await {
-            let r = record(r);
-            panic!("unexpected record {} ({:?})", name(&r), r.record);
+            let r = records(r);
+            let names: Vec<String> = r.iter().map(name).collect();
+            panic!("unexpected records {names:?}");
         }
     }
 
@@ -308,7 +337,7 @@ impl Steps {
         self.src.housekeeping();
         let mut out = Vec::new();
         while let Ok(r) = self.records.try_recv() {
-            out.push(name(&record(r)));
+            out.extend(records(r).iter().map(name));
         }
         out
     }
@@ -319,7 +348,7 @@ impl Steps {
         self.src.housekeeping();
         let mut out = Vec::new();
         while let Ok(r) = self.records.try_recv() {
-            out.push(name(&record(r)));
+            out.extend(records(r).iter().map(name));
         }
         out
     }
@@ -617,6 +646,55 @@ async fn a_restart_resumes_from_the_checkpoint() {
     src.stop().await.unwrap();
 }
 
+/// Lines are handed on in batches: those held when the source stops (the
+/// pipeline full) are not counted as read, and the next start reads them.
+#[tokio::test]
+async fn lines_held_at_shutdown_are_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    append(&dir.path().join("a.log"), &evs(1..=500));
+    // A queue of one message: the source soon waits with lines held.
+    let (config, ctx, rx, dead) = context_with_queue(dir.path(), &logs(dir.path()), 1);
+    let mut src = Running {
+        records: rx,
+        extra: Default::default(),
+        dead,
+        token: ctx.shutdown.clone(),
+        task: tokio::spawn(run_tuned(config, ctx, fast())),
+        positions: positions_file(dir.path()),
+    };
+    let first = src.take(70).await;
+    // Everything handed on until the source stops: what was queued too.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    src.token.cancel();
+    let mut seen: Vec<String> = first.iter().map(name).collect();
+    seen.extend(src.extra.drain(..).map(|r| name(&r)));
+    let task = std::mem::replace(&mut src.task, tokio::spawn(async { Ok(String::new()) }));
+    let positions = timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    while let Ok(msg) = src.records.try_recv() {
+        seen.extend(records(msg).iter().map(name));
+    }
+    assert!(
+        seen.len() < 500,
+        "the source was held up: {} read",
+        seen.len()
+    );
+    let cp: serde_json::Value = serde_json::from_str(&positions).unwrap();
+    let n = seen.len();
+    assert_eq!(cp["files"][0]["lines"], n, "counted: what was handed on");
+    assert_eq!(cp["files"][0]["position"], evs(1..=n as u32).len());
+    std::fs::write(positions_file(dir.path()), positions).unwrap();
+
+    let mut src = start(dir.path(), &logs(dir.path()), fast());
+    seen.extend(src.names(500 - n).await);
+    assert_eq!(seen, names_of(1..=500), "each line once, in order");
+    src.quiet(200).await;
+    src.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn read_from_end_skips_only_files_without_a_checkpoint_at_startup() {
     let dir = tempfile::tempdir().unwrap();
@@ -748,8 +826,8 @@ async fn open_files_stay_under_the_cap() {
     assert_eq!(open, src.open_count);
     assert!(open <= 3, "{open} files open");
     let mut n = 0;
-    while records.try_recv().is_ok() {
-        n += 1;
+    while let Ok(msg) = records.try_recv() {
+        n += self::records(msg).len();
     }
     assert_eq!(n, 20);
 }
