@@ -28,8 +28,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// Queue length of each shard.
-const SHARD_QUEUE: usize = 1024;
+/// Queue length of each shard, in messages: most carry a source's batch
+/// (up to 64 records), so up to ~16k records wait per shard.
+const SHARD_QUEUE: usize = 256;
 
 /// How long shutdown waits for in-flight records to reach the sinks.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
