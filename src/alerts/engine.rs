@@ -826,6 +826,20 @@ mod tests {
     }
 
     proptest! {
+        /// Timer keys order deadlines as `f64::total_cmp` does (then by
+        /// sequence) and give their deadline back bit for bit.
+        #[test]
+        fn timer_keys_order_as_total_cmp(
+            a in prop_oneof![any::<f64>(), Just(f64::NAN), Just(-f64::NAN), Just(-0.0), Just(f64::NEG_INFINITY)],
+            b in any::<f64>(),
+            (s, t) in (any::<u64>(), any::<u64>()),
+        ) {
+            let (ka, kb) = (TimerKey::new(a, s), TimerKey::new(b, t));
+            prop_assert_eq!(ka.cmp(&kb), a.total_cmp(&b).then(s.cmp(&t)));
+            prop_assert_eq!(ka.deadline().to_bits(), a.to_bits());
+            prop_assert_eq!(kb.deadline().to_bits(), b.to_bits());
+        }
+
         /// Any sequence of observations and clock moves keeps the books
         /// straight: every firing is resolved once its condition clears,
         /// and nothing is left behind.
