@@ -7,7 +7,6 @@
 use super::object::JsonObject;
 use compact_str::CompactString;
 use serde::Serialize;
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use thiserror::Error;
@@ -127,16 +126,11 @@ impl Event {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// A context value as JSON text, if present.
     /// A context value's JSON text, if present.
     fn text(&self, key: &str) -> Option<&str> {
         self.context
             .as_ref()
             .and_then(|c| super::object::find_text(c.raw(), key))
-    }
-
-    pub fn raw(&self, key: &str) -> Option<&RawValue> {
-        self.context.as_ref().and_then(|c| c.get(key))
     }
 
     /// A context value, if present.
