@@ -57,6 +57,15 @@ enum Unwritten {
     Nothing,
     Transition(OwnedTransition),
     Job(Box<JobRecord>),
+    Rank(Box<OwnedRankChange>),
+}
+
+/// What a `resources` record of a rank's change is made from, owned.
+#[derive(Debug, Clone)]
+struct OwnedRankChange {
+    cluster: CompactString,
+    change: RankChange,
+    event: Option<Event>,
 }
 
 impl OutputRecord {
@@ -96,6 +105,16 @@ impl OutputRecord {
         Self::unwritten(OutputStream::Jobs, Unwritten::Job(Box::new(record)))
     }
 
+    /// A `resources` record of what `event` did to one rank.
+    pub fn rank_change(cluster: &str, change: RankChange, event: Option<Event>) -> Self {
+        let owned = OwnedRankChange {
+            cluster: cluster.into(),
+            change,
+            event,
+        };
+        Self::unwritten(OutputStream::Resources, Unwritten::Rank(Box::new(owned)))
+    }
+
     /// The record's JSON text.
     pub fn line(&self) -> &str {
         self.line.get_or_init(|| match &self.unwritten {
@@ -103,6 +122,7 @@ impl OutputRecord {
                 json_line(&transition(&t.cluster, t.id, &t.transition, &t.event))
             }
             Unwritten::Job(j) => json_line(&**j),
+            Unwritten::Rank(r) => json_line(&rank_change(&r.cluster, &r.change, r.event.as_ref())),
             Unwritten::Nothing => String::new(),
         })
     }

@@ -714,9 +714,9 @@ impl Shard {
                 ));
             }
         }
-        for (cluster, change) in &fx.rank_changes {
+        for (cluster, change) in fx.rank_changes {
             self.nodes.update(
-                cluster,
+                &cluster,
                 change.rank,
                 change.after.as_ref(),
                 event_name.as_ref().map_or(f64::NAN, |(_, ts)| *ts),
@@ -725,10 +725,7 @@ impl Shard {
                 .as_ref()
                 .map(|(n, ts)| crate::flux::Event::new(*ts, n.clone()));
             self.outputs
-                .emit(OutputRecord::new(
-                    OutputStream::Resources,
-                    &output::rank_change(cluster, change, ev.as_ref()),
-                ))
+                .emit(OutputRecord::rank_change(&cluster, change, ev))
                 .await;
         }
         self.emit_anomalies(&fx.anomalies).await;

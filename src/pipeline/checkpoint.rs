@@ -281,6 +281,15 @@ impl<W: Write> Write for Counting<W> {
         self.count += n as u64;
         Ok(n)
     }
+    /// The encoder writes a byte or a few at a time: forwarded whole and
+    /// inlined, each is a store into the buffer, not a call that loops
+    /// over `write` and copies with `memcpy`.
+    #[inline]
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.write_all(buf)?;
+        self.count += buf.len() as u64;
+        Ok(())
+    }
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
     }
