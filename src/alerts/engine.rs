@@ -2,9 +2,9 @@
 //! when, and a timer per condition that fires the alert when the
 //! condition has held for the rule's duration.
 //!
-//! Timers sit in an ordered map per cluster (each cluster may have its own
-//! clock), keyed by deadline; a condition that clears removes its timer,
-//! so nothing is ever scanned but the timers that are due.
+//! Timers sit in a queue per cluster (each cluster may have its own
+//! clock), earliest deadline first; a condition that clears cancels its
+//! timer, so nothing is ever scanned but the timers that are due.
 //!
 //! All times are event times (seconds since the epoch): a condition begins
 //! at the event that started it. The caller owns the clock and passes
@@ -14,12 +14,14 @@
 //! learned of it.
 
 use super::rule::Rule;
+use super::timers::{TimerId, TimerQueue};
 use crate::flux::job::JobState;
+use crate::flux::jobid::JobId;
 use crate::state::JobKey;
 use foldhash::HashMap;
 use std::borrow::Borrow;
-use std::collections::BTreeMap;
 use std::hash::Hash;
+use std::sync::Arc;
 
 /// What an alert is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -125,38 +127,6 @@ pub type Holds = Option<(f64, Detail)>;
 /// The same with the detail lent (one detail shared by a job's rules).
 pub type HoldsLent<'a> = Option<(f64, &'a Detail)>;
 
-/// A deadline with a sequence number that makes every timer key unique.
-/// The deadline is kept as bits whose integer order is `f64::total_cmp`'s
-/// order: timers are compared as two integers (they are compared often,
-/// in a map of every condition holding).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct TimerKey {
-    order: u64,
-    seq: u64,
-}
-
-/// The bit that `f64::total_cmp` flips the others by (the sign).
-const SIGN: u64 = 1 << 63;
-
-impl TimerKey {
-    fn new(deadline: f64, seq: u64) -> Self {
-        let bits = deadline.to_bits();
-        // Negative numbers: every bit flipped (larger magnitude sorts
-        // first); positive ones: the sign bit set, above every negative.
-        let order = if bits & SIGN != 0 { !bits } else { bits | SIGN };
-        TimerKey { order, seq }
-    }
-
-    fn deadline(self) -> f64 {
-        let bits = if self.order & SIGN != 0 {
-            self.order & !SIGN
-        } else {
-            !self.order
-        };
-        f64::from_bits(bits)
-    }
-}
-
 /// A condition that holds for a subject.
 #[derive(Debug, Clone)]
 struct Active {
@@ -165,12 +135,123 @@ struct Active {
     /// The condition's start plus the rule's duration.
     starts: f64,
     /// When it fires: `starts`, later if the subject's records came late.
-    timer: TimerKey,
+    deadline: f64,
+    /// Its timer, until it fires.
+    timer: Option<TimerId>,
     fired: bool,
     detail: Detail,
 }
 
-type Timers = HashMap<String, BTreeMap<TimerKey, (Subject, u16)>>;
+/// One cluster's timers. A timer names its subject without the cluster
+/// (the queue's own name serves), and its rule.
+#[derive(Debug)]
+struct ClusterTimers {
+    cluster: Arc<str>,
+    queue: TimerQueue<(Due, u16)>,
+}
+
+/// The subject of a timer, within its cluster.
+#[derive(Debug, Clone, Copy)]
+enum Due {
+    Job(JobId),
+    Node(u32),
+}
+
+impl ClusterTimers {
+    fn subject(&self, due: Due) -> Subject {
+        match due {
+            Due::Job(id) => Subject::Job(JobKey {
+                cluster: self.cluster.clone(),
+                id,
+            }),
+            Due::Node(rank) => Subject::Node(NodeKey {
+                cluster: self.cluster.to_string(),
+                rank,
+            }),
+        }
+    }
+}
+
+/// What a timer needs of its subject's key: its cluster and who it is
+/// within it.
+trait TimerSubject {
+    fn cluster(&self) -> &str;
+    fn due(&self) -> Due;
+    /// The cluster's name, for a cluster's first timer.
+    fn cluster_name(&self) -> Arc<str> {
+        Arc::from(self.cluster())
+    }
+}
+
+impl TimerSubject for JobKey {
+    fn cluster(&self) -> &str {
+        &self.cluster
+    }
+    fn due(&self) -> Due {
+        Due::Job(self.id)
+    }
+    fn cluster_name(&self) -> Arc<str> {
+        self.cluster.clone()
+    }
+}
+
+impl TimerSubject for NodeKey {
+    fn cluster(&self) -> &str {
+        &self.cluster
+    }
+    fn due(&self) -> Due {
+        Due::Node(self.rank)
+    }
+}
+
+impl TimerSubject for Subject {
+    fn cluster(&self) -> &str {
+        Subject::cluster(self)
+    }
+    fn due(&self) -> Due {
+        match self {
+            Subject::Job(k) => k.due(),
+            Subject::Node(n) => n.due(),
+        }
+    }
+    fn cluster_name(&self) -> Arc<str> {
+        match self {
+            Subject::Job(k) => k.cluster_name(),
+            Subject::Node(n) => n.cluster_name(),
+        }
+    }
+}
+
+type Timers = HashMap<String, ClusterTimers>;
+
+/// Set a timer in the subject's cluster.
+fn set_timer(
+    timers: &mut Timers,
+    subject: &impl TimerSubject,
+    deadline: f64,
+    rule: u16,
+) -> TimerId {
+    let payload = (subject.due(), rule);
+    // Looked up before inserted: the cluster's name is copied once, not
+    // for every timer.
+    if let Some(t) = timers.get_mut(subject.cluster()) {
+        return t.queue.insert(deadline, payload);
+    }
+    timers
+        .entry(subject.cluster().to_string())
+        .or_insert_with(|| ClusterTimers {
+            cluster: subject.cluster_name(),
+            queue: TimerQueue::default(),
+        })
+        .queue
+        .insert(deadline, payload)
+}
+
+fn cancel_timer(timers: &mut Timers, cluster: &str, timer: Option<TimerId>) {
+    if let (Some(id), Some(t)) = (timer, timers.get_mut(cluster)) {
+        t.queue.cancel(id);
+    }
+}
 
 /// Alert state for every subject.
 #[derive(Debug, Default)]
@@ -179,7 +260,6 @@ pub struct Engine {
     jobs: HashMap<JobKey, Vec<Active>>,
     nodes: HashMap<NodeKey, Vec<Active>>,
     timers: Timers,
-    seq: u64,
     firing: usize,
 }
 
@@ -210,7 +290,7 @@ impl Engine {
 
     /// Conditions holding now (firing or waiting for their duration).
     pub fn pending_timers(&self) -> usize {
-        self.timers.values().map(BTreeMap::len).sum()
+        self.timers.values().map(|t| t.queue.len()).sum()
     }
 
     /// Record which of a job's rules hold, given as (rule index, holds).
@@ -232,7 +312,6 @@ impl Engine {
         let mut parts = Parts {
             rules: &self.rules,
             timers: &mut self.timers,
-            seq: &mut self.seq,
             firing: &mut self.firing,
         };
         parts.observe(&mut self.jobs, key, Subject::Job, holds, (at, lag), out);
@@ -250,7 +329,6 @@ impl Engine {
         let mut parts = Parts {
             rules: &self.rules,
             timers: &mut self.timers,
-            seq: &mut self.seq,
             firing: &mut self.firing,
         };
         parts.observe(&mut self.nodes, key, Subject::Node, holds, (at, lag), out);
@@ -265,7 +343,6 @@ impl Engine {
         let mut parts = Parts {
             rules: &self.rules,
             timers: &mut self.timers,
-            seq: &mut self.seq,
             firing: &mut self.firing,
         };
         for a in actives.unwrap_or_default() {
@@ -277,8 +354,7 @@ impl Engine {
     pub fn next_deadline(&self, cluster: &str) -> Option<f64> {
         self.timers
             .get(cluster)
-            .and_then(|t| t.first_key_value())
-            .map(|(k, _)| k.deadline())
+            .and_then(|t| t.queue.next_deadline())
     }
 
     /// Fire the alerts whose deadline is at or before their cluster's
@@ -294,24 +370,25 @@ impl Engine {
         let mut fired = 0;
         for (cluster, timers) in &mut self.timers {
             let Some(now) = clock(cluster) else { continue };
-            while let Some(first) = timers.first_entry() {
-                if first.key().deadline() > now {
-                    break;
-                }
+            while timers.queue.next_deadline().is_some_and(|d| d <= now) {
                 if fired >= limit {
                     return true;
                 }
-                let (key, (subject, rule)) = first.remove_entry();
+                let Some((id, _, (due, rule))) = timers.queue.pop_due(now) else {
+                    break;
+                };
+                let subject = timers.subject(due);
                 let actives = match &subject {
                     Subject::Job(k) => self.jobs.get_mut(k),
                     Subject::Node(n) => self.nodes.get_mut(n),
                 };
                 let Some(a) = actives.and_then(|list| {
                     list.iter_mut()
-                        .find(|a| a.rule == rule && a.timer == key && !a.fired)
+                        .find(|a| a.rule == rule && a.timer == Some(id))
                 }) else {
                     continue;
                 };
+                a.timer = None;
                 a.fired = true;
                 self.firing += 1;
                 fired += 1;
@@ -389,7 +466,7 @@ impl Engine {
                 subject: subject.clone(),
                 rule: rule.name.clone(),
                 since: a.since,
-                delay: a.timer.deadline() - a.starts,
+                delay: a.deadline - a.starts,
                 fired: a.fired,
                 detail: a.detail.clone(),
             });
@@ -409,8 +486,8 @@ impl Engine {
             if a.fired {
                 self.firing = self.firing.saturating_sub(1);
                 fired.push(a.rule as usize);
-            } else if let Some(t) = self.timers.get_mut(subject.cluster()) {
-                t.remove(&a.timer);
+            } else {
+                cancel_timer(&mut self.timers, subject.cluster(), a.timer);
             }
         }
         fired
@@ -436,9 +513,8 @@ impl Engine {
                 continue;
             };
             let hold = self.rules[rule].hold_secs;
-            self.seq += 1;
             let starts = c.since + hold;
-            let timer = TimerKey::new(starts + c.delay.max(0.0), self.seq);
+            let deadline = starts + c.delay.max(0.0);
             let list = match &c.subject {
                 Subject::Job(k) => self.jobs.entry(k.clone()).or_default(),
                 Subject::Node(n) => self.nodes.entry(n.clone()).or_default(),
@@ -446,10 +522,13 @@ impl Engine {
             if list.iter().any(|a| a.rule as usize == rule) {
                 continue;
             }
+            let timer =
+                (!c.fired).then(|| set_timer(&mut self.timers, &c.subject, deadline, rule as u16));
             list.push(Active {
                 rule: rule as u16,
                 since: c.since,
                 starts,
+                deadline,
                 timer,
                 fired: c.fired,
                 detail: c.detail.clone(),
@@ -465,11 +544,6 @@ impl Engine {
                     ends_at: None,
                     detail: c.detail,
                 });
-            } else {
-                self.timers
-                    .entry(c.subject.cluster().to_string())
-                    .or_default()
-                    .insert(timer, (c.subject, rule as u16));
             }
         }
         firing
@@ -497,9 +571,7 @@ impl Engine {
                 continue;
             };
             for a in list.iter_mut().filter(|a| !a.fired && a.starts <= now) {
-                if let Some(t) = self.timers.get_mut(subject.cluster()) {
-                    t.remove(&a.timer);
-                }
+                cancel_timer(&mut self.timers, subject.cluster(), a.timer.take());
                 a.fired = true;
                 *firing += 1;
                 out.push(AlertEvent {
@@ -520,12 +592,11 @@ impl Engine {
 struct Parts<'a> {
     rules: &'a [Rule],
     timers: &'a mut Timers,
-    seq: &'a mut u64,
     firing: &'a mut usize,
 }
 
 impl Parts<'_> {
-    fn observe<K: Hash + Eq + Clone, D: Borrow<Detail>>(
+    fn observe<K: Hash + Eq + Clone + TimerSubject, D: Borrow<Detail>>(
         &mut self,
         map: &mut HashMap<K, Vec<Active>>,
         key: &K,
@@ -541,13 +612,7 @@ impl Parts<'_> {
             None => {
                 for (rule, h) in holds {
                     if let Some((since, detail)) = h {
-                        new.push(self.activate(
-                            *rule,
-                            *since,
-                            lag,
-                            detail.borrow().clone(),
-                            || subject(key.clone()),
-                        ));
+                        new.push(self.activate(*rule, *since, lag, detail.borrow().clone(), key));
                     }
                 }
                 if !new.is_empty() {
@@ -568,9 +633,7 @@ impl Parts<'_> {
                         }
                         (None, Some((since, detail))) => {
                             let detail = detail.borrow().clone();
-                            list.push(
-                                self.activate(*rule, *since, lag, detail, || subject(key.clone())),
-                            );
+                            list.push(self.activate(*rule, *since, lag, detail, key));
                         }
                         (None, None) => {}
                     }
@@ -594,29 +657,18 @@ impl Parts<'_> {
         since: f64,
         lag: f64,
         detail: Detail,
-        subject: impl FnOnce() -> Subject,
+        subject: &impl TimerSubject,
     ) -> Active {
         let hold = self.rules.get(rule).map_or(0.0, |r| r.hold_secs);
-        *self.seq += 1;
         let starts = since + hold;
-        let timer = TimerKey::new(starts + lag, *self.seq);
-        let subject = subject();
-        // Looked up before inserted: the cluster's name is copied once, not
-        // for every timer.
-        let cluster = subject.cluster();
-        match self.timers.get_mut(cluster) {
-            Some(timers) => timers.insert(timer, (subject, rule as u16)),
-            None => self
-                .timers
-                .entry(cluster.to_string())
-                .or_default()
-                .insert(timer, (subject, rule as u16)),
-        };
+        let deadline = starts + lag;
+        let timer = set_timer(self.timers, subject, deadline, rule as u16);
         Active {
             rule: rule as u16,
             since,
             starts,
-            timer,
+            deadline,
+            timer: Some(timer),
             fired: false,
             detail,
         }
@@ -641,9 +693,7 @@ impl Parts<'_> {
             out.push(event(Status::Resolved, Some(ends)));
             return;
         }
-        if let Some(t) = self.timers.get_mut(subject.cluster()) {
-            t.remove(&a.timer);
-        }
+        cancel_timer(self.timers, subject.cluster(), a.timer);
         if deadline <= at {
             out.push(event(Status::Firing, None));
             out.push(event(Status::Resolved, Some(ends)));
@@ -826,20 +876,6 @@ mod tests {
     }
 
     proptest! {
-        /// Timer keys order deadlines as `f64::total_cmp` does (then by
-        /// sequence) and give their deadline back bit for bit.
-        #[test]
-        fn timer_keys_order_as_total_cmp(
-            a in prop_oneof![any::<f64>(), Just(f64::NAN), Just(-f64::NAN), Just(-0.0), Just(f64::NEG_INFINITY)],
-            b in any::<f64>(),
-            (s, t) in (any::<u64>(), any::<u64>()),
-        ) {
-            let (ka, kb) = (TimerKey::new(a, s), TimerKey::new(b, t));
-            prop_assert_eq!(ka.cmp(&kb), a.total_cmp(&b).then(s.cmp(&t)));
-            prop_assert_eq!(ka.deadline().to_bits(), a.to_bits());
-            prop_assert_eq!(kb.deadline().to_bits(), b.to_bits());
-        }
-
         /// Any sequence of observations and clock moves keeps the books
         /// straight: every firing is resolved once its condition clears,
         /// and nothing is left behind.

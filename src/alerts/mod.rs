@@ -5,6 +5,7 @@
 
 pub mod engine;
 pub mod rule;
+pub mod timers;
 pub use rule::{JobView, job_view};
 
 use crate::flux::resource::RankChange;
