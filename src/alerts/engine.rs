@@ -19,6 +19,7 @@ use crate::flux::job::JobState;
 use crate::flux::jobid::JobId;
 use crate::state::JobKey;
 use foldhash::HashMap;
+use smallvec::SmallVec;
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -293,7 +294,8 @@ impl Engine {
         self.timers.values().map(|t| t.queue.len()).sum()
     }
 
-    /// Record which of a job's rules hold, given as (rule index, holds).
+    /// Record which of a job's rules hold, given as (rule index, holds);
+    /// a condition of a rule not listed, or listed as not holding, clears.
     /// `at` is the time of the event that prompted the observation: a
     /// condition that no longer holds cleared then.
     ///
@@ -607,7 +609,7 @@ impl Parts<'_> {
     ) {
         let lag = if lag.is_finite() { lag.max(0.0) } else { 0.0 };
         let mut new = Vec::new();
-        let mut cleared = Vec::new();
+        let mut cleared: SmallVec<[Active; 2]> = SmallVec::new();
         match map.get_mut(key) {
             None => {
                 for (rule, h) in holds {
@@ -621,21 +623,31 @@ impl Parts<'_> {
                 return;
             }
             Some(list) => {
+                // What held and is not said to hold now clears.
+                let mut i = 0;
+                while i < list.len() {
+                    let rule = list[i].rule as usize;
+                    if holds.iter().any(|(r, h)| *r == rule && h.is_some()) {
+                        i += 1;
+                    } else {
+                        cleared.push(list.swap_remove(i));
+                    }
+                }
+                // In rule order, as the rules are listed.
+                cleared.sort_by_key(|a: &Active| a.rule);
                 for (rule, h) in holds {
-                    let pos = list.iter().position(|a| a.rule as usize == *rule);
-                    match (pos, h) {
-                        (Some(i), None) => cleared.push(list.swap_remove(i)),
-                        (Some(i), Some((_, detail))) => {
-                            let detail = detail.borrow();
-                            if !list[i].fired && list[i].detail != *detail {
-                                list[i].detail = detail.clone();
+                    let Some((since, detail)) = h else { continue };
+                    let detail = detail.borrow();
+                    match list.iter_mut().find(|a| a.rule as usize == *rule) {
+                        Some(a) => {
+                            if !a.fired && a.detail != *detail {
+                                a.detail = detail.clone();
                             }
                         }
-                        (None, Some((since, detail))) => {
-                            let detail = detail.borrow().clone();
-                            list.push(self.activate(*rule, *since, lag, detail, key));
+                        None => {
+                            let a = self.activate(*rule, *since, lag, detail.clone(), key);
+                            list.push(a);
                         }
-                        (None, None) => {}
                     }
                 }
                 if list.is_empty() {

@@ -85,18 +85,15 @@ pub fn observe_job(
     // One detail for every rule of the job, lent rather than copied into
     // each: this runs for every change of a job's state.
     let detail = entry.map(|e| Detail::State(e.job.state));
-    let holds: SmallVec<[(usize, HoldsLent); 8]> = engine
-        .rules_for(true)
-        .map(|(i, rule)| {
-            let h = entry
-                .zip(detail.as_ref())
-                .and_then(|(e, d)| job_condition(rule.kind, e).map(|since| (since, d)));
-            (i, h)
-        })
-        .collect();
-    if !holds.is_empty() {
-        engine.observe_job(key, &holds, at, lag, out);
-    }
+    // Only the rules that hold (one or two at a time): the others clear.
+    let holds: SmallVec<[(usize, HoldsLent); 2]> = match entry.zip(detail.as_ref()) {
+        Some((e, d)) => engine
+            .rules_for(true)
+            .filter_map(|(i, rule)| job_condition(rule.kind, e).map(|since| (i, Some((since, d)))))
+            .collect(),
+        None => SmallVec::new(),
+    };
+    engine.observe_job(key, &holds, at, lag, out);
 }
 
 /// Tell the engine where a changed rank stands now.
@@ -118,24 +115,20 @@ pub fn observe_rank(
     };
     let holds: SmallVec<[(usize, Holds); 4]> = engine
         .rules_for(false)
-        .map(|(i, rule)| {
-            let h = node_condition(rule.kind, rank).map(|since| {
-                let host = rank.hostname.clone();
-                let detail = match rule.kind {
-                    RuleKind::NodeDrained => Detail::Drained(Box::new(Drain {
-                        host,
-                        reason: rank.drain_reason.clone(),
-                    })),
-                    _ => Detail::Host(host),
-                };
-                (since.unwrap_or(at), detail)
-            });
-            (i, h)
+        .filter_map(|(i, rule)| {
+            let since = node_condition(rule.kind, rank)?;
+            let host = rank.hostname.clone();
+            let detail = match rule.kind {
+                RuleKind::NodeDrained => Detail::Drained(Box::new(Drain {
+                    host,
+                    reason: rank.drain_reason.clone(),
+                })),
+                _ => Detail::Host(host),
+            };
+            Some((i, Some((since.unwrap_or(at), detail))))
         })
         .collect();
-    if !holds.is_empty() {
-        engine.observe_node(&key, &holds, at, lag, out);
-    }
+    engine.observe_node(&key, &holds, at, lag, out);
 }
 
 /// Wall-clock time in seconds since the epoch.
