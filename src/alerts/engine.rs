@@ -422,19 +422,77 @@ pub struct SavedCondition {
     pub detail: Detail,
 }
 
+/// A [`SavedCondition`] borrowed from the engine; encodes the same.
+#[derive(serde::Serialize)]
+#[serde(rename = "SavedCondition")]
+struct SavedConditionRef<'a> {
+    subject: SubjectRef<'a>,
+    rule: &'a str,
+    since: f64,
+    delay: f64,
+    fired: bool,
+    detail: &'a Detail,
+}
+
+/// A [`Subject`] borrowed; encodes the same.
+#[derive(Clone, Copy, serde::Serialize)]
+#[serde(rename = "Subject")]
+enum SubjectRef<'a> {
+    Job(&'a JobKey),
+    Node(&'a NodeKey),
+}
+
+/// Every condition holding now, borrowed for a checkpoint: encodes as a
+/// `Vec<SavedCondition>` does, without building one (a copy of every
+/// condition would cost ~100 bytes per active job while it is written).
+pub struct SavedConditions<'a>(&'a Engine);
+
+impl SavedConditions<'_> {
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.each().count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn each(&self) -> impl Iterator<Item = SavedConditionRef<'_>> {
+        let engine = self.0;
+        let jobs = engine.jobs.iter().map(|(k, l)| (SubjectRef::Job(k), l));
+        let nodes = engine.nodes.iter().map(|(k, l)| (SubjectRef::Node(k), l));
+        jobs.chain(nodes).flat_map(move |(subject, list)| {
+            list.iter().filter_map(move |a| {
+                let rule = engine.rules.get(a.rule as usize)?;
+                Some(SavedConditionRef {
+                    subject,
+                    rule: &rule.name,
+                    since: a.since,
+                    delay: a.deadline - a.starts,
+                    fired: a.fired,
+                    detail: &a.detail,
+                })
+            })
+        })
+    }
+}
+
+impl serde::Serialize for SavedConditions<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        // MessagePack writes a sequence's length first.
+        let mut seq = s.serialize_seq(Some(self.len()))?;
+        for c in self.each() {
+            seq.serialize_element(&c)?;
+        }
+        seq.end()
+    }
+}
+
 impl Engine {
     /// Every condition holding now, for a checkpoint.
-    pub fn saved(&self) -> Vec<SavedCondition> {
-        let jobs = self.jobs.iter().map(|(k, l)| (Subject::Job(k.clone()), l));
-        let nodes = self
-            .nodes
-            .iter()
-            .map(|(k, l)| (Subject::Node(k.clone()), l));
-        let mut out = Vec::new();
-        for (subject, list) in jobs.chain(nodes) {
-            self.save_list(&subject, list, &mut out);
-        }
-        out
+    pub fn saved(&self) -> SavedConditions<'_> {
+        SavedConditions(self)
     }
 
     /// The conditions holding now for one subject.
@@ -510,8 +568,21 @@ impl Engine {
     /// identity, same start: receivers see a repeat, not a new alert).
     pub fn restore(&mut self, saved: Vec<SavedCondition>) -> Vec<AlertEvent> {
         let mut firing = Vec::new();
+        // A restore brings a condition or two for each of up to a million
+        // jobs, under a handful of rules: names are matched once per run
+        // of the same rule, and the job table grows once.
+        self.jobs.reserve(saved.len());
+        let mut last: Option<(String, Option<usize>)> = None;
         for c in saved {
-            let Some(rule) = self.rules.iter().position(|r| r.name == c.rule) else {
+            let rule = match &last {
+                Some((name, rule)) if *name == c.rule => *rule,
+                _ => {
+                    let rule = self.rules.iter().position(|r| r.name == c.rule);
+                    last = Some((c.rule.clone(), rule));
+                    rule
+                }
+            };
+            let Some(rule) = rule else {
                 continue;
             };
             let hold = self.rules[rule].hold_secs;
@@ -526,15 +597,15 @@ impl Engine {
             }
             let timer =
                 (!c.fired).then(|| set_timer(&mut self.timers, &c.subject, deadline, rule as u16));
-            list.push(Active {
+            let active = Active {
                 rule: rule as u16,
                 since: c.since,
                 starts,
                 deadline,
                 timer,
                 fired: c.fired,
-                detail: c.detail.clone(),
-            });
+                detail: c.detail,
+            };
             if c.fired {
                 self.firing += 1;
                 firing.push(AlertEvent {
@@ -544,9 +615,11 @@ impl Engine {
                     since: c.since,
                     starts_at: starts,
                     ends_at: None,
-                    detail: c.detail,
+                    detail: active.detail.clone(),
                 });
             }
+            list.reserve_exact(1);
+            list.push(active);
         }
         firing
     }
@@ -608,10 +681,13 @@ impl Parts<'_> {
         out: &mut Vec<AlertEvent>,
     ) {
         let lag = if lag.is_finite() { lag.max(0.0) } else { 0.0 };
-        let mut new = Vec::new();
         let mut cleared: SmallVec<[Active; 2]> = SmallVec::new();
         match map.get_mut(key) {
             None => {
+                // Sized exactly: a first push would make room for four, and
+                // most subjects never hold more than one condition (a
+                // million active jobs, ~190 MB of empty room).
+                let mut new = Vec::with_capacity(holds.iter().filter(|(_, h)| h.is_some()).count());
                 for (rule, h) in holds {
                     if let Some((since, detail)) = h {
                         new.push(self.activate(*rule, *since, lag, detail.borrow().clone(), key));
@@ -646,6 +722,7 @@ impl Parts<'_> {
                         }
                         None => {
                             let a = self.activate(*rule, *since, lag, detail.clone(), key);
+                            list.reserve_exact(1);
                             list.push(a);
                         }
                     }
@@ -783,6 +860,75 @@ mod tests {
         );
         assert_eq!(e.firing(), 0);
         assert_eq!(e.pending_timers(), 0);
+    }
+
+    /// A subject's conditions take the room they need, no more: a million
+    /// active jobs hold one each.
+    #[test]
+    fn condition_lists_are_sized_exactly() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        e.observe_job(&job(1), &[(0, Some((0.0, SCHED)))], 0.0, 0.0, &mut out);
+        assert_eq!(e.jobs[&job(1)].capacity(), 1);
+        let node = NodeKey {
+            cluster: "d".into(),
+            rank: 3,
+        };
+        e.observe_node(
+            &node,
+            &[(1, Some((0.0, Detail::Host(None))))],
+            0.0,
+            0.0,
+            &mut out,
+        );
+        let mut again = engine();
+        again.restore(e.saved_for(&Subject::Job(job(1))));
+        assert_eq!(again.jobs[&job(1)].capacity(), 1);
+    }
+
+    /// The borrowed conditions decode as owned ones, and restore.
+    #[test]
+    fn saved_conditions_encode_as_a_list_of_owned_ones() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        e.observe_job(&job(1), &[(0, Some((0.0, SCHED)))], 0.0, 0.0, &mut out);
+        e.observe_job(&job(2), &[(0, Some((50.0, SCHED)))], 50.0, 7.0, &mut out);
+        let node = NodeKey {
+            cluster: "d".into(),
+            rank: 3,
+        };
+        let drained = Detail::Drained(Box::new(Drain {
+            host: Some("n3".into()),
+            reason: Some("bad dimm".into()),
+        }));
+        e.observe_node(&node, &[(1, Some((0.0, drained)))], 0.0, 0.0, &mut out);
+        e.advance(|_| Some(120.0), 10, &mut out);
+        let mut expected: Vec<SavedCondition> = [
+            Subject::Job(job(1)),
+            Subject::Job(job(2)),
+            Subject::Node(node),
+        ]
+        .iter()
+        .flat_map(|s| e.saved_for(s))
+        .collect();
+        let order = |a: &SavedCondition, b: &SavedCondition| {
+            format!("{:?}", a.subject).cmp(&format!("{:?}", b.subject))
+        };
+        expected.sort_by(order);
+        assert_eq!(expected.len(), 3);
+        assert!(expected.iter().any(|c| c.fired) && expected.iter().any(|c| c.delay == 7.0));
+
+        let bytes = rmp_serde::to_vec(&e.saved()).unwrap();
+        let mut back: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
+        back.sort_by(order);
+        assert_eq!(back, expected);
+
+        let mut again = engine();
+        assert_eq!(again.restore(back).len(), 2, "the fired ones announced");
+        let mut restored: Vec<SavedCondition> =
+            rmp_serde::from_slice(&rmp_serde::to_vec(&again.saved()).unwrap()).unwrap();
+        restored.sort_by(order);
+        assert_eq!(restored, expected);
     }
 
     #[test]

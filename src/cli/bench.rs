@@ -214,15 +214,18 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     let ck = checkpoint_times(&dir.0, active, args.seed, args.nodes.max(1))?;
     writeln!(
         out,
-        "checkpoint time, {active} active jobs: {:.3} s ({:.1} MiB, {:.0} bytes per job; encode + fsync'd write)",
+        "checkpoint time, {active} active jobs and {} alert conditions: {:.3} s ({:.1} MiB, {:.0} bytes per job; encode + fsync'd write)",
+        ck.conditions,
         ck.write_secs,
         ck.bytes as f64 / (1024.0 * 1024.0),
         ck.bytes as f64 / active.max(1) as f64
     )?;
     writeln!(
         out,
-        "restore time, {active} active jobs: {:.3} s (read + verify + decode + deal out by key)",
-        ck.restore_secs
+        "restore time, {active} active jobs: {:.3} s (read + verify + decode + deal out by key {:.3} s, a shard takes over {:.3} s)",
+        ck.restore_secs,
+        ck.decode_secs,
+        ck.restore_secs - ck.decode_secs
     )?;
     writeln!(out, "load average at the end: {}", load_average())?;
     out.flush()?;
@@ -232,15 +235,50 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
 struct CheckpointTimes {
     write_secs: f64,
     restore_secs: f64,
+    /// Of `restore_secs`, reading and decoding.
+    decode_secs: f64,
     bytes: usize,
+    /// Alert conditions held with the jobs.
+    conditions: usize,
 }
 
-/// Save and restore the state of `jobs` active jobs, in process, as the
-/// pipeline does (one shard).
+/// Save and restore the state of `jobs` active jobs, in process, through
+/// a shard as the pipeline runs one: its jobs and their alert conditions
+/// (the default rules) encoded into a scratch file and stored; then read,
+/// verified, decoded, dealt out by key and taken over by a new shard.
 fn checkpoint_times(dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<CheckpointTimes> {
     use crate::decode::{Format, Origin, decode_line};
-    use crate::pipeline::checkpoint::{self, Head, ShardBytes, ShardStateRef};
-    let mut state = crate::state::State::new();
+    use crate::operators::shard::{AlertSetup, Retention, Shard};
+    use crate::operators::{Routed, SourceInfo};
+    use crate::pipeline::checkpoint::{self, Head};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let folder = dir.join("checkpoint");
+    std::fs::create_dir_all(&folder)?;
+    let new_shard = || -> Result<Shard> {
+        let rules = crate::pipeline::config::AlertsConfig::default()
+            .rules()
+            .map_err(|(rule, key, e)| anyhow!("alerts.rules.{rule}.{key}: {e}"))?;
+        let (outputs, _) = crate::sinks::Outputs::new(std::iter::empty());
+        Ok(Shard::new(
+            outputs,
+            Retention {
+                inactive_grace: Duration::from_secs(60),
+                orphan_ttl: Duration::from_secs(60),
+                max_jobs: usize::MAX,
+            },
+            Default::default(),
+            Default::default(),
+            AlertSetup {
+                rules,
+                ..AlertSetup::default()
+            },
+        )
+        .with_sources(&[SourceInfo::new("bench", "bench")])
+        .with_spill(folder.clone(), 0))
+    };
+    let mut shard = new_shard()?;
     let spec = Spec {
         seed,
         jobs,
@@ -248,42 +286,50 @@ fn checkpoint_times(dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Chec
         active: true,
         start: now_secs(),
     };
-    let mut line = Vec::with_capacity(512);
     let origin = Origin::default();
-    for entry in Workload::new(spec) {
-        line.clear();
-        entry.journal_line(&mut line)?;
-        for record in decode_line(&line, &origin, Format::Auto).records {
-            state.apply("bench", record);
+    runtime.block_on(async {
+        let mut line = Vec::with_capacity(512);
+        for entry in Workload::new(spec) {
+            line.clear();
+            entry.journal_line(&mut line)?;
+            for record in decode_line(&line, &origin, Format::Auto).records {
+                let routed = Routed {
+                    source: 0,
+                    partition: None,
+                    record,
+                };
+                shard.apply(routed).await;
+            }
         }
-    }
-    let clock = crate::alerts::EventClock::default();
-    let folder = dir.join("checkpoint");
-    std::fs::create_dir_all(&folder)?;
+        shard.flush().await;
+        anyhow::Ok(())
+    })?;
+    let conditions = shard.alert_conditions();
     let start = Instant::now();
-    let shard = ShardStateRef {
-        jobs: &state.jobs,
-        resources: &state.resources,
-        alerts: Vec::new(),
-        clock: &clock,
-        resource_owners: &Default::default(),
-    }
-    .spill(checkpoint::spill_path(&folder, 0, 1))?;
-    let bytes = checkpoint::store(&folder, &Head::default(), &[ShardBytes::Spilled(shard)])?;
+    let reply = shard.snapshot()?;
+    let bytes = checkpoint::store(&folder, &Head::default(), &[reply.state])?;
     let write_secs = start.elapsed().as_secs_f64();
-    drop(state);
+    drop(shard);
     let start = Instant::now();
     let saved = checkpoint::load(&folder)?.ok_or_else(|| anyhow!("the checkpoint is gone"))?;
-    let (_, shards) = saved.split(1, |_, _| 0);
+    let (_, mut shards) = saved.split(1, |_, _| 0);
+    let decode_secs = start.elapsed().as_secs_f64();
+    let mut restored = new_shard()?;
+    restored.restore(shards.pop().unwrap_or_default());
     let restore_secs = start.elapsed().as_secs_f64();
-    let restored: usize = shards.iter().map(|s| s.jobs.len()).sum();
-    if restored as u64 != jobs {
-        bail!("restored {restored} jobs of {jobs}");
+    if restored.jobs_tracked() as u64 != jobs || restored.alert_conditions() != conditions {
+        bail!(
+            "restored {} jobs of {jobs}, {} alert conditions of {conditions}",
+            restored.jobs_tracked(),
+            restored.alert_conditions()
+        );
     }
     Ok(CheckpointTimes {
         write_secs,
         restore_secs,
+        decode_secs,
         bytes,
+        conditions,
     })
 }
 

@@ -20,7 +20,7 @@ use crate::pipeline::changelog::{self, Change, EntryRef};
 use crate::pipeline::checkpoint::{ShardBytes, ShardState, ShardStateRef, spill_path};
 use crate::pipeline::config::OutputStream;
 use crate::sinks::{HeldOutputs, Outputs};
-use crate::state::{JobKey, KeyedAnomaly, State};
+use crate::state::{JobEntry, JobKey, KeyedAnomaly, State};
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use foldhash::{HashMap, HashSet};
 use std::collections::{BTreeSet, VecDeque};
@@ -341,7 +341,9 @@ impl Shard {
             .map(|(k, _)| k.clone())
             .collect();
         for key in &keys {
-            self.uncount(key);
+            if let Some(entry) = self.state.jobs.remove(key) {
+                self.uncount(key, &entry);
+            }
             self.dirty.remove(&Dirty::Job(key.clone()));
         }
         let clusters: Vec<String> = self
@@ -365,11 +367,8 @@ impl Shard {
         }
     }
 
-    /// Remove a job and take it out of the gauges and alerts, silently.
-    fn uncount(&mut self, key: &JobKey) {
-        let Some(entry) = self.state.jobs.remove(key) else {
-            return;
-        };
+    /// Take a removed job out of the gauges and alerts, silently.
+    fn uncount(&mut self, key: &JobKey, entry: &JobEntry) {
         let job = &entry.job;
         if job.submitted && !job.invalidated && job.state != JobState::Inactive {
             self.count_job(&key.cluster, job, -1);
@@ -416,6 +415,11 @@ impl Shard {
             }
             self.state.resources.insert(cluster, res);
         }
+        // Room for all at once, and the state-entry times sorted and added
+        // in one go: a million restored jobs, one table growth and one
+        // ordered build instead of a million of each.
+        self.state.jobs.reserve(saved.jobs.len());
+        let mut entered = Vec::with_capacity(saved.jobs.len());
         for (key, entry) in saved.jobs {
             // Decoded keys each own a copy of the cluster name: share one.
             let key = JobKey {
@@ -423,8 +427,6 @@ impl Shard {
                 id: key.id,
             };
             self.first_sight(&key.cluster);
-            // Held already (left from a checkpoint): the restored one wins.
-            self.uncount(&key);
             let job = &entry.job;
             if job.state == JobState::Inactive {
                 self.inactive
@@ -433,10 +435,22 @@ impl Shard {
                 self.unsubmitted
                     .push_back((now + self.retention.orphan_ttl, key.clone()));
             } else if !job.invalidated {
-                self.count_job(&key.cluster, job, 1);
+                count_active(
+                    &self.series,
+                    &self.users,
+                    &key.cluster,
+                    job.state,
+                    job.userid,
+                    1,
+                );
+                entered.push((key.cluster.clone(), job.state, job.t_state()));
             }
-            self.state.jobs.insert(key, Box::new(entry));
+            // Held already (left from a checkpoint): the restored one wins.
+            if let Some(old) = self.state.jobs.insert(key.clone(), Box::new(entry)) {
+                self.uncount(&key, &old);
+            }
         }
+        self.ages.add_all(entered);
         let mut conditions = saved.alerts;
         for c in &mut conditions {
             if let Subject::Job(k) = &mut c.subject {
@@ -955,6 +969,11 @@ impl Shard {
             }
             self.fire_due().await;
         }
+    }
+
+    /// Alert conditions holding now, fired or waiting.
+    pub fn alert_conditions(&self) -> usize {
+        self.alerts.saved().len()
     }
 
     /// Jobs currently held.

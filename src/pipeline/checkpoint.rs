@@ -18,7 +18,7 @@
 //! error, never read as empty.
 
 use crate::alerts::EventClock;
-use crate::alerts::engine::{SavedCondition, Subject};
+use crate::alerts::engine::{SavedCondition, SavedConditions, Subject};
 use crate::flux::resource::ResourceState;
 use crate::operators::Owner;
 use crate::state::{JobEntry, JobKey};
@@ -154,7 +154,7 @@ pub struct ShardStateRef<'a> {
     pub jobs: &'a HashMap<JobKey, Box<JobEntry>>,
     #[serde(serialize_with = "as_seq")]
     pub resources: &'a HashMap<String, ResourceState>,
-    pub alerts: Vec<SavedCondition>,
+    pub alerts: SavedConditions<'a>,
     pub clock: &'a EventClock,
     #[serde(serialize_with = "as_seq")]
     pub resource_owners: &'a HashMap<String, Owner>,
@@ -698,6 +698,10 @@ mod tests {
     use crate::state::State;
     use proptest::prelude::*;
 
+    /// An engine with no conditions, for states without alerts.
+    static NO_ALERTS: std::sync::LazyLock<crate::alerts::engine::Engine> =
+        std::sync::LazyLock::new(Default::default);
+
     fn state_with(n: u64) -> State {
         let mut st = State::new();
         for id in 1..=n {
@@ -721,7 +725,7 @@ mod tests {
         ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
-            alerts: Vec::new(),
+            alerts: NO_ALERTS.saved(),
             clock: &EventClock::default(),
             resource_owners: &HashMap::default(),
         }
@@ -837,7 +841,7 @@ mod tests {
         let saved = ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
-            alerts: Vec::new(),
+            alerts: NO_ALERTS.saved(),
             clock: &EventClock::default(),
             resource_owners: &HashMap::default(),
         };
@@ -873,7 +877,7 @@ mod tests {
         let spill = ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
-            alerts: Vec::new(),
+            alerts: NO_ALERTS.saved(),
             clock: &EventClock::default(),
             resource_owners: &HashMap::default(),
         }
