@@ -351,4 +351,35 @@ fn scrape_after_the_corpus_gives_exact_values() {
     sigterm(&child.0);
     let status = child.0.wait().expect("wait");
     assert!(status.success());
+
+    // Started again on the same data folder: J's jobs come back from the
+    // checkpoint (its journal is not read again), counted per user and by
+    // state as before.
+    let child = Reaper(
+        Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let restored = loop {
+        if let Some((200, body)) = http_get(port, "/metrics") {
+            let v = samples(&body);
+            if v.get("flux_jobs{flux_cluster=\"J\",state=\"NEW\"}") == Some(&2.0) {
+                break v;
+            }
+        }
+        assert!(Instant::now() < deadline, "the restored jobs never showed");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let by_user: BTreeMap<String, f64> = restored
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("flux_jobs_by_user{flux_cluster=\"J\""))
+        .collect();
+    assert_eq!(by_user, want, "per-user counts restored");
+    sigterm(&child.0);
 }

@@ -211,22 +211,35 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         "latency socket write -> transition out at {rate} events/s: p50 {:.3} ms, p99 {:.3} ms ({} transitions, max {:.3} ms)",
         lat.p50_ms, lat.p99_ms, lat.count, lat.max_ms
     )?;
-    let ck = checkpoint_times(&dir.0, active, args.seed, args.nodes.max(1))?;
-    writeln!(
-        out,
-        "checkpoint time, {active} active jobs and {} alert conditions: {:.3} s ({:.1} MiB, {:.0} bytes per job; encode + fsync'd write)",
-        ck.conditions,
-        ck.write_secs,
-        ck.bytes as f64 / (1024.0 * 1024.0),
-        ck.bytes as f64 / active.max(1) as f64
-    )?;
-    writeln!(
-        out,
-        "restore time, {active} active jobs: {:.3} s (read + verify + decode + deal out by key {:.3} s, a shard takes over {:.3} s)",
-        ck.restore_secs,
-        ck.decode_secs,
-        ck.restore_secs - ck.decode_secs
-    )?;
+    // One shard, and as many as the pipeline runs by default (one per
+    // core), each taking over its part on a thread of its own.
+    let mut shard_counts = vec![1];
+    if cores > 1 {
+        shard_counts.push(cores);
+    }
+    for shards in shard_counts {
+        let ck = checkpoint_times(&dir.0, active, args.seed, args.nodes.max(1), shards)?;
+        let label = if shards == 1 {
+            "1 worker".to_string()
+        } else {
+            format!("{shards} workers")
+        };
+        writeln!(
+            out,
+            "checkpoint time, {active} active jobs and {} alert conditions, {label}: {:.3} s ({:.1} MiB, {:.0} bytes per job; encode + fsync'd write)",
+            ck.conditions,
+            ck.write_secs,
+            ck.bytes as f64 / (1024.0 * 1024.0),
+            ck.bytes as f64 / active.max(1) as f64
+        )?;
+        writeln!(
+            out,
+            "restore time, {active} active jobs, {label}: {:.3} s (read + verify + decode + deal out by key {:.3} s, shards take over {:.3} s)",
+            ck.restore_secs,
+            ck.decode_secs,
+            ck.restore_secs - ck.decode_secs
+        )?;
+    }
     writeln!(out, "load average at the end: {}", load_average())?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
@@ -243,42 +256,53 @@ struct CheckpointTimes {
 }
 
 /// Save and restore the state of `jobs` active jobs, in process, through
-/// a shard as the pipeline runs one: its jobs and their alert conditions
-/// (the default rules) encoded into a scratch file and stored; then read,
-/// verified, decoded, dealt out by key and taken over by a new shard.
-fn checkpoint_times(dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<CheckpointTimes> {
+/// `n` shards as the pipeline runs them: their jobs and alert conditions
+/// (the default rules) encoded into scratch files side by side and stored;
+/// then read, verified, decoded, dealt out by key and taken over by new
+/// shards side by side.
+fn checkpoint_times(
+    dir: &Path,
+    jobs: u64,
+    seed: u64,
+    nodes: u32,
+    n: usize,
+) -> Result<CheckpointTimes> {
     use crate::decode::{Format, Origin, decode_line};
-    use crate::operators::shard::{AlertSetup, Retention, Shard};
-    use crate::operators::{Routed, SourceInfo};
+    use crate::operators::shard::{self, AlertSetup, Retention, Shard};
+    use crate::operators::{Routed, Router, SourceInfo};
     use crate::pipeline::checkpoint::{self, Head};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let folder = dir.join("checkpoint");
+    let folder = dir.join(format!("checkpoint-{n}"));
     std::fs::create_dir_all(&folder)?;
-    let new_shard = || -> Result<Shard> {
-        let rules = crate::pipeline::config::AlertsConfig::default()
-            .rules()
-            .map_err(|(rule, key, e)| anyhow!("alerts.rules.{rule}.{key}: {e}"))?;
-        let (outputs, _) = crate::sinks::Outputs::new(std::iter::empty());
-        Ok(Shard::new(
-            outputs,
-            Retention {
-                inactive_grace: Duration::from_secs(60),
-                orphan_ttl: Duration::from_secs(60),
-                max_jobs: usize::MAX,
-            },
-            Default::default(),
-            Default::default(),
-            AlertSetup {
-                rules,
-                ..AlertSetup::default()
-            },
-        )
-        .with_sources(&[SourceInfo::new("bench", "bench")])
-        .with_spill(folder.clone(), 0))
+    let rules = crate::pipeline::config::AlertsConfig::default()
+        .rules()
+        .map_err(|(rule, key, e)| anyhow!("alerts.rules.{rule}.{key}: {e}"))?;
+    let new_shards = || -> Vec<Shard> {
+        (0..n)
+            .map(|index| {
+                let (outputs, _) = crate::sinks::Outputs::new(std::iter::empty());
+                Shard::new(
+                    outputs,
+                    Retention {
+                        inactive_grace: Duration::from_secs(60),
+                        orphan_ttl: Duration::from_secs(60),
+                        max_jobs: usize::MAX,
+                    },
+                    Default::default(),
+                    Default::default(),
+                    AlertSetup {
+                        rules: rules.clone(),
+                        ..AlertSetup::default()
+                    },
+                )
+                .with_sources(&[SourceInfo::new("bench", "bench")])
+                .with_spill(folder.clone(), index)
+            })
+            .collect()
     };
-    let mut shard = new_shard()?;
+    let mut shards = new_shards();
     let spec = Spec {
         seed,
         jobs,
@@ -293,36 +317,54 @@ fn checkpoint_times(dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Chec
             line.clear();
             entry.journal_line(&mut line)?;
             for record in decode_line(&line, &origin, Format::Auto).records {
+                let i = Router::shard_index(n, "bench", record.id.map(|id| id.0));
                 let routed = Routed {
                     source: 0,
                     partition: None,
                     record,
                 };
-                shard.apply(routed).await;
+                if let Some(shard) = shards.get_mut(i) {
+                    shard.apply(routed).await;
+                }
             }
         }
-        shard.flush().await;
+        for shard in &mut shards {
+            shard.flush().await;
+        }
         anyhow::Ok(())
     })?;
-    let conditions = shard.alert_conditions();
+    let conditions: usize = shards.iter().map(Shard::alert_conditions).sum();
     let start = Instant::now();
-    let reply = shard.snapshot()?;
-    let bytes = checkpoint::store(&folder, &Head::default(), &[reply.state])?;
+    let replies = std::thread::scope(|scope| {
+        let encoders: Vec<_> = shards
+            .iter_mut()
+            .map(|shard| scope.spawn(move || shard.snapshot()))
+            .collect();
+        encoders
+            .into_iter()
+            .map(|e| {
+                e.join()
+                    .map_err(|_| anyhow!("a shard's encoder panicked"))?
+                    .map_err(anyhow::Error::from)
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let parts: Vec<_> = replies.into_iter().map(|r| r.state).collect();
+    let bytes = checkpoint::store(&folder, &Head::default(), &parts)?;
     let write_secs = start.elapsed().as_secs_f64();
-    drop(shard);
+    drop(parts);
+    drop(shards);
     let start = Instant::now();
     let saved = checkpoint::load(&folder)?.ok_or_else(|| anyhow!("the checkpoint is gone"))?;
-    let (_, mut shards) = saved.split(1, |_, _| 0);
+    let (_, states) = saved.split(n, |c, id| Router::shard_index(n, c, id));
     let decode_secs = start.elapsed().as_secs_f64();
-    let mut restored = new_shard()?;
-    restored.restore(shards.pop().unwrap_or_default());
+    let mut restored = new_shards();
+    shard::restore_all(&mut restored, states);
     let restore_secs = start.elapsed().as_secs_f64();
-    if restored.jobs_tracked() as u64 != jobs || restored.alert_conditions() != conditions {
-        bail!(
-            "restored {} jobs of {jobs}, {} alert conditions of {conditions}",
-            restored.jobs_tracked(),
-            restored.alert_conditions()
-        );
+    let held: usize = restored.iter().map(Shard::jobs_tracked).sum();
+    let kept: usize = restored.iter().map(Shard::alert_conditions).sum();
+    if held as u64 != jobs || kept != conditions {
+        bail!("restored {held} jobs of {jobs}, {kept} alert conditions of {conditions}");
     }
     Ok(CheckpointTimes {
         write_secs,

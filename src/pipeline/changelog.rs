@@ -210,7 +210,7 @@ impl Restorer {
                         clock.advance(&key.cluster, t);
                     }
                     entry.owner = Some(owner.clone());
-                    out.state.jobs.push((key, *entry));
+                    out.state.jobs.push((key, entry));
                     out.state.alerts.extend(alerts);
                 }
                 Ok(Entry::Resource {

@@ -15,7 +15,7 @@
 use super::checkpoint::{self, Head, ShardState};
 use super::config::{Config, OperatorConfig, SinkConfig};
 use super::coordinator::{self, Coordinator, Schedule};
-use crate::operators::shard::{AlertSetup, Retention, Shard};
+use crate::operators::shard::{self, AlertSetup, Retention, Shard};
 use crate::operators::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::sinks::{self, Outputs, SinkContext};
 use crate::sources::{self, SourceContext};
@@ -132,7 +132,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    let (head, mut restored) = restore(&config, workers)?;
+    let (head, restored) = restore(&config, workers)?;
 
     // Metrics are recorded only when something exports them.
     if config
@@ -174,24 +174,29 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         .iter()
         .map(|(name, source)| SourceInfo::new(name, &source.decode().cluster))
         .collect();
-    let mut shard_tasks = JoinSet::new();
-    let mut shard_txs = Vec::with_capacity(workers);
-    for (index, saved) in restored.drain(..).enumerate() {
-        let (tx, rx) = mpsc::channel(SHARD_QUEUE);
-        shard_txs.push(tx);
-        let mut shard = Shard::new(
-            outputs.clone(),
-            retention(&config.operators, workers),
-            sink_ctx.nodes.clone(),
-            sink_ctx.ages.clone(),
-            alert_setup.clone(),
-        );
-        shard.restore(saved);
-        let shard = shard
+    let mut shards: Vec<Shard> = (0..restored.len())
+        .map(|index| {
+            Shard::new(
+                outputs.clone(),
+                retention(&config.operators, workers),
+                sink_ctx.nodes.clone(),
+                sink_ctx.ages.clone(),
+                alert_setup.clone(),
+            )
             .with_changelog(changelog_sources(&config))
             .with_user_jobs(sink_ctx.users.clone())
             .with_sources(&source_table)
-            .with_spill(config.data_dir.clone(), index);
+            .with_spill(config.data_dir.clone(), index)
+        })
+        .collect();
+    // Set up first, so what is restored is counted where it is exported
+    // (per-user job counts included).
+    shard::restore_all(&mut shards, restored);
+    let mut shard_tasks = JoinSet::new();
+    let mut shard_txs = Vec::with_capacity(workers);
+    for (index, shard) in shards.into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel(SHARD_QUEUE);
+        shard_txs.push(tx);
         shard_tasks.spawn(on_own_thread(index, shard, rx)?);
     }
     let router = Router::new(shard_txs);
