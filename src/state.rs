@@ -2,6 +2,7 @@
 //! rebuilt by applying decoded records. Pure: no I/O. `fluxpipe replay`
 //! drives it over files; the streaming operators drive one per shard.
 
+use crate::alerts::engine::{Conditions, JobConditions};
 use crate::decode::{Body, EventStream, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::exec::{ExecLog, ExecProtocol};
@@ -68,9 +69,27 @@ pub struct JobEntry {
     exec_checked: bool,
     /// The same, for the exec service's `finish` response.
     protocol_checked: bool,
-    /// The input partition its records come from (partitioned sources).
+    /// The input partition its records come from (partitioned sources
+    /// only: boxed, so the entry stays within its allocation class).
     #[serde(default)]
-    pub owner: Option<Owner>,
+    pub owner: Option<Box<Owner>>,
+    /// Its alert conditions, kept here rather than in a table of the
+    /// engine's (one lookup per change, not two). Checkpoints save them
+    /// apart, with the nodes' ([`crate::alerts::engine::SavedConditions`]).
+    #[serde(skip)]
+    pub alerts: Conditions,
+}
+
+impl JobConditions for HashMap<JobKey, Box<JobEntry>> {
+    fn conditions_mut(&mut self, key: &JobKey) -> Option<&mut Conditions> {
+        self.get_mut(key).map(|e| &mut e.alerts)
+    }
+    fn conditions(&self) -> impl Iterator<Item = (&JobKey, &Conditions)> {
+        self.iter().map(|(k, e)| (k, &e.alerts))
+    }
+    fn conditions_all_mut(&mut self) -> impl Iterator<Item = (&JobKey, &mut Conditions)> {
+        self.iter_mut().map(|(k, e)| (k, &mut e.alerts))
+    }
 }
 
 /// Serde for a part of the state allocated on first use: saved as its
@@ -400,5 +419,21 @@ impl JobEntry {
                 ));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job's entry is one allocation per active job: it stays within
+    /// jemalloc's 256-byte class (the next is 320).
+    #[test]
+    fn a_job_entry_fits_its_allocation_class() {
+        assert!(
+            std::mem::size_of::<JobEntry>() <= 256,
+            "{}",
+            std::mem::size_of::<JobEntry>()
+        );
     }
 }

@@ -6,6 +6,11 @@
 //! clock), earliest deadline first; a condition that clears cancels its
 //! timer, so nothing is ever scanned but the timers that are due.
 //!
+//! A job's conditions live in its entry in the job table ([`Conditions`],
+//! reached through [`JobConditions`]): the engine keeps no table of jobs of
+//! its own, and a state change looks up its job once. Nodes are few; the
+//! engine keeps theirs.
+//!
 //! All times are event times (seconds since the epoch): a condition begins
 //! at the event that started it. The caller owns the clock and passes
 //! "now" to [`Engine::advance`]. A condition that clears after its deadline
@@ -143,6 +148,41 @@ struct Active {
     detail: Detail,
 }
 
+/// A job's alert conditions, kept in its entry in the job table: exactly
+/// as many as hold (most jobs none or one), no room to spare, nothing
+/// allocated while none holds.
+#[derive(Debug, Clone, Default)]
+pub struct Conditions(Box<[Active]>);
+
+impl Conditions {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Change the list as a `Vec`, then keep it at its exact size again.
+    fn edit<R>(&mut self, f: impl FnOnce(&mut Vec<Active>) -> R) -> R {
+        let mut list = std::mem::take(&mut self.0).into_vec();
+        let r = f(&mut list);
+        self.0 = list.into_boxed_slice();
+        r
+    }
+}
+
+/// Where jobs' conditions are kept: the job table, one [`Conditions`] in
+/// each job's entry.
+pub trait JobConditions {
+    /// A held job's conditions.
+    fn conditions_mut(&mut self, key: &JobKey) -> Option<&mut Conditions>;
+    /// Every held job's conditions.
+    fn conditions(&self) -> impl Iterator<Item = (&JobKey, &Conditions)>;
+    /// The same, to change.
+    fn conditions_all_mut(&mut self) -> impl Iterator<Item = (&JobKey, &mut Conditions)>;
+}
+
 /// One cluster's timers. A timer names its subject without the cluster
 /// (the queue's own name serves), and its rule.
 #[derive(Debug)]
@@ -258,7 +298,6 @@ fn cancel_timer(timers: &mut Timers, cluster: &str, timer: Option<TimerId>) {
 #[derive(Debug, Default)]
 pub struct Engine {
     rules: Vec<Rule>,
-    jobs: HashMap<JobKey, Vec<Active>>,
     nodes: HashMap<NodeKey, Vec<Active>>,
     timers: Timers,
     firing: usize,
@@ -294,10 +333,20 @@ impl Engine {
         self.timers.values().map(|t| t.queue.len()).sum()
     }
 
+    fn parts(&mut self) -> (Parts<'_>, &mut HashMap<NodeKey, Vec<Active>>) {
+        let parts = Parts {
+            rules: &self.rules,
+            timers: &mut self.timers,
+            firing: &mut self.firing,
+        };
+        (parts, &mut self.nodes)
+    }
+
     /// Record which of a job's rules hold, given as (rule index, holds);
     /// a condition of a rule not listed, or listed as not holding, clears.
-    /// `at` is the time of the event that prompted the observation: a
-    /// condition that no longer holds cleared then.
+    /// `conditions` are the job's, from its entry. `at` is the time of the
+    /// event that prompted the observation: a condition that no longer
+    /// holds cleared then.
     ///
     /// `lag` is how far this subject's records run behind the clock (0 when
     /// live). A new condition's timer is pushed back by it, so a job read
@@ -305,18 +354,19 @@ impl Engine {
     /// not by the newest time of the other jobs.
     pub fn observe_job<D: Borrow<Detail>>(
         &mut self,
+        conditions: &mut Conditions,
         key: &JobKey,
         holds: &[(usize, Option<(f64, D)>)],
         at: f64,
         lag: f64,
         out: &mut Vec<AlertEvent>,
     ) {
-        let mut parts = Parts {
-            rules: &self.rules,
-            timers: &mut self.timers,
-            firing: &mut self.firing,
-        };
-        parts.observe(&mut self.jobs, key, Subject::Job, holds, (at, lag), out);
+        if conditions.is_empty() && holds.iter().all(|(_, h)| h.is_none()) {
+            return;
+        }
+        let (mut parts, _) = self.parts();
+        let subject = || Subject::Job(key.clone());
+        conditions.edit(|list| parts.observe(list, key, subject, holds, (at, lag), out));
     }
 
     /// The same for a node.
@@ -328,27 +378,53 @@ impl Engine {
         lag: f64,
         out: &mut Vec<AlertEvent>,
     ) {
-        let mut parts = Parts {
-            rules: &self.rules,
-            timers: &mut self.timers,
-            firing: &mut self.firing,
-        };
-        parts.observe(&mut self.nodes, key, Subject::Node, holds, (at, lag), out);
+        let (mut parts, nodes) = self.parts();
+        let subject = || Subject::Node(key.clone());
+        match nodes.get_mut(key) {
+            Some(list) => {
+                parts.observe(list, key, subject, holds, (at, lag), out);
+                if list.is_empty() {
+                    nodes.remove(key);
+                }
+            }
+            None => {
+                let mut list = Vec::new();
+                parts.observe(&mut list, key, subject, holds, (at, lag), out);
+                if !list.is_empty() {
+                    nodes.insert(key.clone(), list);
+                }
+            }
+        }
     }
 
-    /// Every condition of a subject clears (the job or node is gone).
-    pub fn forget(&mut self, subject: &Subject, at: f64, out: &mut Vec<AlertEvent>) {
-        let actives = match subject {
-            Subject::Job(k) => self.jobs.remove(k),
-            Subject::Node(n) => self.nodes.remove(n),
+    /// Every condition of a job clears (the job is gone): `conditions`,
+    /// taken from its entry.
+    pub fn forget_job(
+        &mut self,
+        conditions: Conditions,
+        key: &JobKey,
+        at: f64,
+        out: &mut Vec<AlertEvent>,
+    ) {
+        if conditions.is_empty() {
+            return;
+        }
+        let (mut parts, _) = self.parts();
+        let subject = Subject::Job(key.clone());
+        for a in conditions.0 {
+            parts.clear(&subject, a, at, out);
+        }
+    }
+
+    /// Every condition of a node clears (the node is gone).
+    pub fn forget_node(&mut self, key: &NodeKey, at: f64, out: &mut Vec<AlertEvent>) {
+        let (mut parts, nodes) = self.parts();
+        let Some(list) = nodes.remove(key) else {
+            return;
         };
-        let mut parts = Parts {
-            rules: &self.rules,
-            timers: &mut self.timers,
-            firing: &mut self.firing,
-        };
-        for a in actives.unwrap_or_default() {
-            parts.clear(subject, a, at, out);
+        let subject = Subject::Node(key.clone());
+        for a in list {
+            parts.clear(&subject, a, at, out);
         }
     }
 
@@ -367,6 +443,7 @@ impl Engine {
         &mut self,
         clock: impl Fn(&str) -> Option<f64>,
         limit: usize,
+        jobs: &mut impl JobConditions,
         out: &mut Vec<AlertEvent>,
     ) -> bool {
         let mut fired = 0;
@@ -381,8 +458,8 @@ impl Engine {
                 };
                 let subject = timers.subject(due);
                 let actives = match &subject {
-                    Subject::Job(k) => self.jobs.get_mut(k),
-                    Subject::Node(n) => self.nodes.get_mut(n),
+                    Subject::Job(k) => jobs.conditions_mut(k).map(|c| &mut c.0[..]),
+                    Subject::Node(n) => self.nodes.get_mut(n).map(|l| &mut l[..]),
                 };
                 let Some(a) = actives.and_then(|list| {
                     list.iter_mut()
@@ -445,9 +522,12 @@ enum SubjectRef<'a> {
 /// Every condition holding now, borrowed for a checkpoint: encodes as a
 /// `Vec<SavedCondition>` does, without building one (a copy of every
 /// condition would cost ~100 bytes per active job while it is written).
-pub struct SavedConditions<'a>(&'a Engine);
+pub struct SavedConditions<'a, J> {
+    engine: &'a Engine,
+    jobs: &'a J,
+}
 
-impl SavedConditions<'_> {
+impl<J: JobConditions> SavedConditions<'_, J> {
     /// How many there are.
     pub fn len(&self) -> usize {
         self.each().count()
@@ -458,9 +538,16 @@ impl SavedConditions<'_> {
     }
 
     fn each(&self) -> impl Iterator<Item = SavedConditionRef<'_>> {
-        let engine = self.0;
-        let jobs = engine.jobs.iter().map(|(k, l)| (SubjectRef::Job(k), l));
-        let nodes = engine.nodes.iter().map(|(k, l)| (SubjectRef::Node(k), l));
+        let engine = self.engine;
+        let jobs = self
+            .jobs
+            .conditions()
+            .filter(|(_, c)| !c.is_empty())
+            .map(|(k, c)| (SubjectRef::Job(k), &c.0[..]));
+        let nodes = engine
+            .nodes
+            .iter()
+            .map(|(k, l)| (SubjectRef::Node(k), &l[..]));
         jobs.chain(nodes).flat_map(move |(subject, list)| {
             list.iter().filter_map(move |a| {
                 let rule = engine.rules.get(a.rule as usize)?;
@@ -477,7 +564,7 @@ impl SavedConditions<'_> {
     }
 }
 
-impl serde::Serialize for SavedConditions<'_> {
+impl<J: JobConditions> serde::Serialize for SavedConditions<'_, J> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
         // MessagePack writes a sequence's length first.
@@ -490,20 +577,17 @@ impl serde::Serialize for SavedConditions<'_> {
 }
 
 impl Engine {
-    /// Every condition holding now, for a checkpoint.
-    pub fn saved(&self) -> SavedConditions<'_> {
-        SavedConditions(self)
+    /// Every condition holding now, for a checkpoint: the nodes' and those
+    /// of the jobs in `jobs`.
+    pub fn saved<'a, J: JobConditions>(&'a self, jobs: &'a J) -> SavedConditions<'a, J> {
+        SavedConditions { engine: self, jobs }
     }
 
-    /// The conditions holding now for one subject.
-    pub fn saved_for(&self, subject: &Subject) -> Vec<SavedCondition> {
-        let list = match subject {
-            Subject::Job(k) => self.jobs.get(k),
-            Subject::Node(n) => self.nodes.get(n),
-        };
+    /// A job's conditions, as saved.
+    pub fn saved_job(&self, key: &JobKey, conditions: &Conditions) -> Vec<SavedCondition> {
         let mut out = Vec::new();
-        if let Some(list) = list {
-            self.save_list(subject, list, &mut out);
+        if !conditions.is_empty() {
+            self.save_list(&Subject::Job(key.clone()), &conditions.0, &mut out);
         }
         out
     }
@@ -533,21 +617,27 @@ impl Engine {
         }
     }
 
-    /// Drop a subject's conditions without resolving them (its state moved
-    /// to another member of the group, which carries them on). Returns the
-    /// rules of those that had fired.
-    pub fn release(&mut self, subject: &Subject) -> Vec<usize> {
-        let actives = match subject {
-            Subject::Job(k) => self.jobs.remove(k),
-            Subject::Node(n) => self.nodes.remove(n),
-        };
+    /// Drop a job's conditions (taken from its entry) without resolving
+    /// them: its state moved to another member of the group, which carries
+    /// them on. Returns the rules of those that had fired.
+    pub fn release_job(&mut self, conditions: Conditions, cluster: &str) -> Vec<usize> {
+        self.release_list(conditions.0.into_vec(), cluster)
+    }
+
+    /// The same for a node.
+    pub fn release_node(&mut self, key: &NodeKey) -> Vec<usize> {
+        let list = self.nodes.remove(key).unwrap_or_default();
+        self.release_list(list, &key.cluster)
+    }
+
+    fn release_list(&mut self, list: Vec<Active>, cluster: &str) -> Vec<usize> {
         let mut fired = Vec::new();
-        for a in actives.unwrap_or_default() {
+        for a in list {
             if a.fired {
                 self.firing = self.firing.saturating_sub(1);
                 fired.push(a.rule as usize);
             } else {
-                cancel_timer(&mut self.timers, subject.cluster(), a.timer);
+                cancel_timer(&mut self.timers, cluster, a.timer);
             }
         }
         fired
@@ -564,64 +654,87 @@ impl Engine {
 
     /// Take back conditions from a checkpoint. Those whose rule is gone are
     /// dropped; a rule whose duration changed times from the same start.
-    /// Returns the alerts that were firing, to announce again (same
+    /// A job's go into its entry in `jobs`; those of a job not held go with
+    /// it. Returns the alerts that were firing, to announce again (same
     /// identity, same start: receivers see a repeat, not a new alert).
-    pub fn restore(&mut self, saved: Vec<SavedCondition>) -> Vec<AlertEvent> {
+    pub fn restore(
+        &mut self,
+        saved: Vec<SavedCondition>,
+        jobs: &mut impl JobConditions,
+    ) -> Vec<AlertEvent> {
         let mut firing = Vec::new();
-        // A restore brings a condition or two for each of up to a million
-        // jobs, under a handful of rules: names are matched once per run
-        // of the same rule, and the job table grows once.
-        self.jobs.reserve(saved.len());
-        let mut last: Option<(String, Option<usize>)> = None;
         for c in saved {
-            let rule = match &last {
-                Some((name, rule)) if *name == c.rule => *rule,
-                _ => {
-                    let rule = self.rules.iter().position(|r| r.name == c.rule);
-                    last = Some((c.rule.clone(), rule));
-                    rule
+            let announced = match &c.subject {
+                Subject::Job(k) => match jobs.conditions_mut(k) {
+                    Some(conditions) => conditions.edit(|list| self.restore_one(c, list)),
+                    None => None,
+                },
+                Subject::Node(n) => {
+                    let mut list = self.nodes.remove(n).unwrap_or_default();
+                    let key = n.clone();
+                    let announced = self.restore_one(c, &mut list);
+                    if !list.is_empty() {
+                        self.nodes.insert(key, list);
+                    }
+                    announced
                 }
             };
-            let Some(rule) = rule else {
-                continue;
-            };
-            let hold = self.rules[rule].hold_secs;
-            let starts = c.since + hold;
-            let deadline = starts + c.delay.max(0.0);
-            let list = match &c.subject {
-                Subject::Job(k) => self.jobs.entry(k.clone()).or_default(),
-                Subject::Node(n) => self.nodes.entry(n.clone()).or_default(),
-            };
-            if list.iter().any(|a| a.rule as usize == rule) {
-                continue;
-            }
-            let timer =
-                (!c.fired).then(|| set_timer(&mut self.timers, &c.subject, deadline, rule as u16));
-            let active = Active {
-                rule: rule as u16,
-                since: c.since,
-                starts,
-                deadline,
-                timer,
-                fired: c.fired,
-                detail: c.detail,
-            };
-            if c.fired {
-                self.firing += 1;
-                firing.push(AlertEvent {
-                    rule,
-                    subject: c.subject,
-                    status: Status::Firing,
-                    since: c.since,
-                    starts_at: starts,
-                    ends_at: None,
-                    detail: active.detail.clone(),
-                });
-            }
-            list.reserve_exact(1);
-            list.push(active);
+            firing.extend(announced);
         }
         firing
+    }
+
+    /// [`Engine::restore`] for one job whose entry is at hand (not yet in
+    /// the job table): its saved conditions go into `conditions`, and the
+    /// alerts that were firing onto `firing`.
+    pub fn restore_job(
+        &mut self,
+        saved: impl IntoIterator<Item = SavedCondition>,
+        conditions: &mut Conditions,
+        firing: &mut Vec<AlertEvent>,
+    ) {
+        conditions.edit(|list| {
+            for c in saved {
+                firing.extend(self.restore_one(c, list));
+            }
+        });
+    }
+
+    /// One saved condition into its subject's list; the alert to announce
+    /// again if it had fired.
+    fn restore_one(&mut self, c: SavedCondition, list: &mut Vec<Active>) -> Option<AlertEvent> {
+        let rule = self.rules.iter().position(|r| r.name == c.rule)?;
+        if list.iter().any(|a| a.rule as usize == rule) {
+            return None;
+        }
+        let hold = self.rules[rule].hold_secs;
+        let starts = c.since + hold;
+        let deadline = starts + c.delay.max(0.0);
+        let timer =
+            (!c.fired).then(|| set_timer(&mut self.timers, &c.subject, deadline, rule as u16));
+        list.reserve_exact(1);
+        list.push(Active {
+            rule: rule as u16,
+            since: c.since,
+            starts,
+            deadline,
+            timer,
+            fired: c.fired,
+            detail: c.detail.clone(),
+        });
+        if !c.fired {
+            return None;
+        }
+        self.firing += 1;
+        Some(AlertEvent {
+            rule,
+            subject: c.subject,
+            status: Status::Firing,
+            since: c.since,
+            starts_at: starts,
+            ends_at: None,
+            detail: c.detail,
+        })
     }
 }
 
@@ -630,16 +743,21 @@ impl Engine {
     /// condition had held for its duration by its cluster's clock,
     /// ignoring the delay given to subjects read late: their logs end
     /// while the condition holds.
-    pub fn flush(&mut self, clock: impl Fn(&str) -> Option<f64>, out: &mut Vec<AlertEvent>) {
+    pub fn flush(
+        &mut self,
+        clock: impl Fn(&str) -> Option<f64>,
+        jobs: &mut impl JobConditions,
+        out: &mut Vec<AlertEvent>,
+    ) {
         let firing = &mut self.firing;
-        for (subject, list) in self
-            .jobs
-            .iter_mut()
-            .map(|(k, l)| (Subject::Job(k.clone()), l))
+        for (subject, list) in jobs
+            .conditions_all_mut()
+            .filter(|(_, c)| !c.is_empty())
+            .map(|(k, c)| (Subject::Job(k.clone()), &mut c.0[..]))
             .chain(
                 self.nodes
                     .iter_mut()
-                    .map(|(k, l)| (Subject::Node(k.clone()), l)),
+                    .map(|(k, l)| (Subject::Node(k.clone()), &mut l[..])),
             )
         {
             let Some(now) = clock(subject.cluster()) else {
@@ -671,69 +789,53 @@ struct Parts<'a> {
 }
 
 impl Parts<'_> {
-    fn observe<K: Hash + Eq + Clone + TimerSubject, D: Borrow<Detail>>(
+    /// Observe a subject whose conditions are `list` (empty for a subject
+    /// with none yet); `list` is left at its exact size.
+    fn observe<D: Borrow<Detail>>(
         &mut self,
-        map: &mut HashMap<K, Vec<Active>>,
-        key: &K,
-        subject: impl Fn(K) -> Subject,
+        list: &mut Vec<Active>,
+        key: &impl TimerSubject,
+        subject: impl FnOnce() -> Subject,
         holds: &[(usize, Option<(f64, D)>)],
         (at, lag): (f64, f64),
         out: &mut Vec<AlertEvent>,
     ) {
         let lag = if lag.is_finite() { lag.max(0.0) } else { 0.0 };
+        // What held and is not said to hold now clears.
         let mut cleared: SmallVec<[Active; 2]> = SmallVec::new();
-        match map.get_mut(key) {
-            None => {
-                // Sized exactly: a first push would make room for four, and
-                // most subjects never hold more than one condition (a
-                // million active jobs, ~190 MB of empty room).
-                let mut new = Vec::with_capacity(holds.iter().filter(|(_, h)| h.is_some()).count());
-                for (rule, h) in holds {
-                    if let Some((since, detail)) = h {
-                        new.push(self.activate(*rule, *since, lag, detail.borrow().clone(), key));
-                    }
-                }
-                if !new.is_empty() {
-                    map.insert(key.clone(), new);
-                }
-                return;
+        let mut i = 0;
+        while i < list.len() {
+            let rule = list[i].rule as usize;
+            if holds.iter().any(|(r, h)| *r == rule && h.is_some()) {
+                i += 1;
+            } else {
+                cleared.push(list.swap_remove(i));
             }
-            Some(list) => {
-                // What held and is not said to hold now clears.
-                let mut i = 0;
-                while i < list.len() {
-                    let rule = list[i].rule as usize;
-                    if holds.iter().any(|(r, h)| *r == rule && h.is_some()) {
-                        i += 1;
-                    } else {
-                        cleared.push(list.swap_remove(i));
+        }
+        // In rule order, as the rules are listed.
+        cleared.sort_by_key(|a: &Active| a.rule);
+        for (rule, h) in holds {
+            let Some((since, detail)) = h else { continue };
+            let detail = detail.borrow();
+            match list.iter_mut().find(|a| a.rule as usize == *rule) {
+                Some(a) => {
+                    if !a.fired && a.detail != *detail {
+                        a.detail = detail.clone();
                     }
                 }
-                // In rule order, as the rules are listed.
-                cleared.sort_by_key(|a: &Active| a.rule);
-                for (rule, h) in holds {
-                    let Some((since, detail)) = h else { continue };
-                    let detail = detail.borrow();
-                    match list.iter_mut().find(|a| a.rule as usize == *rule) {
-                        Some(a) => {
-                            if !a.fired && a.detail != *detail {
-                                a.detail = detail.clone();
-                            }
-                        }
-                        None => {
-                            let a = self.activate(*rule, *since, lag, detail.clone(), key);
-                            list.reserve_exact(1);
-                            list.push(a);
-                        }
-                    }
-                }
-                if list.is_empty() {
-                    map.remove(key);
+                None => {
+                    let a = self.activate(*rule, *since, lag, detail.clone(), key);
+                    // Sized exactly: a first push would make room for four,
+                    // and most subjects never hold more than one condition
+                    // (a million active jobs, ~190 MB of empty room).
+                    list.reserve_exact(1);
+                    list.push(a);
                 }
             }
         }
         if !cleared.is_empty() {
-            let subject = subject(key.clone());
+            list.shrink_to_fit();
+            let subject = subject();
             for a in cleared {
                 self.clear(&subject, a, at, out);
             }
@@ -797,7 +899,116 @@ mod tests {
     use crate::flux::jobid::JobId;
     use proptest::prelude::*;
 
-    fn engine() -> Engine {
+    /// A job table as the engine sees it: each job's conditions by key.
+    #[derive(Default)]
+    struct Jobs(HashMap<JobKey, Conditions>);
+
+    impl JobConditions for Jobs {
+        fn conditions_mut(&mut self, key: &JobKey) -> Option<&mut Conditions> {
+            self.0.get_mut(key)
+        }
+        fn conditions(&self) -> impl Iterator<Item = (&JobKey, &Conditions)> {
+            self.0.iter()
+        }
+        fn conditions_all_mut(&mut self) -> impl Iterator<Item = (&JobKey, &mut Conditions)> {
+            self.0.iter_mut()
+        }
+    }
+
+    /// The engine with the job table a shard would hand it, and calls by
+    /// subject as the shard makes them.
+    struct E {
+        e: Engine,
+        jobs: Jobs,
+    }
+
+    impl std::ops::Deref for E {
+        type Target = Engine;
+        fn deref(&self) -> &Engine {
+            &self.e
+        }
+    }
+
+    impl E {
+        fn observe_job(
+            &mut self,
+            key: &JobKey,
+            holds: &[(usize, Holds)],
+            at: f64,
+            lag: f64,
+            out: &mut Vec<AlertEvent>,
+        ) {
+            let c = self.jobs.0.entry(key.clone()).or_default();
+            self.e.observe_job(c, key, holds, at, lag, out);
+        }
+        fn observe_node(
+            &mut self,
+            key: &NodeKey,
+            holds: &[(usize, Holds)],
+            at: f64,
+            lag: f64,
+            out: &mut Vec<AlertEvent>,
+        ) {
+            self.e.observe_node(key, holds, at, lag, out);
+        }
+        fn advance(
+            &mut self,
+            clock: impl Fn(&str) -> Option<f64>,
+            limit: usize,
+            out: &mut Vec<AlertEvent>,
+        ) -> bool {
+            self.e.advance(clock, limit, &mut self.jobs, out)
+        }
+        fn flush(&mut self, clock: impl Fn(&str) -> Option<f64>, out: &mut Vec<AlertEvent>) {
+            self.e.flush(clock, &mut self.jobs, out);
+        }
+        fn forget(&mut self, subject: &Subject, at: f64, out: &mut Vec<AlertEvent>) {
+            match subject {
+                Subject::Job(k) => {
+                    let c = self.jobs.0.remove(k).unwrap_or_default();
+                    self.e.forget_job(c, k, at, out);
+                }
+                Subject::Node(n) => self.e.forget_node(n, at, out),
+            }
+        }
+        fn saved_for(&self, subject: &Subject) -> Vec<SavedCondition> {
+            match subject {
+                Subject::Job(k) => self
+                    .jobs
+                    .0
+                    .get(k)
+                    .map(|c| self.e.saved_job(k, c))
+                    .unwrap_or_default(),
+                Subject::Node(n) => self
+                    .e
+                    .saved_for_nodes(&n.cluster)
+                    .into_iter()
+                    .filter(|c| c.subject == *subject)
+                    .collect(),
+            }
+        }
+        fn saved(&self) -> SavedConditions<'_, Jobs> {
+            self.e.saved(&self.jobs)
+        }
+        /// The jobs named are held (their entries restored first).
+        fn restore(&mut self, saved: Vec<SavedCondition>) -> Vec<AlertEvent> {
+            for c in &saved {
+                if let Subject::Job(k) = &c.subject {
+                    self.jobs.0.entry(k.clone()).or_default();
+                }
+            }
+            self.e.restore(saved, &mut self.jobs)
+        }
+    }
+
+    fn engine() -> E {
+        E {
+            e: engine_alone(),
+            jobs: Jobs::default(),
+        }
+    }
+
+    fn engine_alone() -> Engine {
         Engine::new(vec![
             Rule::new(
                 "sched",
@@ -863,27 +1074,31 @@ mod tests {
     }
 
     /// A subject's conditions take the room they need, no more: a million
-    /// active jobs hold one each.
+    /// active jobs hold one each (a job's list is a boxed slice, exact by
+    /// its type; a node's is a `Vec`).
     #[test]
     fn condition_lists_are_sized_exactly() {
         let mut e = engine();
         let mut out = Vec::new();
-        e.observe_job(&job(1), &[(0, Some((0.0, SCHED)))], 0.0, 0.0, &mut out);
-        assert_eq!(e.jobs[&job(1)].capacity(), 1);
         let node = NodeKey {
             cluster: "d".into(),
             rank: 3,
         };
-        e.observe_node(
-            &node,
-            &[(1, Some((0.0, Detail::Host(None))))],
-            0.0,
-            0.0,
-            &mut out,
-        );
+        let host = |h: &str| Some((0.0, Detail::Host(Some(h.into()))));
+        e.observe_node(&node, &[(1, host("a"))], 0.0, 0.0, &mut out);
+        assert_eq!(e.e.nodes[&node].capacity(), 1);
         let mut again = engine();
-        again.restore(e.saved_for(&Subject::Job(job(1))));
-        assert_eq!(again.jobs[&job(1)].capacity(), 1);
+        again.restore(e.saved_for(&Subject::Node(node.clone())));
+        assert_eq!(again.e.nodes[&node].capacity(), 1);
+        // two rules hold, then one clears: room for one again
+        let mut two = Engine::new(vec![
+            Rule::new("drained", RuleKind::NodeDrained, "10s", "info").unwrap(),
+            Rule::new("offline", RuleKind::NodeOffline, "10s", "info").unwrap(),
+        ]);
+        two.observe_node(&node, &[(0, host("a")), (1, host("a"))], 0.0, 0.0, &mut out);
+        assert_eq!(two.nodes[&node].capacity(), 2);
+        two.observe_node(&node, &[(0, host("a"))], 1.0, 0.0, &mut out);
+        assert_eq!(two.nodes[&node].capacity(), 1);
     }
 
     /// The borrowed conditions decode as owned ones, and restore.

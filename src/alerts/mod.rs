@@ -9,8 +9,8 @@ pub mod timers;
 pub use rule::{JobView, job_view};
 
 use crate::flux::resource::RankChange;
-use crate::state::{JobKey, State};
-use engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsLent, NodeKey, Subject};
+use crate::state::{JobEntry, JobKey};
+use engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsLent, NodeKey};
 use rule::{RuleKind, job_condition, node_condition};
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -71,29 +71,27 @@ impl EventClock {
     }
 }
 
-/// Tell the engine where a job stands now. `at` is the time of the record
-/// just applied.
+/// Tell the engine where a job stands now, from its entry (which keeps
+/// its conditions). `at` is the time of the record just applied.
 pub fn observe_job(
     engine: &mut Engine,
-    state: &State,
+    entry: &mut JobEntry,
     key: &JobKey,
     at: f64,
     lag: f64,
     out: &mut Vec<AlertEvent>,
 ) {
-    let entry = state.jobs.get(key);
     // One detail for every rule of the job, lent rather than copied into
     // each: this runs for every change of a job's state.
-    let detail = entry.map(|e| Detail::State(e.job.state));
+    let detail = Detail::State(entry.job.state);
     // Only the rules that hold (one or two at a time): the others clear.
-    let holds: SmallVec<[(usize, HoldsLent); 2]> = match entry.zip(detail.as_ref()) {
-        Some((e, d)) => engine
-            .rules_for(true)
-            .filter_map(|(i, rule)| job_condition(rule.kind, e).map(|since| (i, Some((since, d)))))
-            .collect(),
-        None => SmallVec::new(),
-    };
-    engine.observe_job(key, &holds, at, lag, out);
+    let holds: SmallVec<[(usize, HoldsLent); 2]> = engine
+        .rules_for(true)
+        .filter_map(|(i, rule)| {
+            job_condition(rule.kind, entry).map(|since| (i, Some((since, &detail))))
+        })
+        .collect();
+    engine.observe_job(&mut entry.alerts, key, &holds, at, lag, out);
 }
 
 /// Tell the engine where a changed rank stands now.
@@ -110,7 +108,7 @@ pub fn observe_rank(
         rank: change.rank,
     };
     let Some(rank) = &change.after else {
-        engine.forget(&Subject::Node(key), at, out);
+        engine.forget_node(&key, at, out);
         return;
     };
     let holds: SmallVec<[(usize, Holds); 4]> = engine

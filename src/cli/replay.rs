@@ -98,7 +98,9 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         replay.path(path)?;
     }
     let clock = &replay.clock;
-    replay.alerts.flush(|c| clock.now(c), &mut replay.fired);
+    replay
+        .alerts
+        .flush(|c| clock.now(c), &mut replay.state.jobs, &mut replay.fired);
     let alerts: Vec<Value> = replay
         .fired
         .iter()
@@ -235,13 +237,19 @@ impl Replay {
         let lag = at.map_or(0.0, |t| self.clock.advance(cluster, t));
         // What came due before this record goes first, in time order.
         let clock = &self.clock;
-        self.alerts
-            .advance(|c| clock.now(c), usize::MAX, &mut self.fired);
+        self.alerts.advance(
+            |c| clock.now(c),
+            usize::MAX,
+            &mut self.state.jobs,
+            &mut self.fired,
+        );
         let Some(at) = at.or(now) else {
             return;
         };
-        if let Some(key) = key {
-            alerts::observe_job(&mut self.alerts, &self.state, key, at, lag, &mut self.fired);
+        if let Some(key) = key
+            && let Some(entry) = self.state.jobs.get_mut(key)
+        {
+            alerts::observe_job(&mut self.alerts, entry, key, at, lag, &mut self.fired);
         }
         for (c, change) in &fx.rank_changes {
             alerts::observe_rank(&mut self.alerts, c, change, at, lag, &mut self.fired);

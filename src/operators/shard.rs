@@ -9,7 +9,7 @@
 use super::ages::OldestEntries;
 use super::job_metrics::ClusterMetrics;
 use super::{BarrierReply, Owner, Routed, ShardMsg, ShardSnapshot, SourceInfo};
-use crate::alerts::engine::{AlertEvent, Engine, Status, Subject};
+use crate::alerts::engine::{AlertEvent, Engine, SavedCondition, Status, Subject};
 use crate::alerts::rule::Rule;
 use crate::alerts::{self, Clock, EventClock};
 use crate::decode::Body;
@@ -143,6 +143,10 @@ enum Dirty {
     Resource(String),
 }
 
+fn is_job_condition(c: &SavedCondition) -> bool {
+    matches!(c.subject, Subject::Job(_))
+}
+
 /// Each shard takes over its part of a restored checkpoint, side by side
 /// on threads of their own (a million jobs' take-over is about a second of
 /// one core's work).
@@ -228,7 +232,7 @@ impl Shard {
         let saved = ShardStateRef {
             jobs: &self.state.jobs,
             resources: &self.state.resources,
-            alerts: self.alerts.saved(),
+            alerts: self.alerts.saved(&self.state.jobs),
             clock: &self.event_clock,
             resource_owners: &self.resource_owners,
         };
@@ -255,7 +259,7 @@ impl Shard {
                         EntryRef::Job {
                             key,
                             entry,
-                            alerts: self.alerts.saved_for(&Subject::Job(key.clone())),
+                            alerts: self.alerts.saved_job(key, &entry.alerts),
                             clock: self.event_clock.now(&key.cluster),
                         }
                         .encode()
@@ -300,12 +304,12 @@ impl Shard {
             return;
         };
         if entry.owner.is_none() {
-            entry.owner = owner.cloned();
+            entry.owner = owner.cloned().map(Box::new);
         }
         if let Some(o) = &entry.owner
             && self.logged.contains(&o.source)
         {
-            self.dirty.insert(Dirty::Job(key.clone()), o.clone());
+            self.dirty.insert(Dirty::Job(key.clone()), (**o).clone());
         }
     }
 
@@ -333,7 +337,7 @@ impl Shard {
         if let Some(o) = &entry.owner
             && self.logged.contains(&o.source)
         {
-            self.dirty.insert(Dirty::Job(key.clone()), o.clone());
+            self.dirty.insert(Dirty::Job(key.clone()), (**o).clone());
         }
         Some(entry)
     }
@@ -348,12 +352,12 @@ impl Shard {
             .state
             .jobs
             .iter()
-            .filter(|(_, e)| owned(e.owner.as_ref()))
+            .filter(|(_, e)| owned(e.owner.as_deref()))
             .map(|(k, _)| k.clone())
             .collect();
         for key in &keys {
             if let Some(entry) = self.state.jobs.remove(key) {
-                self.uncount(key, &entry);
+                self.uncount(key, entry);
             }
             self.dirty.remove(&Dirty::Job(key.clone()));
         }
@@ -368,7 +372,7 @@ impl Shard {
             self.state.resources.remove(cluster);
             self.nodes.forget(cluster);
             for node in self.alerts.node_subjects(cluster) {
-                self.alerts.release(&Subject::Node(node));
+                self.alerts.release_node(&node);
             }
             self.dirty.remove(&Dirty::Resource(cluster.clone()));
         }
@@ -379,12 +383,13 @@ impl Shard {
     }
 
     /// Take a removed job out of the gauges and alerts, silently.
-    fn uncount(&mut self, key: &JobKey, entry: &JobEntry) {
+    fn uncount(&mut self, key: &JobKey, mut entry: Box<JobEntry>) {
         let job = &entry.job;
         if job.submitted && !job.invalidated && job.state != JobState::Inactive {
             self.count_job(&key.cluster, job, -1);
         }
-        for rule in self.alerts.release(&Subject::Job(key.clone())) {
+        let conditions = std::mem::take(&mut entry.alerts);
+        for rule in self.alerts.release_job(conditions, &key.cluster) {
             if let Some(rule) = self.alerts.rules().get(rule) {
                 metrics::gauge!("flux_jobs_stuck", "flux_cluster" => key.cluster.clone(), "rule" => rule.name.clone())
                     .decrement(1.0);
@@ -431,7 +436,23 @@ impl Shard {
         // ordered build instead of a million of each.
         self.state.jobs.reserve(saved.jobs.len());
         let mut entered = Vec::with_capacity(saved.jobs.len());
-        for (key, entry) in saved.jobs {
+        // A checkpoint lists jobs' conditions in the order of the jobs: each
+        // goes into its job's entry while the entry is at hand. What is out
+        // of that order (nodes', an older layout's) is looked up after.
+        let mut conditions = saved.alerts.into_iter().peekable();
+        let mut out_of_order = Vec::new();
+        let mut firing = Vec::new();
+        for (key, mut entry) in saved.jobs {
+            let own = |c: &SavedCondition| matches!(&c.subject, Subject::Job(k) if *k == key);
+            while conditions
+                .peek()
+                .is_some_and(|c| !own(c) && !is_job_condition(c))
+            {
+                out_of_order.extend(conditions.next());
+            }
+            let mine = std::iter::from_fn(|| conditions.next_if(own));
+            self.alerts
+                .restore_job(mine, &mut entry.alerts, &mut firing);
             // Decoded keys each own a copy of the cluster name: share one.
             let key = JobKey {
                 cluster: self.state.intern(&key.cluster),
@@ -458,17 +479,13 @@ impl Shard {
             }
             // Held already (left from a checkpoint): the restored one wins.
             if let Some(old) = self.state.jobs.insert(key.clone(), entry) {
-                self.uncount(&key, &old);
+                self.uncount(&key, old);
             }
         }
         self.ages.add_all(entered);
-        let mut conditions = saved.alerts;
-        for c in &mut conditions {
-            if let Subject::Job(k) = &mut c.subject {
-                k.cluster = self.state.intern(&k.cluster);
-            }
-        }
-        let alerts = self.alerts.restore(conditions);
+        out_of_order.extend(conditions);
+        firing.extend(self.alerts.restore(out_of_order, &mut self.state.jobs));
+        let alerts = firing;
         self.report_tracked();
         alerts
     }
@@ -783,9 +800,10 @@ impl Shard {
             .unwrap_or_else(alerts::wall_now);
         let mut out = Vec::new();
         if let Some(key) = key
-            && view != Some(alerts::job_view(self.state.jobs.get(key).map(|e| &**e)))
+            && let Some(entry) = self.state.jobs.get_mut(key)
+            && view != Some(alerts::job_view(Some(entry)))
         {
-            alerts::observe_job(&mut self.alerts, &self.state, key, at, lag, &mut out);
+            alerts::observe_job(&mut self.alerts, entry, key, at, lag, &mut out);
         }
         for (c, change) in &fx.rank_changes {
             alerts::observe_rank(&mut self.alerts, c, change, at, lag, &mut out);
@@ -799,11 +817,14 @@ impl Shard {
         self.alerts_due = match self.clock {
             Clock::Wall => {
                 let now = alerts::wall_now();
-                self.alerts.advance(|_| Some(now), FIRE_BATCH, &mut out)
+                self.alerts
+                    .advance(|_| Some(now), FIRE_BATCH, &mut self.state.jobs, &mut out)
             }
             Clock::Event => {
                 let clocks = &self.event_clock;
-                self.alerts.advance(|c| clocks.now(c), FIRE_BATCH, &mut out)
+                let jobs = &mut self.state.jobs;
+                self.alerts
+                    .advance(|c| clocks.now(c), FIRE_BATCH, jobs, &mut out)
             }
         };
         self.emit_alerts(&out).await;
@@ -928,6 +949,7 @@ impl Shard {
 
     /// Drop the state whose time is up.
     pub async fn expire(&mut self, now: Instant) {
+        let mut gone_alerts = Vec::new();
         while let Some((at, _)) = self.inactive.front()
             && *at <= now
         {
@@ -938,13 +960,19 @@ impl Shard {
                     .get(&key)
                     .is_some_and(|e| e.job.state == JobState::Inactive)
             {
-                self.drop_job(&key);
+                // No job rule holds for an INACTIVE job; should one have
+                // been left, it resolves rather than lingers.
+                if let Some(mut entry) = self.drop_job(&key) {
+                    let at = entry.job.last_timestamp().unwrap_or(0.0);
+                    let conditions = std::mem::take(&mut entry.alerts);
+                    self.alerts
+                        .forget_job(conditions, &key, at, &mut gone_alerts);
+                }
                 metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "inactive")
                     .increment(1);
             }
         }
         let mut orphans = Vec::new();
-        let mut gone_alerts = Vec::new();
         while let Some((at, _)) = self.unsubmitted.front()
             && *at <= now
         {
@@ -956,9 +984,11 @@ impl Shard {
                     .jobs
                     .get(&key)
                     .map_or(0.0, |e| e.job.last_timestamp().unwrap_or(0.0));
-                self.drop_job(&key);
-                self.alerts
-                    .forget(&Subject::Job(key.clone()), at, &mut gone_alerts);
+                if let Some(mut entry) = self.drop_job(&key) {
+                    let conditions = std::mem::take(&mut entry.alerts);
+                    self.alerts
+                        .forget_job(conditions, &key, at, &mut gone_alerts);
+                }
                 metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "orphan").increment(1);
                 orphans.push(KeyedAnomaly {
                     cluster: key.cluster.to_string(),
@@ -984,7 +1014,7 @@ impl Shard {
 
     /// Alert conditions holding now, fired or waiting.
     pub fn alert_conditions(&self) -> usize {
-        self.alerts.saved().len()
+        self.alerts.saved(&self.state.jobs).len()
     }
 
     /// Jobs currently held.
@@ -1296,6 +1326,92 @@ mod tests {
         shard.flush().await;
         let text = ages.render();
         assert!(!text.contains("RUN") && !text.contains("CLEANUP"), "{text}");
+    }
+
+    /// A checkpoint brings back every alert condition into its job's entry,
+    /// fired ones fired and waiting ones with their timers, whatever order
+    /// the conditions come in; one for a job not held goes with it.
+    #[tokio::test]
+    async fn a_checkpoint_brings_back_every_alert_condition_in_any_order() {
+        let setup = || AlertSetup {
+            rules: vec![
+                Rule::new(
+                    "sched",
+                    crate::alerts::rule::RuleKind::JobState(JobState::Sched),
+                    "100s",
+                    "warning",
+                )
+                .unwrap(),
+            ],
+            clock: Clock::Event,
+            shared: SharedEventClock::default(),
+        };
+        let new_shard = || {
+            let (outputs, _) = Outputs::new(std::iter::empty());
+            Shard::new(
+                outputs,
+                RETAIN,
+                NodeBoard::default(),
+                StateAges::default(),
+                setup(),
+            )
+        };
+        let mut a = new_shard();
+        let submit = json!({"userid": 1, "urgency": 16, "flags": 0, "version": 1});
+        // jobs 1-10 in SCHED from 1000 (fired by 1200), 11-20 from 1150
+        for id in 1..=20u64 {
+            let t = if id <= 10 { 1000.0 } else { 1150.0 };
+            for (i, (name, ctx)) in [
+                ("submit", Some(submit.clone())),
+                ("validate", None),
+                ("depend", None),
+                ("priority", Some(json!({"priority": 1}))),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let mut ev = Event::new(t + i as f64 / 10.0, name);
+                if let Some(c) = ctx {
+                    ev = ev.with_context(c);
+                }
+                a.apply(routed(id, EventStream::Job, ev)).await;
+            }
+        }
+        // a new job moves the clock
+        let late = Event::new(1200.0, "submit").with_context(submit.clone());
+        a.apply(routed(21, EventStream::Job, late)).await;
+        let saved = |s: &Shard| {
+            let bytes = rmp_serde::to_vec(&s.alerts.saved(&s.state.jobs)).unwrap();
+            let mut v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
+            v.sort_by_key(|c| format!("{c:?}"));
+            v
+        };
+        let before = saved(&a);
+        assert_eq!(before.len(), 20);
+        assert_eq!(before.iter().filter(|c| c.fired).count(), 10);
+        let ShardBytes::Memory(bytes) = a.snapshot().unwrap().state else {
+            panic!("encoded in memory");
+        };
+        for order in ["as saved", "reversed", "an orphan first"] {
+            let mut state: ShardState = rmp_serde::from_slice(&bytes).unwrap();
+            match order {
+                "reversed" => state.alerts.reverse(),
+                "an orphan first" => {
+                    let mut orphan = state.alerts[0].clone();
+                    orphan.subject = Subject::Job(key(999));
+                    state.alerts.insert(0, orphan);
+                }
+                _ => {}
+            }
+            let mut b = new_shard();
+            b.restore(state);
+            assert_eq!(saved(&b), before, "{order}");
+            assert_eq!(b.restored_alerts.len(), 10, "{order}: fired ones announced");
+            let mut out = Vec::new();
+            b.alerts
+                .advance(|_| Some(1300.0), usize::MAX, &mut b.state.jobs, &mut out);
+            assert_eq!(out.len(), 10, "{order}: the waiting ones fire when due");
+        }
     }
 
     /// A million jobs pending past their rule's duration come due at once;

@@ -209,7 +209,7 @@ impl Restorer {
                     if let Some(t) = t {
                         clock.advance(&key.cluster, t);
                     }
-                    entry.owner = Some(owner.clone());
+                    entry.owner = Some(Box::new(owner.clone()));
                     out.state.jobs.push((key, entry));
                     out.state.alerts.extend(alerts);
                 }
@@ -298,7 +298,7 @@ mod tests {
         assert_eq!(out.offset, Some(200));
         assert_eq!(ids(&out), vec![2]);
         assert_eq!(out.unfinished, 2);
-        assert_eq!(out.state.jobs[0].1.owner, Some(owner()));
+        assert_eq!(out.state.jobs[0].1.owner.as_deref(), Some(&owner()));
         assert_eq!(out.state.clock.now("c"), Some(11.0));
     }
 

@@ -155,7 +155,8 @@ pub struct ShardStateRef<'a> {
     pub jobs: &'a HashMap<JobKey, Box<JobEntry>>,
     #[serde(serialize_with = "as_seq")]
     pub resources: &'a HashMap<String, ResourceState>,
-    pub alerts: SavedConditions<'a>,
+    /// The nodes' conditions and those kept in `jobs`' entries.
+    pub alerts: SavedConditions<'a, HashMap<JobKey, Box<JobEntry>>>,
     pub clock: &'a EventClock,
     #[serde(serialize_with = "as_seq")]
     pub resource_owners: &'a HashMap<String, Owner>,
@@ -732,7 +733,7 @@ mod tests {
         ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
-            alerts: NO_ALERTS.saved(),
+            alerts: NO_ALERTS.saved(&st.jobs),
             clock: &EventClock::default(),
             resource_owners: &HashMap::default(),
         }
@@ -848,7 +849,7 @@ mod tests {
         let saved = ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
-            alerts: NO_ALERTS.saved(),
+            alerts: NO_ALERTS.saved(&st.jobs),
             clock: &EventClock::default(),
             resource_owners: &HashMap::default(),
         };
@@ -884,7 +885,7 @@ mod tests {
         let spill = ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
-            alerts: NO_ALERTS.saved(),
+            alerts: NO_ALERTS.saved(&st.jobs),
             clock: &EventClock::default(),
             resource_owners: &HashMap::default(),
         }
