@@ -929,6 +929,12 @@ mod tests {
         }
     }
 
+    impl std::ops::DerefMut for E {
+        fn deref_mut(&mut self) -> &mut Engine {
+            &mut self.e
+        }
+    }
+
     impl E {
         fn observe_job(
             &mut self,
@@ -940,16 +946,6 @@ mod tests {
         ) {
             let c = self.jobs.0.entry(key.clone()).or_default();
             self.e.observe_job(c, key, holds, at, lag, out);
-        }
-        fn observe_node(
-            &mut self,
-            key: &NodeKey,
-            holds: &[(usize, Holds)],
-            at: f64,
-            lag: f64,
-            out: &mut Vec<AlertEvent>,
-        ) {
-            self.e.observe_node(key, holds, at, lag, out);
         }
         fn advance(
             &mut self,

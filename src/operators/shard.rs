@@ -1062,6 +1062,44 @@ mod tests {
         evs
     }
 
+    /// A job's records from submit to SCHED, the first at `t`.
+    fn to_sched(id: u64, t: f64) -> Vec<Routed> {
+        let submit = json!({"userid": 1, "urgency": 16, "flags": 0, "version": 1});
+        [
+            ("submit", Some(submit)),
+            ("validate", None),
+            ("depend", None),
+            ("priority", Some(json!({"priority": 1}))),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, ctx))| {
+            let mut ev = Event::new(t + i as f64 / 10.0, name);
+            if let Some(c) = ctx {
+                ev = ev.with_context(c);
+            }
+            routed(id, EventStream::Job, ev)
+        })
+        .collect()
+    }
+
+    /// One job rule, SCHED for `hold`, on the event clock.
+    fn sched_alerts(hold: &str) -> AlertSetup {
+        AlertSetup {
+            rules: vec![
+                Rule::new(
+                    "sched",
+                    crate::alerts::rule::RuleKind::JobState(JobState::Sched),
+                    hold,
+                    "warning",
+                )
+                .unwrap(),
+            ],
+            clock: Clock::Event,
+            shared: SharedEventClock::default(),
+        }
+    }
+
     fn sink(inputs: &str) -> (Outputs, crate::sinks::SinkRx) {
         let cfg = config::parse(&format!(
             "[sources.s]\ntype = \"stdin\"\n[sinks.k]\ntype = \"stdout\"\ninputs = {inputs}\nbuffer = 1000\n"
@@ -1333,19 +1371,6 @@ mod tests {
     /// the conditions come in; one for a job not held goes with it.
     #[tokio::test]
     async fn a_checkpoint_brings_back_every_alert_condition_in_any_order() {
-        let setup = || AlertSetup {
-            rules: vec![
-                Rule::new(
-                    "sched",
-                    crate::alerts::rule::RuleKind::JobState(JobState::Sched),
-                    "100s",
-                    "warning",
-                )
-                .unwrap(),
-            ],
-            clock: Clock::Event,
-            shared: SharedEventClock::default(),
-        };
         let new_shard = || {
             let (outputs, _) = Outputs::new(std::iter::empty());
             Shard::new(
@@ -1353,33 +1378,18 @@ mod tests {
                 RETAIN,
                 NodeBoard::default(),
                 StateAges::default(),
-                setup(),
+                sched_alerts("100s"),
             )
         };
         let mut a = new_shard();
-        let submit = json!({"userid": 1, "urgency": 16, "flags": 0, "version": 1});
         // jobs 1-10 in SCHED from 1000 (fired by 1200), 11-20 from 1150
         for id in 1..=20u64 {
-            let t = if id <= 10 { 1000.0 } else { 1150.0 };
-            for (i, (name, ctx)) in [
-                ("submit", Some(submit.clone())),
-                ("validate", None),
-                ("depend", None),
-                ("priority", Some(json!({"priority": 1}))),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                let mut ev = Event::new(t + i as f64 / 10.0, name);
-                if let Some(c) = ctx {
-                    ev = ev.with_context(c);
-                }
-                a.apply(routed(id, EventStream::Job, ev)).await;
+            for r in to_sched(id, if id <= 10 { 1000.0 } else { 1150.0 }) {
+                a.apply(r).await;
             }
         }
         // a new job moves the clock
-        let late = Event::new(1200.0, "submit").with_context(submit.clone());
-        a.apply(routed(21, EventStream::Job, late)).await;
+        a.apply(to_sched(21, 1200.0).swap_remove(0)).await;
         let saved = |s: &Shard| {
             let bytes = rmp_serde::to_vec(&s.alerts.saved(&s.state.jobs)).unwrap();
             let mut v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
@@ -1428,25 +1438,12 @@ mod tests {
                 1_000_000
             });
         let (outputs, mut rx) = sink(r#"["alerts", "transitions"]"#);
-        let setup = AlertSetup {
-            rules: vec![
-                Rule::new(
-                    "sched",
-                    crate::alerts::rule::RuleKind::JobState(JobState::Sched),
-                    "1h",
-                    "warning",
-                )
-                .unwrap(),
-            ],
-            clock: Clock::Event,
-            shared: SharedEventClock::default(),
-        };
         let shard = Shard::new(
             outputs,
             RETAIN,
             NodeBoard::default(),
             StateAges::default(),
-            setup,
+            sched_alerts("1h"),
         );
         let (tx, shard_rx) = mpsc::channel(1024);
         let task = tokio::spawn(shard.run(shard_rx));
@@ -1469,24 +1466,9 @@ mod tests {
             }
             alerts
         });
-        let submit = json!({"userid": 1, "urgency": 16, "flags": 0, "version": 1});
         for id in 1..=n {
-            for (i, (name, ctx)) in [
-                ("submit", Some(submit.clone())),
-                ("validate", None),
-                ("depend", None),
-                ("priority", Some(json!({"priority": 1}))),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                let mut ev = Event::new(1000.0 + i as f64 / 10.0, name);
-                if let Some(c) = ctx {
-                    ev = ev.with_context(c);
-                }
-                tx.send(ShardMsg::Record(routed(id, EventStream::Job, ev)))
-                    .await
-                    .unwrap();
+            for r in to_sched(id, 1000.0) {
+                tx.send(ShardMsg::Record(r)).await.unwrap();
             }
         }
         // all loaded, nothing due yet
@@ -1497,21 +1479,10 @@ mod tests {
             .unwrap();
         assert_eq!(before, 0);
         // the clock jumps two hours: every job is overdue
-        tx.send(ShardMsg::Record(routed(
-            0,
-            EventStream::Job,
-            Event::new(8200.0, "submit").with_context(submit.clone()),
-        )))
-        .await
-        .unwrap();
+        let submit = |id| to_sched(id, 8200.0).swap_remove(0);
+        tx.send(ShardMsg::Record(submit(0))).await.unwrap();
         let sent = std::time::Instant::now();
-        tx.send(ShardMsg::Record(routed(
-            MARKER,
-            EventStream::Job,
-            Event::new(8200.0, "submit").with_context(submit),
-        )))
-        .await
-        .unwrap();
+        tx.send(ShardMsg::Record(submit(MARKER))).await.unwrap();
         // its first transition (NEW → DEPEND) comes with `validate`
         tx.send(ShardMsg::Record(routed(
             MARKER,
