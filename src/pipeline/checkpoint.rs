@@ -465,10 +465,11 @@ impl Reopen for Path {
     }
 }
 
-/// Decode a checkpoint of `size` bytes, never holding the file whole in
-/// memory. The shards are decoded on as many threads as there are cores
-/// while one more checksums the payload; the state is only returned once
-/// the checksum over all of it has matched.
+/// Decode a checkpoint of `size` bytes. The shards are decoded on as many
+/// threads as there are cores while one more checksums the payload; each
+/// thread holds the bytes of the one shard it is decoding (with one shard,
+/// the whole payload, ~240 bytes per active job), freed once decoded. The
+/// state is only returned once the checksum over all of it has matched.
 pub fn read_from(
     src: &(impl Reopen + ?Sized),
     size: u64,
