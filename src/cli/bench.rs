@@ -276,9 +276,7 @@ fn checkpoint_times(
         .build()?;
     let folder = dir.join(format!("checkpoint-{n}"));
     std::fs::create_dir_all(&folder)?;
-    let rules = crate::pipeline::config::AlertsConfig::default()
-        .rules()
-        .map_err(|(rule, key, e)| anyhow!("alerts.rules.{rule}.{key}: {e}"))?;
+    let rules = crate::alerts::rule::default_rules();
     let new_shards = || -> Vec<Shard> {
         (0..n)
             .map(|index| {

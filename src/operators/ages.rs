@@ -41,15 +41,20 @@ impl OldestEntries {
         }
     }
 
+    /// A cluster's sets, made with its first job.
+    fn sets_of(&mut self, cluster: &str) -> Option<&mut Sets> {
+        if !self.sets.contains_key(cluster) {
+            self.sets.insert(cluster.to_string(), Sets::default());
+        }
+        self.sets.get_mut(cluster)
+    }
+
     /// A job entered `state` at `t`.
     pub fn add(&mut self, cluster: &str, state: JobState, t: Option<f64>) {
         let Some(t) = t.filter(|t| t.is_finite()) else {
             return;
         };
-        if !self.sets.contains_key(cluster) {
-            self.sets.insert(cluster.to_string(), Sets::default());
-        }
-        let Some(sets) = self.sets.get_mut(cluster) else {
+        let Some(sets) = self.sets_of(cluster) else {
             return;
         };
         let set = &mut sets.by_state[state.index()];
@@ -73,10 +78,7 @@ impl OldestEntries {
         entries.sort_unstable_by(|a, b| (a.0.as_ref(), a.1, a.2).cmp(&(b.0.as_ref(), b.1, b.2)));
         for group in entries.chunk_by(|a, b| a.0.as_ref() == b.0.as_ref() && a.1 == b.1) {
             let (cluster, index) = (group[0].0.as_ref(), group[0].1);
-            if !self.sets.contains_key(cluster) {
-                self.sets.insert(cluster.to_string(), Sets::default());
-            }
-            let Some(sets) = self.sets.get_mut(cluster) else {
+            let Some(sets) = self.sets_of(cluster) else {
                 continue;
             };
             sets.changed |= 1 << index;
