@@ -25,7 +25,7 @@ pub struct Owner {
 }
 
 /// A job's key.
-#[derive(Debug, Clone, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Eq, PartialOrd, Ord, Serialize)]
 pub struct JobKey {
     /// Shared: every key of a cluster points at one copy of its name
     /// ([`State::intern`]).
@@ -53,13 +53,51 @@ impl std::hash::Hash for JobKey {
     }
 }
 
+/// Decoded keys share their cluster's name with the key decoded before
+/// them on the same thread when it is the same (a checkpoint holds a
+/// million keys of a few clusters): one copy, not one allocation per key
+/// freed again when the shard interns it.
+impl<'de> Deserialize<'de> for JobKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename = "JobKey")]
+        struct Raw<'a> {
+            #[serde(borrow)]
+            cluster: std::borrow::Cow<'a, str>,
+            id: JobId,
+        }
+        let raw = Raw::deserialize(d)?;
+        Ok(JobKey {
+            cluster: shared_name(&raw.cluster),
+            id: raw.id,
+        })
+    }
+}
+
+thread_local! {
+    /// The cluster name the last key decoded on this thread had.
+    static LAST_NAME: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `name` as the last decoded key's copy if it is the same, else a new one
+/// that later keys can share.
+fn shared_name(name: &str) -> Arc<str> {
+    LAST_NAME.with_borrow_mut(|last| match last {
+        Some(l) if **l == *name => l.clone(),
+        _ => {
+            let new: Arc<str> = Arc::from(name);
+            *last = Some(new.clone());
+            new
+        }
+    })
+}
+
 /// Everything known about one job.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct JobEntry {
     pub job: Job,
     /// The exec eventlog and the exec service's responses: allocated with
     /// the first exec record, as most active jobs (pending ones) have none.
-    /// Saved as if always there, so the format does not depend on it.
     #[serde(with = "lazy")]
     pub exec: Option<Box<ExecLog>>,
     #[serde(with = "lazy")]
@@ -92,31 +130,33 @@ impl JobConditions for HashMap<JobKey, Box<JobEntry>> {
     }
 }
 
-/// Serde for a part of the state allocated on first use: saved as its
-/// empty value while absent, and absent again when read back empty.
+/// Serde for a part of the state allocated on first use: saved as nil
+/// while absent (most active jobs have no exec log: one byte, where the
+/// empty value took ~20), and absent again when read back empty. Reads
+/// the older form too, the empty value saved in place of nil.
 mod lazy {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     /// A part that may be left unallocated while it holds nothing.
-    pub trait Lazy: Default {
+    pub trait Lazy {
         fn is_empty(&self) -> bool;
     }
 
-    pub fn serialize<T: Lazy + Serialize, S: Serializer>(
+    pub fn serialize<T: Serialize, S: Serializer>(
         v: &Option<Box<T>>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
         match v {
-            Some(v) => v.serialize(s),
-            None => T::default().serialize(s),
+            Some(v) => s.serialize_some(v),
+            None => s.serialize_none(),
         }
     }
 
     pub fn deserialize<'de, T: Lazy + Deserialize<'de>, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Box<T>>, D::Error> {
-        let v = T::deserialize(d)?;
-        Ok((!v.is_empty()).then(|| Box::new(v)))
+        let v = Option::<Box<T>>::deserialize(d)?;
+        Ok(v.filter(|v| !v.is_empty()))
     }
 }
 

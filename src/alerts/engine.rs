@@ -522,9 +522,14 @@ enum SubjectRef<'a> {
 /// Every condition holding now, borrowed for a checkpoint: encodes as a
 /// `Vec<SavedCondition>` does, without building one (a copy of every
 /// condition would cost ~100 bytes per active job while it is written).
+/// Or those of a part of it ([`Engine::saved_part`]).
 pub struct SavedConditions<'a, J> {
     engine: &'a Engine,
     jobs: &'a J,
+    /// The jobs, as a range of the job table's order.
+    skip: usize,
+    take: usize,
+    nodes: bool,
 }
 
 impl<J: JobConditions> SavedConditions<'_, J> {
@@ -542,11 +547,14 @@ impl<J: JobConditions> SavedConditions<'_, J> {
         let jobs = self
             .jobs
             .conditions()
+            .skip(self.skip)
+            .take(self.take)
             .filter(|(_, c)| !c.is_empty())
             .map(|(k, c)| (SubjectRef::Job(k), &c.0[..]));
         let nodes = engine
             .nodes
             .iter()
+            .filter(|_| self.nodes)
             .map(|(k, l)| (SubjectRef::Node(k), &l[..]));
         jobs.chain(nodes).flat_map(move |(subject, list)| {
             list.iter().filter_map(move |a| {
@@ -580,7 +588,24 @@ impl Engine {
     /// Every condition holding now, for a checkpoint: the nodes' and those
     /// of the jobs in `jobs`.
     pub fn saved<'a, J: JobConditions>(&'a self, jobs: &'a J) -> SavedConditions<'a, J> {
-        SavedConditions { engine: self, jobs }
+        self.saved_part(jobs, 0..usize::MAX, true)
+    }
+
+    /// The conditions of the jobs `jobs` (a range of the order `jobs`
+    /// lists its conditions in), and the nodes' if `nodes`.
+    pub fn saved_part<'a, J: JobConditions>(
+        &'a self,
+        jobs: &'a J,
+        range: std::ops::Range<usize>,
+        nodes: bool,
+    ) -> SavedConditions<'a, J> {
+        SavedConditions {
+            engine: self,
+            jobs,
+            skip: range.start,
+            take: range.end.saturating_sub(range.start),
+            nodes,
+        }
     }
 
     /// A job's conditions, as saved.

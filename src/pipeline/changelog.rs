@@ -25,8 +25,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use thiserror::Error;
 
-/// The format byte every value starts with.
-pub const FORMAT: u8 = 2;
+/// The format byte every value starts with. 3: a job's absent exec log
+/// and protocol are nil (2, still read: their empty value).
+pub const FORMAT: u8 = 3;
+const OLDEST_READ: u8 = 2;
 
 /// One change to write: the partition it belongs to, its key, and its new
 /// value (`None`: the state is gone).
@@ -76,7 +78,7 @@ pub enum EntryRef<'a> {
 pub enum ChangelogError {
     #[error("cannot encode: {0}")]
     Encode(#[from] rmp_serde::encode::Error),
-    #[error("value format {0} (this fluxpipe reads {FORMAT})")]
+    #[error("value format {0} (this fluxpipe reads {OLDEST_READ} to {FORMAT})")]
     Format(u8),
     #[error("empty value")]
     Empty,
@@ -105,7 +107,9 @@ fn framed<T: Serialize>(value: &T) -> Result<Vec<u8>, ChangelogError> {
 fn unframed<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, ChangelogError> {
     match bytes.split_first() {
         None => Err(ChangelogError::Empty),
-        Some((&FORMAT, rest)) => Ok(rmp_serde::from_slice(rest)?),
+        Some((&format, rest)) if (OLDEST_READ..=FORMAT).contains(&format) => {
+            Ok(rmp_serde::from_slice(rest)?)
+        }
         Some((&other, _)) => Err(ChangelogError::Format(other)),
     }
 }
@@ -317,6 +321,47 @@ mod tests {
         assert_eq!(out.offset, Some(7));
         assert_eq!(ids(&out), vec![1]);
         assert_eq!(out.skipped, 3);
+    }
+
+    /// A job value as fluxpipe wrote it in format 2 (job 42 of cluster
+    /// `c`, submitted at 100.5, no exec log: its empty value saved).
+    const FORMAT_2_JOB: &str = "0281a34a6f629492a1632a96dc001ca34e4557c3c20510c000cb4059200000000000c0c0c0c0c0c0c0c0c290c00000c0c0c2c2c2c291cb40592000000000009d00c2c200c2c0c0c0c200c0c0909800c2c0c2c2919000c2c2c2c090cb4059200000000000";
+
+    #[test]
+    fn format_2_values_are_still_read_and_unknown_formats_refused() {
+        let old = const_hex::decode(FORMAT_2_JOB).unwrap();
+        let Entry::Job {
+            key, entry, clock, ..
+        } = Entry::decode(&old).unwrap()
+        else {
+            panic!("a job value");
+        };
+        assert_eq!((&*key.cluster, key.id.0), ("c", 42));
+        assert_eq!(entry.job.userid, Some(5));
+        assert!(entry.exec.is_none() && entry.protocol.is_none());
+        assert_eq!(clock, Some(100.5));
+        // Written again, it is the newer format and shorter.
+        let again = EntryRef::Job {
+            key: &key,
+            entry: &entry,
+            alerts: vec![],
+            clock,
+        }
+        .encode()
+        .unwrap();
+        assert_eq!(again[0], FORMAT);
+        assert!(
+            again.len() < old.len() - 20,
+            "{} vs {}",
+            again.len(),
+            old.len()
+        );
+        let mut newer = again.clone();
+        newer[0] = FORMAT + 1;
+        assert!(matches!(
+            Entry::decode(&newer),
+            Err(ChangelogError::Format(f)) if f == FORMAT + 1
+        ));
     }
 
     #[test]

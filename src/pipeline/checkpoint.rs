@@ -3,13 +3,14 @@
 //!
 //! Layout: a magic line, the format version (u32), the payload length
 //! (u64), the payload's XXH3-64 (u64), all little-endian; then the payload:
-//! a MessagePack [`Head`] followed by each shard's state as a length-prefixed
-//! MessagePack [`ShardState`]. Shards encode their own state (in parallel,
-//! without copying it) into scratch files in `data_dir` ([`Spill`]), which
-//! are copied into the checkpoint and removed: a million jobs' encoded
-//! state (~180 MB) never sits in memory beside the state itself. Restore
-//! streams the file too, merges the shards and deals the entries out
-//! again by key, so the number of workers may change between runs.
+//! a MessagePack [`Head`] followed by the shards' states in parts, each a
+//! length-prefixed MessagePack [`ShardState`] of at most [`PART_JOBS`]
+//! jobs. Shards encode their own state (in parallel, without copying it)
+//! into scratch files in `data_dir` ([`Spill`]), which are copied into the
+//! checkpoint and removed: a million jobs' encoded state (~230 MB) never
+//! sits in memory beside the state itself. Restore decodes the parts on
+//! every core, merges them and deals the entries out again by key, so the
+//! number of workers may change between runs.
 //!
 //! The file is replaced atomically and durably (temporary file, fsync,
 //! rename, fsync of the folder; the `atomic-write-file` crate), so a crash
@@ -18,7 +19,7 @@
 //! error, never read as empty.
 
 use crate::alerts::EventClock;
-use crate::alerts::engine::{SavedCondition, SavedConditions, Subject};
+use crate::alerts::engine::{Engine, SavedCondition, Subject};
 use crate::flux::resource::ResourceState;
 use crate::operators::Owner;
 use crate::state::{JobEntry, JobKey};
@@ -33,7 +34,11 @@ use thiserror::Error;
 pub const FILE_NAME: &str = "checkpoint.bin";
 const MAGIC: &[u8; 20] = b"fluxpipe checkpoint\n";
 /// Bumped whenever the payload's layout changes incompatibly.
-pub const VERSION: u32 = 2;
+/// 3: a job's absent exec log and protocol are nil (2: their empty value),
+/// and a shard's state may come in several parts.
+pub const VERSION: u32 = 3;
+/// The oldest version this fluxpipe still reads.
+pub const OLDEST_READ: u32 = 2;
 const HEADER_LEN: usize = MAGIC.len() + 4 + 8 + 8;
 /// Where the checksum sits in the header.
 const SUM_AT: u64 = (MAGIC.len() + 4 + 8) as u64;
@@ -54,7 +59,9 @@ pub enum CheckpointError {
     },
     #[error("{path} is not a fluxpipe checkpoint")]
     NotACheckpoint { path: PathBuf },
-    #[error("{path} has format version {found}; this fluxpipe reads version {VERSION}")]
+    #[error(
+        "{path} has format version {found}; this fluxpipe reads versions {OLDEST_READ} to {VERSION}"
+    )]
     Version { path: PathBuf, found: u32 },
     #[error("{path} is corrupt: {why}")]
     Corrupt { path: PathBuf, why: String },
@@ -92,9 +99,16 @@ impl ShardState {
         self.jobs.is_empty() && self.resources.is_empty() && self.alerts.is_empty()
     }
 
-    /// Whether every entry is for shard `i` by `pick(cluster, job id)`.
-    fn belongs_to(&self, i: usize, pick: impl Fn(&str, Option<u64>) -> usize) -> bool {
-        self.jobs
+    /// The one shard `pick(cluster, job id)` gives for every entry, if it
+    /// gives one (an empty state: the first).
+    fn owner(&self, pick: impl Fn(&str, Option<u64>) -> usize) -> Option<usize> {
+        let i = match (self.jobs.first(), self.resources.first()) {
+            (Some((k, _)), _) => pick(&k.cluster, Some(k.id.0)),
+            (None, Some((c, _))) => pick(c, None),
+            (None, None) => 0,
+        };
+        let all = self
+            .jobs
             .iter()
             .all(|(k, _)| pick(&k.cluster, Some(k.id.0)) == i)
             && self.resources.iter().all(|(c, _)| pick(c, None) == i)
@@ -102,7 +116,16 @@ impl ShardState {
             && self.alerts.iter().all(|a| match &a.subject {
                 Subject::Job(k) => pick(&k.cluster, Some(k.id.0)) == i,
                 Subject::Node(node) => pick(&node.cluster, None) == i,
-            })
+            });
+        all.then_some(i)
+    }
+
+    /// Take `other`'s entries after these (the clock is not merged).
+    fn append(&mut self, mut other: ShardState) {
+        self.jobs.append(&mut other.jobs);
+        self.resources.append(&mut other.resources);
+        self.alerts.append(&mut other.alerts);
+        self.resource_owners.append(&mut other.resource_owners);
     }
 
     /// Deal the entries out to `out` by `pick(cluster, job id)`.
@@ -147,38 +170,48 @@ impl ShardState {
     }
 }
 
-/// One shard's state, borrowed for encoding; the same layout as
-/// [`ShardState`].
-#[derive(Serialize)]
+/// One shard's state, borrowed for encoding. It is saved in parts of at
+/// most [`PART_JOBS`] jobs, each in [`ShardState`]'s layout (the first
+/// with everything but jobs): restore decodes parts side by side whatever
+/// the number of shards, and holds one part's bytes per thread at a time.
 pub struct ShardStateRef<'a> {
-    #[serde(serialize_with = "as_seq")]
     pub jobs: &'a HashMap<JobKey, Box<JobEntry>>,
-    #[serde(serialize_with = "as_seq")]
     pub resources: &'a HashMap<String, ResourceState>,
     /// The nodes' conditions and those kept in `jobs`' entries.
-    pub alerts: SavedConditions<'a, HashMap<JobKey, Box<JobEntry>>>,
+    pub alerts: &'a Engine,
     pub clock: &'a EventClock,
-    #[serde(serialize_with = "as_seq")]
     pub resource_owners: &'a HashMap<String, Owner>,
 }
 
-/// A map as a sequence of (key, value) pairs: keys need not be strings.
-fn as_seq<K: Serialize, V: Serialize, S: serde::Serializer>(
-    map: &HashMap<K, V>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    s.collect_seq(map.iter())
-}
+/// The most jobs in one part of a shard's saved state.
+pub const PART_JOBS: usize = 1 << 16;
 
-impl ShardStateRef<'_> {
-    pub fn encode(&self) -> Result<Vec<u8>, CheckpointError> {
-        Ok(rmp_serde::to_vec(self)?)
+impl<'a> ShardStateRef<'a> {
+    fn parts(&self) -> impl Iterator<Item = PartRef<'_, 'a>> {
+        let len = self.jobs.len();
+        (0..len.div_ceil(PART_JOBS).max(1)).map(move |i| PartRef {
+            state: self,
+            jobs: i * PART_JOBS..((i + 1) * PART_JOBS).min(len),
+            first: i == 0,
+        })
+    }
+
+    /// Encode in memory.
+    pub fn encode(&self) -> Result<ShardBytes, CheckpointError> {
+        let parts = self
+            .parts()
+            .map(|p| rmp_serde::to_vec(&p))
+            .collect::<Result<_, _>>()?;
+        Ok(ShardBytes::Memory(parts))
     }
 
     /// Encode into a scratch file at `path` (see [`spill_path`]), removed
     /// when the returned [`Spill`] is dropped, or at once if this fails.
-    pub fn spill(&self, path: PathBuf) -> Result<Spill, CheckpointError> {
-        let mut spill = Spill { path, len: 0 };
+    pub fn spill(&self, path: PathBuf) -> Result<ShardBytes, CheckpointError> {
+        let mut spill = Spill {
+            path,
+            parts: Vec::new(),
+        };
         let failed = |source| CheckpointError::Write {
             path: spill.path.clone(),
             source,
@@ -188,18 +221,69 @@ impl ShardStateRef<'_> {
             inner: BufWriter::with_capacity(1 << 20, file),
             count: 0,
         };
-        rmp_serde::encode::write(&mut w, self)?;
+        for part in self.parts() {
+            let before = w.count;
+            rmp_serde::encode::write(&mut w, &part)?;
+            spill.parts.push(w.count - before);
+        }
         w.inner.flush().map_err(failed)?;
-        spill.len = w.count;
-        Ok(spill)
+        Ok(ShardBytes::Spilled(spill))
     }
 }
 
-/// A shard's encoded state in a scratch file; the file goes with it.
+/// One part of a shard's state, encoding as a [`ShardState`] does.
+struct PartRef<'s, 'a> {
+    state: &'s ShardStateRef<'a>,
+    /// Its jobs, as a range of the job table's order.
+    jobs: std::ops::Range<usize>,
+    /// The first part carries all but jobs.
+    first: bool,
+}
+
+impl Serialize for PartRef<'_, '_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let st = self.state;
+        let (skip, take) = (self.jobs.start, self.jobs.len());
+        // The rest of the state, in the first part only.
+        let rest = if self.first { usize::MAX } else { 0 };
+        let mut out = s.serialize_struct("ShardState", 5)?;
+        out.serialize_field("jobs", &Seq(st.jobs.iter().skip(skip).take(take)))?;
+        out.serialize_field("resources", &Seq(st.resources.iter().take(rest)))?;
+        out.serialize_field(
+            "alerts",
+            &st.alerts.saved_part(st.jobs, self.jobs.clone(), self.first),
+        )?;
+        let none = EventClock::default();
+        out.serialize_field("clock", if self.first { st.clock } else { &none })?;
+        out.serialize_field(
+            "resource_owners",
+            &Seq(st.resource_owners.iter().take(rest)),
+        )?;
+        out.end()
+    }
+}
+
+/// Encodes what an iterator gives as a sequence (MessagePack wants the
+/// length first: the iterator knows it exactly).
+struct Seq<I>(I);
+
+impl<I: Iterator + Clone> Serialize for Seq<I>
+where
+    I::Item: Serialize,
+{
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.clone())
+    }
+}
+
+/// A shard's encoded state in a scratch file, part after part; the file
+/// goes with it.
 #[derive(Debug)]
 pub struct Spill {
     path: PathBuf,
-    len: u64,
+    /// Each part's length.
+    parts: Vec<u64>,
 }
 
 impl Drop for Spill {
@@ -231,33 +315,44 @@ pub fn remove_spills(dir: &Path) -> usize {
         .count()
 }
 
-/// One shard's encoded state, as the checkpoint writer takes it.
+/// One shard's encoded state, in parts, as the checkpoint writer takes it.
 #[derive(Debug)]
 pub enum ShardBytes {
-    Memory(Vec<u8>),
+    Memory(Vec<Vec<u8>>),
     Spilled(Spill),
 }
 
 impl ShardBytes {
-    fn len(&self) -> u64 {
+    /// The bytes it takes in a checkpoint: each part with its length.
+    fn framed_len(&self) -> u64 {
         match self {
-            ShardBytes::Memory(v) => v.len() as u64,
-            ShardBytes::Spilled(s) => s.len,
+            ShardBytes::Memory(parts) => parts.iter().map(|p| 8 + p.len() as u64).sum(),
+            ShardBytes::Spilled(s) => s.parts.iter().map(|n| 8 + n).sum(),
         }
     }
 
+    /// Each part, after its length.
     fn copy_to(&self, w: &mut impl Write) -> std::io::Result<()> {
         match self {
-            ShardBytes::Memory(v) => w.write_all(v),
+            ShardBytes::Memory(parts) => {
+                for p in parts {
+                    w.write_all(&(p.len() as u64).to_le_bytes())?;
+                    w.write_all(p)?;
+                }
+                Ok(())
+            }
             ShardBytes::Spilled(s) => {
-                let file = std::fs::File::open(&s.path)?;
-                let n = std::io::copy(&mut file.take(s.len), w)?;
-                if n != s.len {
-                    return Err(std::io::Error::other(format!(
-                        "{} holds {n} bytes, {} were encoded",
-                        s.path.display(),
-                        s.len
-                    )));
+                let mut file = std::fs::File::open(&s.path)?;
+                for &len in &s.parts {
+                    w.write_all(&len.to_le_bytes())?;
+                    let n = std::io::copy(&mut (&mut file).take(len), w)?;
+                    if n != len {
+                        return Err(std::io::Error::other(format!(
+                            "{} ends {} bytes short of what was encoded",
+                            s.path.display(),
+                            len - n
+                        )));
+                    }
                 }
                 Ok(())
             }
@@ -267,7 +362,7 @@ impl ShardBytes {
 
 impl From<Vec<u8>> for ShardBytes {
     fn from(v: Vec<u8>) -> Self {
-        ShardBytes::Memory(v)
+        ShardBytes::Memory(vec![v])
     }
 }
 
@@ -335,11 +430,12 @@ impl<W: Write> Write for Summing<W> {
 #[derive(Debug, Default)]
 pub struct Checkpoint {
     pub head: Head,
-    pub shards: Vec<ShardState>,
+    /// The shards' states in the parts they were saved in.
+    pub parts: Vec<ShardState>,
 }
 
 impl Checkpoint {
-    /// Merge the saved shards and deal their entries out to `n` shards by
+    /// Merge the saved parts and deal their entries out to `n` shards by
     /// `shard_of(cluster, job id)`, the router's own function.
     pub fn split(
         self,
@@ -347,38 +443,39 @@ impl Checkpoint {
         shard_of: impl Fn(&str, Option<u64>) -> usize,
     ) -> (Head, Vec<ShardState>) {
         let n = n.max(1);
+        let shard_of = |cluster: &str, id: Option<u64>| shard_of(cluster, id).min(n - 1);
         // Every shard learns every cluster's clock.
         let mut clock = EventClock::default();
-        for s in &self.shards {
+        for s in &self.parts {
             for (c, t) in s.clock.clusters() {
                 clock.advance(c, t);
             }
         }
-        // Restarted with as many workers: each saved shard is a new one as
-        // it is, and a million entries are not moved one by one.
-        if self.shards.len() == n
-            && self
-                .shards
-                .iter()
-                .enumerate()
-                .all(|(i, s)| s.belongs_to(i, &shard_of))
-        {
-            let mut out = self.shards;
-            for s in &mut out {
-                s.clock = clock.clone();
-            }
-            return (self.head, out);
-        }
-        let jobs: usize = self.shards.iter().map(|s| s.jobs.len()).sum();
         let mut out: Vec<ShardState> = (0..n)
             .map(|_| ShardState {
-                jobs: Vec::with_capacity(jobs / n + jobs / (4 * n) + 16),
                 clock: clock.clone(),
                 ..ShardState::default()
             })
             .collect();
-        for shard in self.shards {
-            shard.split_into(&mut out, &shard_of);
+        // Restarted with as many workers, a part belongs to one shard
+        // whole: it is taken as it is, not moved entry by entry.
+        let mut dealt = Vec::new();
+        let mut whole: Vec<Vec<ShardState>> = (0..n).map(|_| Vec::new()).collect();
+        for part in self.parts {
+            match part.owner(shard_of) {
+                Some(i) => whole[i].push(part),
+                None => dealt.push(part),
+            }
+        }
+        for (parts, to) in whole.into_iter().zip(&mut out) {
+            to.jobs
+                .reserve_exact(parts.iter().map(|p| p.jobs.len()).sum());
+            for part in parts {
+                to.append(part);
+            }
+        }
+        for part in dealt {
+            part.split_into(&mut out, shard_of);
         }
         (self.head, out)
     }
@@ -393,7 +490,7 @@ pub fn write_to<W: Write + Seek>(
     shards: &[ShardBytes],
 ) -> Result<usize, CheckpointError> {
     let head = rmp_serde::to_vec(head)?;
-    let len = head.len() as u64 + shards.iter().map(|s| 8 + s.len()).sum::<u64>();
+    let len = head.len() as u64 + shards.iter().map(ShardBytes::framed_len).sum::<u64>();
     let io = |source| CheckpointError::Write {
         path: PathBuf::from(FILE_NAME),
         source,
@@ -405,7 +502,6 @@ pub fn write_to<W: Write + Seek>(
     let mut body = Summing::new(&mut *w);
     body.write_all(&head).map_err(io)?;
     for s in shards {
-        body.write_all(&s.len().to_le_bytes()).map_err(io)?;
         s.copy_to(&mut body).map_err(io)?;
     }
     let sum = body.sum.digest();
@@ -465,11 +561,11 @@ impl Reopen for Path {
     }
 }
 
-/// Decode a checkpoint of `size` bytes. The shards are decoded on as many
+/// Decode a checkpoint of `size` bytes. The parts are decoded on as many
 /// threads as there are cores while one more checksums the payload; each
-/// thread holds the bytes of the one shard it is decoding (with one shard,
-/// the whole payload, ~240 bytes per active job), freed once decoded. The
-/// state is only returned once the checksum over all of it has matched.
+/// thread holds the bytes of the one part it is decoding (a version 2 file
+/// has one part per shard), freed once decoded. The state is only returned
+/// once the checksum over all of it has matched.
 pub fn read_from(
     src: &(impl Reopen + ?Sized),
     size: u64,
@@ -511,7 +607,7 @@ fn read(
     let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap_or_default());
     let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or_default());
     let version = u32_at(MAGIC.len());
-    if version != VERSION {
+    if !(OLDEST_READ..=VERSION).contains(&version) {
         return Err(CheckpointError::Version {
             path: path.to_path_buf(),
             found: version,
@@ -545,7 +641,7 @@ fn read(
             }
         }
     };
-    // Each shard's part is read whole and decoded from memory: decoding
+    // Each part is read whole and decoded from memory: decoding
     // from a slice takes strings and markers in place, where decoding from
     // a reader copies every one of them through a call (a third of the
     // time). The part is freed as soon as it is decoded.
@@ -634,7 +730,7 @@ fn read(
             shards.sort_by_key(|(i, _)| *i);
             Ok(Checkpoint {
                 head,
-                shards: shards.into_iter().map(|(_, s)| s).collect(),
+                parts: shards.into_iter().map(|(_, s)| s).collect(),
             })
         })();
         // A damaged file is reported as such before what its damage did
@@ -730,11 +826,11 @@ mod tests {
         st
     }
 
-    fn shard_bytes(st: &State) -> Vec<u8> {
+    fn shard_bytes(st: &State) -> ShardBytes {
         ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
-            alerts: NO_ALERTS.saved(&st.jobs),
+            alerts: &NO_ALERTS,
             clock: &EventClock::default(),
             resource_owners: &HashMap::default(),
         }
@@ -743,7 +839,7 @@ mod tests {
     }
 
     fn encoded(st: &State, head: &Head) -> Vec<u8> {
-        encode(head, &[shard_bytes(st).into()]).unwrap()
+        encode(head, &[shard_bytes(st)]).unwrap()
     }
 
     #[test]
@@ -783,7 +879,7 @@ mod tests {
         }
         let ck = Checkpoint {
             head: Head::default(),
-            shards: saved,
+            parts: saved,
         };
         let (_, out) = ck.split(2, |_, id| id.unwrap_or(0) as usize % 2);
         for (i, s) in out.iter().enumerate() {
@@ -830,11 +926,11 @@ mod tests {
                 seq,
                 ..Head::default()
             };
-            store(dir.path(), &head, &[shard_bytes(&state_with(seq)).into()]).unwrap();
+            store(dir.path(), &head, &[shard_bytes(&state_with(seq))]).unwrap();
         }
         let back = load(dir.path()).unwrap().unwrap();
         assert_eq!(back.head.seq, 3);
-        assert_eq!(back.shards[0].jobs.len(), 3);
+        assert_eq!(back.parts[0].jobs.len(), 3);
         // Only the one file: nothing accumulates.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
@@ -850,24 +946,28 @@ mod tests {
         let saved = ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
-            alerts: NO_ALERTS.saved(&st.jobs),
+            alerts: &NO_ALERTS,
             clock: &EventClock::default(),
             resource_owners: &HashMap::default(),
         };
         let spill = saved.spill(spill_path(dir.path(), 0, 1)).unwrap();
-        let scratch = spill.path.clone();
+        let ShardBytes::Spilled(Spill { path: scratch, .. }) = &spill else {
+            panic!("spilled");
+        };
+        let scratch = scratch.clone();
         assert!(scratch.exists());
-        let other = shard_bytes(&state_with(3));
-        let parts = [ShardBytes::Spilled(spill), other.clone().into()];
+        let three = state_with(3);
+        let other = || shard_bytes(&three);
+        let parts = [spill, other()];
         store(dir.path(), &head, &parts).unwrap();
-        let in_memory = encode(&head, &[shard_bytes(&st).into(), other.into()]).unwrap();
+        let in_memory = encode(&head, &[shard_bytes(&st), other()]).unwrap();
         let on_disk = std::fs::read(dir.path().join(FILE_NAME)).unwrap();
         assert!(on_disk == in_memory, "the same bytes either way");
         drop(parts);
         assert!(!scratch.exists(), "the scratch file goes with its Spill");
         let back = load(dir.path()).unwrap().unwrap();
-        assert_eq!(back.shards.len(), 2);
-        assert_eq!(back.shards[0].jobs.len(), 20);
+        assert_eq!(back.parts.len(), 2);
+        assert_eq!(back.parts[0].jobs.len(), 20);
     }
 
     #[test]
@@ -886,14 +986,17 @@ mod tests {
         let spill = ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
-            alerts: NO_ALERTS.saved(&st.jobs),
+            alerts: &NO_ALERTS,
             clock: &EventClock::default(),
             resource_owners: &HashMap::default(),
         }
         .spill(spill_path(dir.path(), 0, 1))
         .unwrap();
-        std::fs::write(&spill.path, b"short").unwrap();
-        assert!(store(dir.path(), &Head::default(), &[ShardBytes::Spilled(spill)]).is_err());
+        let ShardBytes::Spilled(Spill { path, .. }) = &spill else {
+            panic!("spilled");
+        };
+        std::fs::write(path, b"short").unwrap();
+        assert!(store(dir.path(), &Head::default(), &[spill]).is_err());
         assert!(
             load(dir.path()).unwrap().is_none(),
             "no checkpoint replaced"
@@ -905,13 +1008,13 @@ mod tests {
         let (a, b, c) = (state_with(40), state_with(3), State::new());
         let head = Head::default();
         let parts = [
-            shard_bytes(&a).into(),
-            shard_bytes(&b).into(),
-            shard_bytes(&c).into(),
+            shard_bytes(&a),
+            shard_bytes(&b),
+            shard_bytes(&c),
         ];
         let bytes = encode(&head, &parts).unwrap();
         let p = Path::new("p");
-        let jobs = |c: &Checkpoint| c.shards.iter().map(|s| s.jobs.len()).collect::<Vec<_>>();
+        let jobs = |c: &Checkpoint| c.parts.iter().map(|s| s.jobs.len()).collect::<Vec<_>>();
         let on_threads = read(&&bytes[..], bytes.len() as u64, p, 0).unwrap();
         let here = read(&&bytes[..], bytes.len() as u64, p, u64::MAX).unwrap();
         assert_eq!(jobs(&on_threads), vec![40, 3, 0]);
@@ -930,11 +1033,13 @@ mod tests {
 
     #[test]
     fn trailing_bytes_inside_a_shard_still_count_in_the_checksum() {
-        let mut shard = shard_bytes(&state_with(2));
-        shard.extend_from_slice(b"xx");
-        let bytes = encode(&Head::default(), &[shard.into()]).unwrap();
+        let ShardBytes::Memory(mut parts) = shard_bytes(&state_with(2)) else {
+            panic!("in memory");
+        };
+        parts[0].extend_from_slice(b"xx");
+        let bytes = encode(&Head::default(), &[ShardBytes::Memory(parts)]).unwrap();
         assert_eq!(
-            decode(&bytes, Path::new("p")).unwrap().shards[0].jobs.len(),
+            decode(&bytes, Path::new("p")).unwrap().parts[0].jobs.len(),
             2
         );
         let mut flipped = bytes.clone();
