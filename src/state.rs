@@ -266,6 +266,19 @@ impl State {
         c
     }
 
+    /// The shared copy of `cluster`'s name; `cluster` itself becomes it if
+    /// there is none yet (restored keys keep the copy they were decoded
+    /// with).
+    pub fn adopt(&mut self, cluster: &Arc<str>) -> Arc<str> {
+        match self.clusters.get(&**cluster) {
+            Some(c) => c.clone(),
+            None => {
+                self.clusters.insert(cluster.clone());
+                cluster.clone()
+            }
+        }
+    }
+
     /// Apply one record; `default_cluster` keys records that name none.
     pub fn apply(&mut self, default_cluster: &str, record: Record) -> Effects {
         let mut fx = Effects::default();

@@ -67,7 +67,10 @@ impl OldestEntries {
 
     /// Many jobs at once (a restore), each (cluster, state, entered at):
     /// sorted first, so a set still empty is built in one ordered pass.
-    pub fn add_all<C: AsRef<str>>(&mut self, entries: Vec<(C, JobState, Option<f64>)>) {
+    pub fn add_all<C: AsRef<str>>(
+        &mut self,
+        entries: impl IntoIterator<Item = (C, JobState, Option<f64>)>,
+    ) {
         let mut entries: Vec<(C, usize, i64)> = entries
             .into_iter()
             .filter_map(|(c, state, t)| {

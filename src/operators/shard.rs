@@ -433,15 +433,21 @@ impl Shard {
         }
         // Room for all at once, and the state-entry times sorted and added
         // in one go: a million restored jobs, one table growth and one
-        // ordered build instead of a million of each.
+        // ordered build instead of a million of each. Nothing in this loop
+        // touches a reference count or a metric per job: each is an atomic
+        // operation, which waits for the table's pending cache misses.
         self.state.jobs.reserve(saved.jobs.len());
-        let mut entered = Vec::with_capacity(saved.jobs.len());
+        // The clusters met, and each active job's (cluster, state, entered).
+        let mut clusters: Vec<Arc<str>> = Vec::new();
+        let mut entered: Vec<(u32, JobState, Option<f64>)> = Vec::with_capacity(saved.jobs.len());
+        let mut counts: HashMap<(u32, JobState, Option<i64>), i64> = HashMap::default();
         // A checkpoint lists jobs' conditions in the order of the jobs: each
         // goes into its job's entry while the entry is at hand. What is out
         // of that order (nodes', an older layout's) is looked up after.
         let mut conditions = saved.alerts.into_iter().peekable();
         let mut out_of_order = Vec::new();
         let mut firing = Vec::new();
+        let mut last: Option<(*const str, u32)> = None;
         for (key, mut entry) in saved.jobs {
             let own = |c: &SavedCondition| matches!(&c.subject, Subject::Job(k) if *k == key);
             while conditions
@@ -453,12 +459,25 @@ impl Shard {
             let mine = std::iter::from_fn(|| conditions.next_if(own));
             self.alerts
                 .restore_job(mine, &mut entry.alerts, &mut firing);
-            // Decoded keys each own a copy of the cluster name: share one.
-            let key = JobKey {
-                cluster: self.state.intern(&key.cluster),
-                id: key.id,
+            // Decoded keys share a copy of their cluster's name per decoding
+            // thread: the shard takes the first it meets as its own and
+            // leaves the keys as they are (keys compare equal by name).
+            let cluster = match last {
+                Some((name, i)) if std::ptr::eq(name, &*key.cluster) => i,
+                _ => {
+                    let i = match clusters.iter().position(|c| *c == key.cluster) {
+                        Some(i) => i,
+                        None => {
+                            clusters.push(self.state.adopt(&key.cluster));
+                            self.first_sight(&key.cluster);
+                            clusters.len() - 1
+                        }
+                    };
+                    let i = u32::try_from(i).unwrap_or(u32::MAX);
+                    last = Some((&*key.cluster, i));
+                    i
+                }
             };
-            self.first_sight(&key.cluster);
             let job = &entry.job;
             if job.state == JobState::Inactive {
                 self.inactive
@@ -467,22 +486,27 @@ impl Shard {
                 self.unsubmitted
                     .push_back((now + self.retention.orphan_ttl, key.clone()));
             } else if !job.invalidated {
-                count_active(
-                    &self.series,
-                    &self.users,
-                    &key.cluster,
-                    job.state,
-                    job.userid,
-                    1,
-                );
-                entered.push((key.cluster.clone(), job.state, job.t_state()));
+                *counts.entry((cluster, job.state, job.userid)).or_insert(0) += 1;
+                entered.push((cluster, job.state, job.t_state()));
             }
             // Held already (left from a checkpoint): the restored one wins.
-            if let Some(old) = self.state.jobs.insert(key.clone(), entry) {
-                self.uncount(&key, old);
+            match self.state.jobs.entry(key) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(entry);
+                }
+                std::collections::hash_map::Entry::Occupied(mut o) => {
+                    let key = o.key().clone();
+                    let old = std::mem::replace(o.get_mut(), entry);
+                    self.uncount(&key, old);
+                }
             }
         }
-        self.ages.add_all(entered);
+        let name = |i: u32| clusters.get(i as usize).map_or("", |c| &**c);
+        for ((cluster, state, userid), n) in counts {
+            count_active(&self.series, &self.users, name(cluster), state, userid, n);
+        }
+        self.ages
+            .add_all(entered.into_iter().map(|(c, state, t)| (name(c), state, t)));
         out_of_order.extend(conditions);
         firing.extend(self.alerts.restore(out_of_order, &mut self.state.jobs));
         let alerts = firing;

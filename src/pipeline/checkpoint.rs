@@ -1007,11 +1007,7 @@ mod tests {
     fn threads_or_not_the_same_shards_come_back() {
         let (a, b, c) = (state_with(40), state_with(3), State::new());
         let head = Head::default();
-        let parts = [
-            shard_bytes(&a),
-            shard_bytes(&b),
-            shard_bytes(&c),
-        ];
+        let parts = [shard_bytes(&a), shard_bytes(&b), shard_bytes(&c)];
         let bytes = encode(&head, &parts).unwrap();
         let p = Path::new("p");
         let jobs = |c: &Checkpoint| c.parts.iter().map(|s| s.jobs.len()).collect::<Vec<_>>();
