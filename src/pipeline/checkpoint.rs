@@ -645,13 +645,21 @@ fn read(
     // from a slice takes strings and markers in place, where decoding from
     // a reader copies every one of them through a call (a third of the
     // time). The part is freed as soon as it is decoded.
-    let decode_part = |(i, (offset, n)): (usize, (u64, u64))| {
-        let mut bytes = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
-        let mut r = src.open_at(offset).map_err(unreadable)?.take(n);
-        r.read_to_end(&mut bytes).map_err(unreadable)?;
-        let state: ShardState =
-            rmp_serde::from_slice(&bytes).map_err(|e| corrupt(format!("shard {i}: {e}")))?;
-        Ok::<_, CheckpointError>((i, state))
+    // One buffer per thread serves all its parts: a new one per part
+    // would fault in fresh pages for every part.
+    let decode_parts = |mine: Vec<(usize, (u64, u64))>| {
+        let mut bytes = Vec::new();
+        let mut out = Vec::with_capacity(mine.len());
+        for (i, (offset, n)) in mine {
+            bytes.clear();
+            bytes.reserve(usize::try_from(n).unwrap_or(0));
+            let mut r = src.open_at(offset).map_err(unreadable)?.take(n);
+            r.read_to_end(&mut bytes).map_err(unreadable)?;
+            let state: ShardState =
+                rmp_serde::from_slice(&bytes).map_err(|e| corrupt(format!("part {i}: {e}")))?;
+            out.push((i, state));
+        }
+        Ok::<_, CheckpointError>(out)
     };
     // Threads pay off for a big state only; a small one (and the fuzzer's
     // inputs) is checked, then decoded, on this thread.
@@ -694,12 +702,7 @@ fn read(
                 1
             };
             let mut shards: Vec<(usize, ShardState)> = if threads == 1 {
-                parts
-                    .iter()
-                    .copied()
-                    .enumerate()
-                    .map(decode_part)
-                    .collect::<Result<_, _>>()?
+                decode_parts(parts.iter().copied().enumerate().collect())?
             } else {
                 let decoders: Vec<_> = (0..threads)
                     .map(|t| {
@@ -710,19 +713,15 @@ fn read(
                             .skip(t)
                             .step_by(threads)
                             .collect();
-                        let decode_part = &decode_part;
-                        scope.spawn(move || {
-                            mine.into_iter()
-                                .map(decode_part)
-                                .collect::<Result<Vec<_>, CheckpointError>>()
-                        })
+                        let decode_parts = &decode_parts;
+                        scope.spawn(move || decode_parts(mine))
                     })
                     .collect();
                 let mut shards = Vec::with_capacity(parts.len());
                 for d in decoders {
                     let got = d
                         .join()
-                        .map_err(|_| corrupt("a shard's decoder failed".into()))??;
+                        .map_err(|_| corrupt("a part's decoder failed".into()))??;
                     shards.extend(got);
                 }
                 shards
