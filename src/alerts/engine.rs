@@ -491,7 +491,9 @@ impl Engine {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SavedCondition {
     pub subject: Subject,
-    pub rule: String,
+    /// Inline (rule names are short): a million restored conditions
+    /// allocate nothing for them.
+    pub rule: compact_str::CompactString,
     pub since: f64,
     /// How far its timer was pushed back (the subject's lag).
     pub delay: f64,
@@ -633,7 +635,7 @@ impl Engine {
             };
             out.push(SavedCondition {
                 subject: subject.clone(),
-                rule: rule.name.clone(),
+                rule: rule.name.as_str().into(),
                 since: a.since,
                 delay: a.deadline - a.starts,
                 fired: a.fired,
