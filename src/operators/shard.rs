@@ -447,7 +447,7 @@ impl Shard {
         let mut conditions = saved.alerts.into_iter().peekable();
         let mut out_of_order = Vec::new();
         let mut firing = Vec::new();
-        let mut last: Option<(*const str, u32)> = None;
+        let mut last: Option<(Arc<str>, u32)> = None;
         for (key, mut entry) in saved.jobs {
             let own = |c: &SavedCondition| matches!(&c.subject, Subject::Job(k) if *k == key);
             while conditions
@@ -462,8 +462,8 @@ impl Shard {
             // Decoded keys share a copy of their cluster's name per decoding
             // thread: the shard takes the first it meets as its own and
             // leaves the keys as they are (keys compare equal by name).
-            let cluster = match last {
-                Some((name, i)) if std::ptr::eq(name, &*key.cluster) => i,
+            let cluster = match &last {
+                Some((name, i)) if Arc::ptr_eq(name, &key.cluster) => *i,
                 _ => {
                     let i = match clusters.iter().position(|c| *c == key.cluster) {
                         Some(i) => i,
@@ -474,7 +474,7 @@ impl Shard {
                         }
                     };
                     let i = u32::try_from(i).unwrap_or(u32::MAX);
-                    last = Some((&*key.cluster, i));
+                    last = Some((key.cluster.clone(), i));
                     i
                 }
             };
