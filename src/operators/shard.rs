@@ -1127,6 +1127,17 @@ mod tests {
         }
     }
 
+    /// A shard with no sinks and the SCHED rule held 100 s.
+    fn sched_shard() -> Shard {
+        Shard::new(
+            Outputs::new(std::iter::empty()).0,
+            RETAIN,
+            NodeBoard::default(),
+            StateAges::default(),
+            sched_alerts("100s"),
+        )
+    }
+
     fn sink(inputs: &str) -> (Outputs, crate::sinks::SinkRx) {
         let cfg = config::parse(&format!(
             "[sources.s]\ntype = \"stdin\"\n[sinks.k]\ntype = \"stdout\"\ninputs = {inputs}\nbuffer = 1000\n"
@@ -1398,16 +1409,7 @@ mod tests {
     /// the conditions come in; one for a job not held goes with it.
     #[tokio::test]
     async fn a_checkpoint_brings_back_every_alert_condition_in_any_order() {
-        let new_shard = || {
-            let (outputs, _) = Outputs::new(std::iter::empty());
-            Shard::new(
-                outputs,
-                RETAIN,
-                NodeBoard::default(),
-                StateAges::default(),
-                sched_alerts("100s"),
-            )
-        };
+        let new_shard = sched_shard;
         let mut a = new_shard();
         // jobs 1-10 in SCHED from 1000 (fired by 1200), 11-20 from 1150
         for id in 1..=20u64 {
@@ -1459,16 +1461,7 @@ mod tests {
     /// conditions with it.
     #[tokio::test]
     async fn a_state_saved_in_parts_comes_back_whole() {
-        let new_shard = || {
-            let (outputs, _) = Outputs::new(std::iter::empty());
-            Shard::new(
-                outputs,
-                RETAIN,
-                NodeBoard::default(),
-                StateAges::default(),
-                sched_alerts("100s"),
-            )
-        };
+        let new_shard = sched_shard;
         let n = checkpoint::PART_JOBS as u64 + 5;
         let mut a = new_shard();
         for id in 1..=n {
