@@ -296,7 +296,11 @@ fn checkpoint_times(
                     },
                 )
                 .with_sources(&[SourceInfo::new("bench", "bench")])
-                .with_spill(folder.clone(), index)
+                .with_spill(
+                    folder.clone(),
+                    index,
+                    checkpoint::encode_threads() / n.max(1),
+                )
             })
             .collect()
     };

@@ -116,6 +116,9 @@ pub struct Shard {
     /// Where to encode the state at a barrier (data folder, shard index,
     /// rounds so far); in memory when unset.
     spill: Option<(PathBuf, usize, u64)>,
+    /// Threads that encode the state at a barrier (this shard's share of
+    /// the cores).
+    encode_threads: usize,
     /// The pipeline's sources, by the index records carry: this shard's
     /// own copies of their names.
     sources: Vec<SourceInfo>,
@@ -189,14 +192,16 @@ impl Shard {
             dirty: HashMap::default(),
             users: UserJobs::default(),
             spill: None,
+            encode_threads: 1,
             sources: Vec::new(),
         }
     }
 
     /// Encode the state for checkpoints into scratch files in `dir`, named
-    /// for shard `index`, rather than in memory.
-    pub fn with_spill(mut self, dir: PathBuf, index: usize) -> Self {
+    /// for shard `index`, rather than in memory, on `threads` threads.
+    pub fn with_spill(mut self, dir: PathBuf, index: usize, threads: usize) -> Self {
         self.spill = Some((dir, index, 0));
+        self.encode_threads = threads.max(1);
         self
     }
 
@@ -239,9 +244,9 @@ impl Shard {
         let state = match &mut self.spill {
             Some((dir, index, n)) => {
                 *n += 1;
-                saved.spill(spill_path(dir, *index, *n))?
+                saved.spill_on(self.encode_threads, spill_path(dir, *index, *n))?
             }
-            None => saved.encode()?,
+            None => saved.encode_on(self.encode_threads)?,
         };
         Ok(BarrierReply {
             state,

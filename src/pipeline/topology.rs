@@ -174,6 +174,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         .iter()
         .map(|(name, source)| SourceInfo::new(name, &source.decode().cluster))
         .collect();
+    // Each shard encodes its state at a barrier on its share of the cores.
+    let encode_threads = checkpoint::encode_threads() / restored.len().max(1);
     let mut shards: Vec<Shard> = (0..restored.len())
         .map(|index| {
             Shard::new(
@@ -186,7 +188,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             .with_changelog(changelog_sources(&config))
             .with_user_jobs(sink_ctx.users.clone())
             .with_sources(&source_table)
-            .with_spill(config.data_dir.clone(), index)
+            .with_spill(config.data_dir.clone(), index, encode_threads)
         })
         .collect();
     // Set up first, so what is restored is counted where it is exported
