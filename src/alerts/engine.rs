@@ -148,11 +148,14 @@ struct Active {
     detail: Detail,
 }
 
-/// A job's alert conditions, kept in its entry in the job table: exactly
-/// as many as hold (most jobs none or one), no room to spare, nothing
-/// allocated while none holds.
+/// A subject's conditions: most hold none or one at a time, and one is
+/// kept inline (no allocation per condition, none freed when it clears).
+type List = SmallVec<[Active; 1]>;
+
+/// A job's alert conditions, kept in its entry in the job table: one
+/// inline, more (rare) beside it.
 #[derive(Debug, Clone, Default)]
-pub struct Conditions(Box<[Active]>);
+pub struct Conditions(List);
 
 impl Conditions {
     pub fn len(&self) -> usize {
@@ -163,12 +166,8 @@ impl Conditions {
         self.0.is_empty()
     }
 
-    /// Change the list as a `Vec`, then keep it at its exact size again.
-    fn edit<R>(&mut self, f: impl FnOnce(&mut Vec<Active>) -> R) -> R {
-        let mut list = std::mem::take(&mut self.0).into_vec();
-        let r = f(&mut list);
-        self.0 = list.into_boxed_slice();
-        r
+    fn edit<R>(&mut self, f: impl FnOnce(&mut List) -> R) -> R {
+        f(&mut self.0)
     }
 }
 
@@ -298,7 +297,7 @@ fn cancel_timer(timers: &mut Timers, cluster: &str, timer: Option<TimerId>) {
 #[derive(Debug, Default)]
 pub struct Engine {
     rules: Vec<Rule>,
-    nodes: HashMap<NodeKey, Vec<Active>>,
+    nodes: HashMap<NodeKey, List>,
     timers: Timers,
     firing: usize,
 }
@@ -333,7 +332,7 @@ impl Engine {
         self.timers.values().map(|t| t.queue.len()).sum()
     }
 
-    fn parts(&mut self) -> (Parts<'_>, &mut HashMap<NodeKey, Vec<Active>>) {
+    fn parts(&mut self) -> (Parts<'_>, &mut HashMap<NodeKey, List>) {
         let parts = Parts {
             rules: &self.rules,
             timers: &mut self.timers,
@@ -388,7 +387,7 @@ impl Engine {
                 }
             }
             None => {
-                let mut list = Vec::new();
+                let mut list = List::new();
                 parts.observe(&mut list, key, subject, holds, (at, lag), out);
                 if !list.is_empty() {
                     nodes.insert(key.clone(), list);
@@ -648,7 +647,7 @@ impl Engine {
     /// them: its state moved to another member of the group, which carries
     /// them on. Returns the rules of those that had fired.
     pub fn release_job(&mut self, conditions: Conditions, cluster: &str) -> Vec<usize> {
-        self.release_list(conditions.0.into_vec(), cluster)
+        self.release_list(conditions.0, cluster)
     }
 
     /// The same for a node.
@@ -657,7 +656,7 @@ impl Engine {
         self.release_list(list, &key.cluster)
     }
 
-    fn release_list(&mut self, list: Vec<Active>, cluster: &str) -> Vec<usize> {
+    fn release_list(&mut self, list: List, cluster: &str) -> Vec<usize> {
         let mut fired = Vec::new();
         for a in list {
             if a.fired {
@@ -729,7 +728,7 @@ impl Engine {
 
     /// One saved condition into its subject's list; the alert to announce
     /// again if it had fired.
-    fn restore_one(&mut self, c: SavedCondition, list: &mut Vec<Active>) -> Option<AlertEvent> {
+    fn restore_one(&mut self, c: SavedCondition, list: &mut List) -> Option<AlertEvent> {
         let rule = self.rules.iter().position(|r| r.name == c.rule)?;
         if list.iter().any(|a| a.rule as usize == rule) {
             return None;
@@ -739,7 +738,6 @@ impl Engine {
         let deadline = starts + c.delay.max(0.0);
         let timer =
             (!c.fired).then(|| set_timer(&mut self.timers, &c.subject, deadline, rule as u16));
-        list.reserve_exact(1);
         list.push(Active {
             rule: rule as u16,
             since: c.since,
@@ -820,7 +818,7 @@ impl Parts<'_> {
     /// with none yet); `list` is left at its exact size.
     fn observe<D: Borrow<Detail>>(
         &mut self,
-        list: &mut Vec<Active>,
+        list: &mut List,
         key: &impl TimerSubject,
         subject: impl FnOnce() -> Subject,
         holds: &[(usize, Option<(f64, D)>)],
@@ -852,16 +850,14 @@ impl Parts<'_> {
                 }
                 None => {
                     let a = self.activate(*rule, *since, lag, detail.clone(), key);
-                    // Sized exactly: a first push would make room for four,
-                    // and most subjects never hold more than one condition
-                    // (a million active jobs, ~190 MB of empty room).
-                    list.reserve_exact(1);
                     list.push(a);
                 }
             }
         }
         if !cleared.is_empty() {
-            list.shrink_to_fit();
+            if list.spilled() && list.len() <= 1 {
+                list.shrink_to_fit();
+            }
             let subject = subject();
             for a in cleared {
                 self.clear(&subject, a, at, out);

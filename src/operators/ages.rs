@@ -4,10 +4,10 @@
 //! when the shard's round of work ends ([`OldestEntries::publish`]): once
 //! per round, not once per record under a lock shared by every shard.
 
+use super::entry_times::EntryTimes;
 use crate::flux::job::JobState;
 use crate::telemetry::StateAges;
 use foldhash::HashMap;
-use std::collections::BTreeMap;
 
 /// Times are kept in whole microseconds: exact ordering, and finer than any
 /// eventlog timestamp means anything by.
@@ -16,10 +16,10 @@ fn micros(t: f64) -> i64 {
 }
 
 /// The entry times of one cluster's active jobs, per state (indexed by
-/// the state's place in [`JobState::ALL`]): entry time → jobs.
+/// the state's place in [`JobState::ALL`]).
 #[derive(Default)]
 struct Sets {
-    by_state: [BTreeMap<i64, u32>; JobState::ALL.len()],
+    by_state: [EntryTimes; JobState::ALL.len()],
     /// The states whose oldest changed since the last publish, by index.
     changed: u16,
 }
@@ -57,12 +57,9 @@ impl OldestEntries {
         let Some(sets) = self.sets_of(cluster) else {
             return;
         };
-        let set = &mut sets.by_state[state.index()];
-        let m = micros(t);
-        if set.first_key_value().is_none_or(|(k, _)| m < *k) {
+        if sets.by_state[state.index()].add(micros(t), 1) {
             sets.changed |= 1 << state.index();
         }
-        *set.entry(m).or_insert(0) += 1;
     }
 
     /// Many jobs at once (a restore), each (cluster, state, entered at):
@@ -90,10 +87,10 @@ impl OldestEntries {
                 .chunk_by(|a, b| a.2 == b.2)
                 .map(|g| (g[0].2, g.len() as u32));
             if set.is_empty() {
-                *set = times.collect();
+                *set = EntryTimes::from_sorted(times);
             } else {
                 for (m, n) in times {
-                    *set.entry(m).or_insert(0) += n;
+                    set.add(m, n);
                 }
             }
         }
@@ -107,16 +104,8 @@ impl OldestEntries {
         let Some(sets) = self.sets.get_mut(cluster) else {
             return;
         };
-        let set = &mut sets.by_state[state.index()];
-        let m = micros(t);
-        if let Some(n) = set.get_mut(&m) {
-            *n -= 1;
-            if *n == 0 {
-                if set.first_key_value().is_some_and(|(k, _)| *k == m) {
-                    sets.changed |= 1 << state.index();
-                }
-                set.remove(&m);
-            }
+        if sets.by_state[state.index()].remove(micros(t)) {
+            sets.changed |= 1 << state.index();
         }
     }
 
@@ -127,7 +116,7 @@ impl OldestEntries {
             while changed != 0 {
                 let i = changed.trailing_zeros() as usize;
                 changed &= changed - 1;
-                let oldest = sets.by_state[i].first_key_value().map(|(k, _)| *k);
+                let oldest = sets.by_state[i].first();
                 self.board.publish(
                     self.shard,
                     cluster,
@@ -159,7 +148,10 @@ mod tests {
             let mut v: Vec<_> = o
                 .sets
                 .iter()
-                .map(|(c, s)| (c.clone(), s.by_state.clone()))
+                .map(|(c, s)| {
+                    let held = s.by_state.each_ref().map(|t| t.held().collect::<Vec<_>>());
+                    (c.clone(), held)
+                })
                 .collect();
             v.sort();
             v

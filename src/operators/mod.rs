@@ -5,6 +5,7 @@
 //! and emits output records.
 
 pub mod ages;
+mod entry_times;
 pub mod job_metrics;
 pub mod shard;
 
