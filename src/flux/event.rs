@@ -133,9 +133,19 @@ impl Event {
             .and_then(|c| super::object::find_text(c.raw(), key))
     }
 
+    /// Several context keys, read in one walk of the context: for events
+    /// whose handling reads more than one.
+    pub fn values<const N: usize>(&self, keys: [&'static str; N]) -> ContextValues<'_, N> {
+        let texts = match &self.context {
+            Some(c) => super::object::find_texts(c.raw(), keys),
+            None => [None; N],
+        };
+        ContextValues { keys, texts }
+    }
+
     /// A context value, if present.
     pub fn get(&self, key: &str) -> Option<Value> {
-        self.text(key).and_then(|t| serde_json::from_str(t).ok())
+        value(self.text(key))
     }
 
     /// Whether the context has the key.
@@ -145,77 +155,147 @@ impl Event {
 
     /// A required integer context key (JSON integer; floats with no fraction accepted).
     pub fn int(&self, key: &'static str) -> Result<i64, ContextError> {
-        let text = self.text(key).ok_or(ContextError::Missing(key))?;
-        raw_int(text).ok_or(ContextError::WrongType {
-            key,
-            expected: "an integer",
-        })
+        int(key, self.text(key))
     }
 
     /// A required number context key (integer or float).
     pub fn number(&self, key: &'static str) -> Result<f64, ContextError> {
-        match self.get(key) {
-            None => Err(ContextError::Missing(key)),
-            Some(Value::Number(n)) => n.as_f64().ok_or(ContextError::WrongType {
-                key,
-                expected: "a number",
-            }),
-            Some(_) => Err(ContextError::WrongType {
-                key,
-                expected: "a number",
-            }),
-        }
+        number(key, self.text(key))
     }
 
     /// A required string context key.
     pub fn str(&self, key: &'static str) -> Result<Cow<'_, str>, ContextError> {
-        match self.text(key) {
-            None => Err(ContextError::Missing(key)),
-            Some(r) => raw_str(r).ok_or(ContextError::WrongType {
-                key,
-                expected: "a string",
-            }),
-        }
+        string(key, self.text(key))
     }
 
     /// A required boolean context key.
     pub fn bool(&self, key: &'static str) -> Result<bool, ContextError> {
-        match self.get(key) {
-            None => Err(ContextError::Missing(key)),
-            Some(Value::Bool(b)) => Ok(b),
-            Some(_) => Err(ContextError::WrongType {
-                key,
-                expected: "a boolean",
-            }),
-        }
+        boolean(key, self.text(key))
     }
 
     /// An optional string context key: `Ok(None)` when absent or null.
     pub fn opt_str(&self, key: &'static str) -> Result<Option<Cow<'_, str>>, ContextError> {
-        match self.text(key) {
-            None | Some("null") => Ok(None),
-            Some(r) => raw_str(r).map(Some).ok_or(ContextError::WrongType {
-                key,
-                expected: "a string",
-            }),
-        }
+        opt_string(key, self.text(key))
     }
 
     /// An optional integer context key: `Ok(None)` when absent or null.
     pub fn opt_int(&self, key: &'static str) -> Result<Option<i64>, ContextError> {
-        match self.text(key) {
-            None | Some("null") => Ok(None),
-            Some(text) => raw_int(text).map(Some).ok_or(ContextError::WrongType {
-                key,
-                expected: "an integer",
-            }),
-        }
+        opt_int(key, self.text(key))
     }
 }
 
-/// An integer from a JSON value's text. An integer literal is read as one
-/// (the text is JSON, so it has no `+` or leading zero that Rust would
-/// take and JSON would not); anything else through a JSON value.
+/// Context values read together ([`Event::values`]), asked for by key as
+/// of the event; a key that was not read is missing.
+pub struct ContextValues<'a, const N: usize> {
+    keys: [&'static str; N],
+    texts: [Option<&'a str>; N],
+}
+
+impl<'a, const N: usize> ContextValues<'a, N> {
+    fn text(&self, key: &'static str) -> Option<&'a str> {
+        let i = self.keys.iter().position(|k| *k == key);
+        debug_assert!(i.is_some(), "context key `{key}` was not read");
+        i.and_then(|i| self.texts[i])
+    }
+
+    pub fn has(&self, key: &'static str) -> bool {
+        self.text(key).is_some()
+    }
+
+    pub fn int(&self, key: &'static str) -> Result<i64, ContextError> {
+        int(key, self.text(key))
+    }
+
+    pub fn str(&self, key: &'static str) -> Result<Cow<'a, str>, ContextError> {
+        string(key, self.text(key))
+    }
+
+    pub fn bool(&self, key: &'static str) -> Result<bool, ContextError> {
+        boolean(key, self.text(key))
+    }
+
+    pub fn opt_str(&self, key: &'static str) -> Result<Option<Cow<'a, str>>, ContextError> {
+        opt_string(key, self.text(key))
+    }
+
+    pub fn opt_int(&self, key: &'static str) -> Result<Option<i64>, ContextError> {
+        opt_int(key, self.text(key))
+    }
+}
+
+// What each kind of context value is, from its JSON text (`None`: absent).
+
+fn value(text: Option<&str>) -> Option<Value> {
+    text.and_then(|t| serde_json::from_str(t).ok())
+}
+
+fn int(key: &'static str, text: Option<&str>) -> Result<i64, ContextError> {
+    let text = text.ok_or(ContextError::Missing(key))?;
+    raw_int(text).ok_or(ContextError::WrongType {
+        key,
+        expected: "an integer",
+    })
+}
+
+fn number(key: &'static str, text: Option<&str>) -> Result<f64, ContextError> {
+    match value(text) {
+        None => Err(ContextError::Missing(key)),
+        Some(Value::Number(n)) => n.as_f64().ok_or(ContextError::WrongType {
+            key,
+            expected: "a number",
+        }),
+        Some(_) => Err(ContextError::WrongType {
+            key,
+            expected: "a number",
+        }),
+    }
+}
+
+fn string<'a>(key: &'static str, text: Option<&'a str>) -> Result<Cow<'a, str>, ContextError> {
+    match text {
+        None => Err(ContextError::Missing(key)),
+        Some(r) => raw_str(r).ok_or(ContextError::WrongType {
+            key,
+            expected: "a string",
+        }),
+    }
+}
+
+fn boolean(key: &'static str, text: Option<&str>) -> Result<bool, ContextError> {
+    match text {
+        None => Err(ContextError::Missing(key)),
+        Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(_) => Err(ContextError::WrongType {
+            key,
+            expected: "a boolean",
+        }),
+    }
+}
+
+fn opt_string<'a>(
+    key: &'static str,
+    text: Option<&'a str>,
+) -> Result<Option<Cow<'a, str>>, ContextError> {
+    match text {
+        None | Some("null") => Ok(None),
+        Some(r) => raw_str(r).map(Some).ok_or(ContextError::WrongType {
+            key,
+            expected: "a string",
+        }),
+    }
+}
+
+fn opt_int(key: &'static str, text: Option<&str>) -> Result<Option<i64>, ContextError> {
+    match text {
+        None | Some("null") => Ok(None),
+        Some(text) => raw_int(text).map(Some).ok_or(ContextError::WrongType {
+            key,
+            expected: "an integer",
+        }),
+    }
+}
+
 fn raw_int(text: &str) -> Option<i64> {
     if let Ok(i) = text.parse::<i64>() {
         return Some(i);
@@ -308,6 +388,26 @@ mod tests {
         let e = Event::new(1.0, "x").with_context(serde_json::json!({"a": 3.0, "b": 3.5}));
         assert_eq!(e.int("a"), Ok(3));
         assert!(e.int("b").is_err());
+    }
+
+    #[test]
+    fn values_read_together_read_as_one_by_one() {
+        let e = Event::new(1.0, "x").with_context(serde_json::json!({
+            "a": 3, "b": "s", "c": true, "d": null, "e": [1]
+        }));
+        let v = e.values(["a", "b", "c", "d", "e", "z"]);
+        assert_eq!(v.int("a"), e.int("a"));
+        assert_eq!(v.str("b"), e.str("b"));
+        assert_eq!(v.bool("c"), Ok(true));
+        assert_eq!(v.bool("c"), e.bool("c"));
+        assert_eq!(v.bool("a"), e.bool("a"));
+        assert_eq!(v.opt_str("d"), Ok(None));
+        assert_eq!(v.opt_int("d"), e.opt_int("d"));
+        assert_eq!(v.int("e"), e.int("e"));
+        assert!(v.has("e") && !v.has("z"));
+        assert_eq!(v.int("z"), Err(ContextError::Missing("z")));
+        let bare = Event::new(1.0, "x");
+        assert_eq!(bare.values(["a"]).str("a"), Err(ContextError::Missing("a")));
     }
 
     proptest! {

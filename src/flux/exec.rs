@@ -221,7 +221,8 @@ impl ExecLog {
                 Err(e) => flag(context_kind(&e), e.to_string()),
             },
             "shell-exit" => {
-                let rank = match ev.int("rank") {
+                let values = ev.values(["rank", "wait_status", "active_ranks"]);
+                let rank = match values.int("rank") {
                     Ok(r) => match u32::try_from(r) {
                         Ok(r) => Some(r),
                         Err(_) => {
@@ -237,14 +238,14 @@ impl ExecLog {
                         None
                     }
                 };
-                let wait_status = match ev.int("wait_status") {
+                let wait_status = match values.int("wait_status") {
                     Ok(w) => Some(w),
                     Err(e) => {
                         flag(context_kind(&e), e.to_string());
                         None
                     }
                 };
-                let active_ranks = match ev.opt_str("active_ranks") {
+                let active_ranks = match values.opt_str("active_ranks") {
                     Ok(None) => None,
                     Ok(Some(s)) => match IdSet::parse(&s) {
                         Ok(set) => Some(set),

@@ -192,7 +192,8 @@ fn context_anomaly(ev: &Event, err: ContextError) -> Anomaly {
 /// A `prolog-finish` or `epilog-finish`: it needs a description and a
 /// status, and closes one started action.
 fn finish_action(ev: &Event, active: &mut u32, what: &str, anomalies: &mut Vec<Anomaly>) {
-    for err in [ev.str("description").err(), ev.int("status").err()]
+    let values = ev.values(["description", "status"]);
+    for err in [values.str("description").err(), values.int("status").err()]
         .into_iter()
         .flatten()
     {
@@ -562,25 +563,27 @@ impl Job {
         }
         self.submitted = true;
         self.t_submit.set(ev.timestamp);
-        match ev.int("userid") {
+        let values = ev.values(["userid", "urgency", "flags", "version"]);
+        match values.int("userid") {
             Ok(u) => self.userid = Some(u),
             Err(e) => anomalies.push(context_anomaly(ev, e)),
         }
-        match ev.int("urgency") {
+        match values.int("urgency") {
             Ok(u) => self.urgency = Some(u),
             Err(e) => anomalies.push(context_anomaly(ev, e)),
         }
-        match ev.opt_int("flags") {
+        match values.opt_int("flags") {
             Ok(f) => self.flags = f.unwrap_or(0),
             Err(e) => anomalies.push(context_anomaly(ev, e)),
         }
         // Eventlogs without a version (flux-core 0.40 and older) may have
         // no `validate`: there the job was in DEPEND from submit on.
-        self.unversioned = !ev.has("version");
+        self.unversioned = !values.has("version");
     }
 
     fn on_release(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
-        match ev.str("ranks") {
+        let values = ev.values(["ranks", "final"]);
+        match values.str("ranks") {
             Ok(r) => {
                 if let Err(e) = Ranks::parse(&r) {
                     anomalies.push(anomaly(
@@ -592,7 +595,7 @@ impl Job {
             }
             Err(e) => anomalies.push(context_anomaly(ev, e)),
         }
-        let is_final = match ev.bool("final") {
+        let is_final = match values.bool("final") {
             Ok(f) => f,
             Err(e) => {
                 anomalies.push(context_anomaly(ev, e));
@@ -612,14 +615,15 @@ impl Job {
     }
 
     fn on_exception(&mut self, ev: &Event, anomalies: &mut Vec<Anomaly>) {
-        let kind = match ev.str("type") {
+        let values = ev.values(["type", "severity", "note"]);
+        let kind = match values.str("type") {
             Ok(t) => t.to_string(),
             Err(e) => {
                 anomalies.push(context_anomaly(ev, e));
                 return;
             }
         };
-        let severity = match ev.int("severity") {
+        let severity = match values.int("severity") {
             Ok(s) => s,
             Err(e) => {
                 anomalies.push(context_anomaly(ev, e));
@@ -633,7 +637,7 @@ impl Job {
                 format!("exception severity {severity} is outside 0-7"),
             ));
         }
-        let note = match ev.opt_str("note") {
+        let note = match values.opt_str("note") {
             Ok(n) => n.map(Cow::into_owned).unwrap_or_default(),
             Err(e) => {
                 anomalies.push(context_anomaly(ev, e));

@@ -95,6 +95,18 @@ pub fn find_text<'a>(object: &'a RawValue, key: &str) -> Option<&'a str> {
     }
 }
 
+/// Several keys' value texts in one walk of the object's text (the last
+/// of each when repeated).
+pub fn find_texts<'a, const N: usize>(
+    object: &'a RawValue,
+    keys: [&str; N],
+) -> [Option<&'a str>; N] {
+    match scan::find_all(object.get(), keys) {
+        Some(found) => found,
+        None => keys.map(|key| find_by_serde(object, key).map(RawValue::get)),
+    }
+}
+
 fn find_by_serde<'a>(object: &'a RawValue, key: &str) -> Option<&'a RawValue> {
     let mut de = serde_json::Deserializer::from_str(object.get());
     FindKey(key).deserialize(&mut de).ok().flatten()
@@ -114,17 +126,25 @@ mod scan {
     }
 
     pub fn find<'a>(text: &'a str, key: &str) -> Found<'a> {
-        walk(text, key).unwrap_or(Found::Unsure)
+        match find_all(text, [key]) {
+            Some([Some(value)]) => Found::Value(value),
+            Some([None]) => Found::Absent,
+            None => Found::Unsure,
+        }
     }
 
-    fn walk<'a>(text: &'a str, key: &str) -> Option<Found<'a>> {
+    /// Each key's value in one walk; `None`: not walked (an escaped key).
+    pub fn find_all<'a, const N: usize>(
+        text: &'a str,
+        keys: [&str; N],
+    ) -> Option<[Option<&'a str>; N]> {
         let b = text.as_bytes();
+        let mut found = [None; N];
         let mut i = ws(b, 0);
         if b.get(i) != Some(&b'{') {
-            return Some(Found::Absent);
+            return Some(found);
         }
         i = ws(b, i + 1);
-        let mut found = Found::Absent;
         if b.get(i) == Some(&b'}') {
             return Some(found);
         }
@@ -143,9 +163,11 @@ mod scan {
             }
             let start = ws(b, i + 1);
             let stop = value_end(b, start)?;
-            if name == key {
-                // The last of a repeated key, as a map keeps it.
-                found = Found::Value(text.get(start..stop)?);
+            for (slot, key) in found.iter_mut().zip(keys) {
+                if name == key {
+                    // The last of a repeated key, as a map keeps it.
+                    *slot = Some(text.get(start..stop)?);
+                }
             }
             i = ws(b, stop);
             match b.get(i) {
@@ -403,6 +425,11 @@ mod tests {
                 prop_assert_eq!(find(&raw, key).map(RawValue::get), want, "{} in {}", key, text);
                 prop_assert_eq!(find_text(&raw, key), want, "{} in {}", key, text);
             }
+            // Several keys in one walk: each as it is found alone.
+            let key = |i: usize| pairs.get(i).map_or("absent", |(k, _)| k.as_str());
+            let keys = [key(0), "absent", key(3), key(1), ""];
+            let want = keys.map(|k| find_by_serde(&raw, k).map(RawValue::get));
+            prop_assert_eq!(find_texts(&raw, keys), want, "{:?} in {}", keys, text);
         }
 
         #[test]

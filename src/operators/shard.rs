@@ -707,7 +707,8 @@ impl Shard {
             Body::Event(ev)
                 if stream == crate::decode::EventStream::Job && ev.name == "exception" =>
             {
-                match (ev.str("type"), ev.int("severity")) {
+                let values = ev.values(["type", "severity"]);
+                match (values.str("type"), values.int("severity")) {
                     (Ok(t), Ok(sev)) => Some((t.to_string(), sev)),
                     _ => None,
                 }
