@@ -206,7 +206,8 @@ pub struct KeyedTransition {
 /// What applying one record did.
 #[derive(Debug, Clone, Default)]
 pub struct Effects {
-    pub transitions: Vec<KeyedTransition>,
+    /// At most one per record: inline, nothing allocated for it.
+    pub transitions: smallvec::SmallVec<[KeyedTransition; 1]>,
     pub anomalies: Vec<KeyedAnomaly>,
     /// Ranks whose state changed, with the cluster they belong to.
     pub rank_changes: Vec<(String, RankChange)>,

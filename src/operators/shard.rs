@@ -646,17 +646,16 @@ impl Shard {
             partition,
             mut record,
         } = routed;
-        let (source, cluster) = match self.sources.get(source) {
-            Some(s) => (s.name.clone(), s.cluster.clone()),
-            None => (Arc::from(""), Arc::from("")),
-        };
+        // The source's name is cloned only where it is kept.
+        let info = self.sources.get(source);
+        let source: &str = info.map_or("", |s| &s.name);
         let owner = partition.map(|partition| Owner {
-            source: source.clone(),
+            source: info.map_or_else(|| Arc::from(""), |s| s.name.clone()),
             partition,
         });
         let cluster = match record.cluster.take() {
             Some(own) => Arc::from(own),
-            None => cluster,
+            None => info.map_or_else(|| Arc::from(""), |s| s.cluster.clone()),
         };
         let stream = record.stream;
         let id = record.id;
@@ -685,14 +684,14 @@ impl Shard {
         // The event as it came, for the `events` feed, built only if wanted.
         let event_out = match &record.body {
             Body::Event(ev) if self.outputs.wants(OutputStream::Events) => {
-                Some(output::event(&cluster, stream, id, ev, &source))
+                Some(output::event(&cluster, stream, id, ev, source))
             }
             Body::R(r) if self.outputs.wants(OutputStream::Events) => Some(output::r_document(
                 &cluster,
                 stream,
                 id,
                 &r.to_value(),
-                &source,
+                source,
             )),
             _ => None,
         };
@@ -800,7 +799,10 @@ impl Shard {
                 .emit(OutputRecord::rank_change(&cluster, change, ev))
                 .await;
         }
-        self.emit_anomalies(&fx.anomalies).await;
+        // Most records have none: no future made and polled for nothing.
+        if !fx.anomalies.is_empty() {
+            self.emit_anomalies(&fx.anomalies).await;
+        }
     }
 
     /// Feed the alert engine what this record changed, then fire what is
@@ -838,7 +840,9 @@ impl Shard {
         for (c, change) in &fx.rank_changes {
             alerts::observe_rank(&mut self.alerts, c, change, at, lag, &mut out);
         }
-        self.emit_alerts(&out).await;
+        if !out.is_empty() {
+            self.emit_alerts(&out).await;
+        }
     }
 
     /// Fire a batch of the alerts that are due.
@@ -857,7 +861,9 @@ impl Shard {
                     .advance(|c| clocks.now(c), FIRE_BATCH, jobs, &mut out)
             }
         };
-        self.emit_alerts(&out).await;
+        if !out.is_empty() {
+            self.emit_alerts(&out).await;
+        }
     }
 
     async fn emit_alerts(&mut self, events: &[AlertEvent]) {
