@@ -784,6 +784,12 @@ impl AsyncBufRead for Tail {
     }
 }
 
+impl super::lines::Buffered for Tail {
+    fn buffer(&self) -> &[u8] {
+        self.buf.get(self.used..).unwrap_or(&[])
+    }
+}
+
 impl AsyncRead for Tail {
     fn poll_read(
         mut self: Pin<&mut Self>,

@@ -4,6 +4,25 @@
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
+/// A buffered reader whose buffered bytes can be looked at between reads:
+/// what lets a line wholly in the buffer be returned in place, uncopied.
+pub trait Buffered {
+    /// The bytes read and not yet consumed.
+    fn buffer(&self) -> &[u8];
+}
+
+impl<S: tokio::io::AsyncRead> Buffered for tokio::io::BufReader<S> {
+    fn buffer(&self) -> &[u8] {
+        tokio::io::BufReader::buffer(self)
+    }
+}
+
+impl Buffered for &[u8] {
+    fn buffer(&self) -> &[u8] {
+        self
+    }
+}
+
 /// Most bytes read from an input at once. Standard input and files are
 /// read on tokio's blocking pool, a round trip between threads per read:
 /// at the default 8 KiB that was one trip per ~60 journal lines.
@@ -30,11 +49,14 @@ pub struct LineReader<R> {
     len: usize,
     /// `buf` holds the line last returned: cleared when reading resumes.
     returned: bool,
+    /// Bytes of the inner buffer lent out as the line last returned:
+    /// consumed when reading resumes.
+    lent: usize,
     /// Offset just past the last complete line returned.
     line_end: u64,
 }
 
-impl<R: AsyncBufRead + Unpin> LineReader<R> {
+impl<R: AsyncBufRead + Buffered + Unpin> LineReader<R> {
     pub fn new(inner: R, max: usize) -> Self {
         Self::starting_at(inner, max, 0)
     }
@@ -47,6 +69,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
             buf: Vec::new(),
             len: 0,
             returned: false,
+            lent: 0,
             line_end: offset,
         }
     }
@@ -77,6 +100,10 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
         if std::mem::take(&mut self.returned) {
             self.buf.clear();
         }
+        let lent = std::mem::take(&mut self.lent);
+        if lent > 0 {
+            self.inner.consume(lent);
+        }
         loop {
             let chunk = self.inner.fill_buf().await?;
             if chunk.is_empty() {
@@ -91,6 +118,13 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
                 None => (chunk.len(), false),
             };
             let body = if done { take - 1 } else { take };
+            if done && self.len == 0 {
+                // The whole line is in the buffer: lent in place, not copied.
+                self.lent = take;
+                self.line_end += take as u64;
+                let line = &self.inner.buffer()[..body];
+                return Ok(Some(finish(&line[..body.min(self.max)], body, self.max)));
+            }
             if self.len < self.max {
                 let room = self.max - self.len;
                 self.buf.extend_from_slice(&chunk[..body.min(room)]);
@@ -111,11 +145,14 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
     }
 }
 
-impl<S: tokio::io::AsyncRead> LineReader<tokio::io::BufReader<S>> {
+impl<R: Buffered> LineReader<R> {
     /// Whether a whole line is buffered: the next read returns it without
     /// waiting for input.
     pub fn line_ready(&self) -> bool {
-        memchr::memchr(b'\n', self.inner.buffer()).is_some()
+        let buffered = self.inner.buffer();
+        // The line lent last is still in the buffer until the next read.
+        let rest = buffered.get(self.lent..).unwrap_or(&[]);
+        memchr::memchr(b'\n', rest).is_some()
     }
 }
 
@@ -137,7 +174,14 @@ mod tests {
     }
 
     async fn all(input: &[u8], max: usize) -> Vec<Owned> {
-        let mut r = LineReader::new(tokio::io::BufReader::with_capacity(4, input), max);
+        let small = all_with(input, max, 4).await;
+        // Lines wholly in the buffer are lent in place: the same lines.
+        assert_eq!(small, all_with(input, max, 64).await);
+        small
+    }
+
+    async fn all_with(input: &[u8], max: usize, capacity: usize) -> Vec<Owned> {
+        let mut r = LineReader::new(tokio::io::BufReader::with_capacity(capacity, input), max);
         let mut out = Vec::new();
         while let Some(l) = r.next(true).await.unwrap() {
             out.push(match l {

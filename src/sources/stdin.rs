@@ -13,13 +13,20 @@ pub async fn run(ctx: SourceContext) -> anyhow::Result<()> {
     let mut lineno = 0u64;
     let mut out = ctx.outbox();
     let read = loop {
+        let ready = reader.line_ready();
         // What is held goes on before waiting for input.
-        if !reader.line_ready() && ctx.flush(&mut out).await.is_err() {
+        if !ready && ctx.flush(&mut out).await.is_err() {
             break Ok(());
         }
-        let line = tokio::select! {
-            _ = ctx.shutdown.cancelled() => break Ok(()),
-            line = reader.next(true) => line,
+        let line = if ready && !ctx.shutdown.is_cancelled() {
+            // Buffered: taken without waiting, so without racing shutdown
+            // (a `select!` per line cost more than splitting the line).
+            reader.next(true).await
+        } else {
+            tokio::select! {
+                _ = ctx.shutdown.cancelled() => break Ok(()),
+                line = reader.next(true) => line,
+            }
         };
         let line = match line {
             Ok(Some(line)) => line,
