@@ -371,12 +371,15 @@ impl State {
             _ => {}
         }
         entry.cross_check(&mut anomalies);
-        fx.anomalies
-            .extend(anomalies.into_iter().map(|a| KeyedAnomaly {
-                cluster: key.cluster.to_string(),
-                id: Some(key.id),
-                anomaly: a,
-            }));
+        // Most records have none.
+        if !anomalies.is_empty() {
+            fx.anomalies
+                .extend(anomalies.into_iter().map(|a| KeyedAnomaly {
+                    cluster: key.cluster.to_string(),
+                    id: Some(key.id),
+                    anomaly: a,
+                }));
+        }
     }
 
     /// Jobs to list: submitted and not invalidated, sorted by key.

@@ -297,6 +297,10 @@ fn cancel_timer(timers: &mut Timers, cluster: &str, timer: Option<TimerId>) {
 #[derive(Debug, Default)]
 pub struct Engine {
     rules: Vec<Rule>,
+    /// Per job state (by [`JobState::index`]), the job rules that can hold
+    /// for a job in it, in rule order: a job's rules are looked at on
+    /// every change of its state, most of them about other states.
+    job_rules: [Vec<usize>; JobState::ALL.len()],
     nodes: HashMap<NodeKey, List>,
     timers: Timers,
     firing: usize,
@@ -304,8 +308,15 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(rules: Vec<Rule>) -> Self {
+        let rules: Vec<Rule> = rules.into_iter().take(u16::MAX as usize).collect();
+        let job_rules = JobState::ALL.map(|state| {
+            (0..rules.len())
+                .filter(|&i| rules[i].kind.can_hold_in(state))
+                .collect()
+        });
         Engine {
-            rules: rules.into_iter().take(u16::MAX as usize).collect(),
+            rules,
+            job_rules,
             ..Engine::default()
         }
     }
@@ -320,6 +331,13 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(move |(_, r)| r.kind.is_job() == jobs)
+    }
+
+    /// Indices of the job rules that can hold for a job in `state`.
+    pub fn job_rules_in(&self, state: JobState) -> impl Iterator<Item = (usize, &Rule)> {
+        self.job_rules[state.index()]
+            .iter()
+            .filter_map(|&i| Some((i, self.rules.get(i)?)))
     }
 
     /// Alerts firing now.

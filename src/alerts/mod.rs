@@ -85,8 +85,9 @@ pub fn observe_job(
     // each: this runs for every change of a job's state.
     let detail = Detail::State(entry.job.state);
     // Only the rules that hold (one or two at a time): the others clear.
+    // Those about other states cannot, and are not looked at.
     let holds: SmallVec<[(usize, HoldsLent); 2]> = engine
-        .rules_for(true)
+        .job_rules_in(entry.job.state)
         .filter_map(|(i, rule)| {
             job_condition(rule.kind, entry).map(|since| (i, Some((since, &detail))))
         })

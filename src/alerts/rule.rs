@@ -58,6 +58,20 @@ impl RuleKind {
         )
     }
 
+    /// Whether a job rule of this kind can hold for a job in `state`
+    /// ([`job_condition`] is `None` for every other).
+    pub fn can_hold_in(self, state: JobState) -> bool {
+        if state == JobState::Inactive {
+            return false;
+        }
+        match self {
+            RuleKind::JobState(s) => s == state,
+            RuleKind::Overrun => state == JobState::Run,
+            RuleKind::Prolog | RuleKind::Epilog | RuleKind::ExecIncomplete => true,
+            RuleKind::NodeDrained | RuleKind::NodeOffline | RuleKind::NodeTorpid => false,
+        }
+    }
+
     /// Build a kind from its config name and the `state` key.
     pub fn from_parts(kind: &str, state: Option<&str>) -> Result<Self, RuleError> {
         let simple = match kind {
@@ -278,6 +292,53 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("-5m").is_err());
+    }
+
+    /// What `Engine` leaves out for a job's state never holds in it: every
+    /// condition of a job is set, in every state, and each kind that holds
+    /// is one said to be able to.
+    #[test]
+    fn a_rule_that_cannot_hold_in_a_state_never_does() {
+        let kinds = JobState::ALL.map(RuleKind::JobState).into_iter().chain([
+            RuleKind::Prolog,
+            RuleKind::Epilog,
+            RuleKind::Overrun,
+            RuleKind::ExecIncomplete,
+            RuleKind::NodeDrained,
+            RuleKind::NodeOffline,
+            RuleKind::NodeTorpid,
+        ]);
+        let kinds: Vec<RuleKind> = kinds.collect();
+        let mut held = 0;
+        for state in JobState::ALL {
+            let mut entry = JobEntry::default();
+            let job = &mut entry.job;
+            job.submitted = true;
+            job.state = state;
+            for t in [
+                &mut job.t_submit,
+                &mut job.t_depend,
+                &mut job.t_priority,
+                &mut job.t_sched,
+                &mut job.t_run,
+                &mut job.t_cleanup,
+                &mut job.t_inactive,
+                &mut job.prolog_since,
+                &mut job.epilog_since,
+                &mut job.expiration,
+            ] {
+                t.set(100.0);
+            }
+            let complete = crate::flux::Event::new(101.0, "complete")
+                .with_context(serde_json::json!({"status": 0}));
+            entry.exec.get_or_insert_default().apply(&complete);
+            for &kind in &kinds {
+                let holds = job_condition(kind, &entry).is_some();
+                assert!(!holds || kind.can_hold_in(state), "{kind:?} in {state:?}");
+                held += usize::from(holds);
+            }
+        }
+        assert!(held > 20, "conditions were set: {held} held");
     }
 
     #[test]

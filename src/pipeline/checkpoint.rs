@@ -928,16 +928,23 @@ mod tests {
         st
     }
 
-    fn shard_bytes(st: &State) -> ShardBytes {
+    static NO_CLOCK: std::sync::LazyLock<EventClock> = std::sync::LazyLock::new(Default::default);
+    static NO_OWNERS: std::sync::LazyLock<HashMap<String, Owner>> =
+        std::sync::LazyLock::new(Default::default);
+
+    /// A state without alerts, clock or owners, for encoding.
+    fn saved(st: &State) -> ShardStateRef<'_> {
         ShardStateRef {
             jobs: &st.jobs,
             resources: &st.resources,
             alerts: &NO_ALERTS,
-            clock: &EventClock::default(),
-            resource_owners: &HashMap::default(),
+            clock: &NO_CLOCK,
+            resource_owners: &NO_OWNERS,
         }
-        .encode()
-        .unwrap()
+    }
+
+    fn shard_bytes(st: &State) -> ShardBytes {
+        saved(st).encode().unwrap()
     }
 
     fn encoded(st: &State, head: &Head) -> Vec<u8> {
@@ -1045,13 +1052,7 @@ mod tests {
             seq: 2,
             ..Head::default()
         };
-        let saved = ShardStateRef {
-            jobs: &st.jobs,
-            resources: &st.resources,
-            alerts: &NO_ALERTS,
-            clock: &EventClock::default(),
-            resource_owners: &HashMap::default(),
-        };
+        let saved = saved(&st);
         let spill = saved.spill(spill_path(dir.path(), 0, 1)).unwrap();
         let ShardBytes::Spilled(files) = &spill else {
             panic!("spilled");
@@ -1085,15 +1086,7 @@ mod tests {
     fn a_scratch_file_changed_under_the_writer_fails_the_round() {
         let dir = tempfile::tempdir().unwrap();
         let st = state_with(5);
-        let spill = ShardStateRef {
-            jobs: &st.jobs,
-            resources: &st.resources,
-            alerts: &NO_ALERTS,
-            clock: &EventClock::default(),
-            resource_owners: &HashMap::default(),
-        }
-        .spill(spill_path(dir.path(), 0, 1))
-        .unwrap();
+        let spill = saved(&st).spill(spill_path(dir.path(), 0, 1)).unwrap();
         let ShardBytes::Spilled(files) = &spill else {
             panic!("spilled");
         };
@@ -1110,13 +1103,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let n = 3 * MIN_PART_JOBS as u64 + 7;
         let st = state_with(n);
-        let saved = ShardStateRef {
-            jobs: &st.jobs,
-            resources: &st.resources,
-            alerts: &NO_ALERTS,
-            clock: &EventClock::default(),
-            resource_owners: &HashMap::default(),
-        };
+        let saved = saved(&st);
         let ids = |c: &Checkpoint| {
             let mut ids: Vec<u64> = c
                 .parts
