@@ -296,11 +296,7 @@ fn checkpoint_times(
                     },
                 )
                 .with_sources(&[SourceInfo::new("bench", "bench")])
-                .with_spill(
-                    folder.clone(),
-                    index,
-                    checkpoint::encode_threads() / n.max(1),
-                )
+                .with_spill(folder.clone(), index, checkpoint::encode_threads(n))
             })
             .collect()
     };

@@ -244,9 +244,9 @@ impl Shard {
         let state = match &mut self.spill {
             Some((dir, index, n)) => {
                 *n += 1;
-                saved.spill_on(self.encode_threads, spill_path(dir, *index, *n))?
+                saved.spill(self.encode_threads, spill_path(dir, *index, *n))?
             }
-            None => saved.encode_on(self.encode_threads)?,
+            None => saved.encode(self.encode_threads)?,
         };
         Ok(BarrierReply {
             state,

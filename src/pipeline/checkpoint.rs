@@ -191,10 +191,12 @@ pub const PART_JOBS: usize = 1 << 16;
 /// below it, starting another thread costs more than it saves.
 const MIN_PART_JOBS: usize = 8192;
 
-/// The cores: threads that encode a shard's state by default.
-pub fn encode_threads() -> usize {
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+/// Threads each of `shards` shards encodes its state on: its share of
+/// the cores, at least one.
+pub fn encode_threads(shards: usize) -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    (cores / shards.max(1)).max(1)
 }
 
 impl<'a> ShardStateRef<'a> {
@@ -246,13 +248,8 @@ impl<'a> ShardStateRef<'a> {
         })
     }
 
-    /// Encode in memory, on as many threads as there are cores.
-    pub fn encode(&self) -> Result<ShardBytes, CheckpointError> {
-        self.encode_on(encode_threads())
-    }
-
     /// Encode in memory on `threads` threads.
-    pub fn encode_on(&self, threads: usize) -> Result<ShardBytes, CheckpointError> {
+    pub fn encode(&self, threads: usize) -> Result<ShardBytes, CheckpointError> {
         let runs = self.on_threads(threads, |_, parts| {
             parts
                 .iter()
@@ -266,15 +263,10 @@ impl<'a> ShardStateRef<'a> {
         Ok(ShardBytes::Memory(parts))
     }
 
-    /// Encode into scratch files at `path` (see [`spill_path`]) and beside
-    /// it, one per encoding thread, removed when the returned [`Spill`] is
-    /// dropped, or at once if this fails.
-    pub fn spill(&self, path: PathBuf) -> Result<ShardBytes, CheckpointError> {
-        self.spill_on(encode_threads(), path)
-    }
-
-    /// The same, on `threads` threads.
-    pub fn spill_on(&self, threads: usize, path: PathBuf) -> Result<ShardBytes, CheckpointError> {
+    /// Encode on `threads` threads into scratch files at `path` (see
+    /// [`spill_path`]) and beside it, one per thread, removed when the
+    /// returned [`Spill`] is dropped, or at once if this fails.
+    pub fn spill(&self, threads: usize, path: PathBuf) -> Result<ShardBytes, CheckpointError> {
         let files = self.on_threads(threads, |w, parts| {
             spill_parts(parts, thread_path(&path, w))
         });
@@ -388,7 +380,8 @@ impl Drop for SpillFile {
 
 impl Spill {
     /// Its scratch files.
-    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+    #[cfg(test)]
+    fn paths(&self) -> impl Iterator<Item = &Path> {
         self.files.iter().map(|f| f.path.as_path())
     }
 }
@@ -944,7 +937,7 @@ mod tests {
     }
 
     fn shard_bytes(st: &State) -> ShardBytes {
-        saved(st).encode().unwrap()
+        saved(st).encode(1).unwrap()
     }
 
     fn encoded(st: &State, head: &Head) -> Vec<u8> {
@@ -1053,7 +1046,7 @@ mod tests {
             ..Head::default()
         };
         let saved = saved(&st);
-        let spill = saved.spill(spill_path(dir.path(), 0, 1)).unwrap();
+        let spill = saved.spill(1, spill_path(dir.path(), 0, 1)).unwrap();
         let ShardBytes::Spilled(files) = &spill else {
             panic!("spilled");
         };
@@ -1086,7 +1079,7 @@ mod tests {
     fn a_scratch_file_changed_under_the_writer_fails_the_round() {
         let dir = tempfile::tempdir().unwrap();
         let st = state_with(5);
-        let spill = saved(&st).spill(spill_path(dir.path(), 0, 1)).unwrap();
+        let spill = saved(&st).spill(1, spill_path(dir.path(), 0, 1)).unwrap();
         let ShardBytes::Spilled(files) = &spill else {
             panic!("spilled");
         };
@@ -1114,9 +1107,9 @@ mod tests {
             ids
         };
         let head = Head::default();
-        let alone = saved.encode_on(1).unwrap();
-        let in_memory = saved.encode_on(3).unwrap();
-        let spilled = saved.spill_on(3, spill_path(dir.path(), 0, 1)).unwrap();
+        let alone = saved.encode(1).unwrap();
+        let in_memory = saved.encode(3).unwrap();
+        let spilled = saved.spill(3, spill_path(dir.path(), 0, 1)).unwrap();
         let ShardBytes::Spilled(files) = &spilled else {
             panic!("spilled");
         };

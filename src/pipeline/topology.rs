@@ -175,7 +175,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         .map(|(name, source)| SourceInfo::new(name, &source.decode().cluster))
         .collect();
     // Each shard encodes its state at a barrier on its share of the cores.
-    let encode_threads = checkpoint::encode_threads() / restored.len().max(1);
+    let encode_threads = checkpoint::encode_threads(restored.len());
     let mut shards: Vec<Shard> = (0..restored.len())
         .map(|index| {
             Shard::new(
