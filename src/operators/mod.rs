@@ -19,6 +19,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 /// The shard hasher's fixed seed.
 const SHARD_SEED: u64 = 0x5eed_f1c5_0000_0001;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 /// How much room a source waits for when its shard's queue is full.
@@ -67,6 +68,9 @@ pub enum ShardMsg {
     /// Records in the order read: one message (and at most one wake-up of
     /// the shard) for many.
     Records(Vec<Routed>),
+    /// Records of a sender that wants to know what became of them (the
+    /// `http` source answers its client with the counts).
+    Tallied(Vec<Routed>, Arc<Tally>),
     /// A checkpoint barrier: every record before it is applied; the shard
     /// answers with its state, encoded.
     Barrier(oneshot::Sender<ShardSnapshot>),
@@ -79,6 +83,46 @@ pub enum ShardMsg {
     },
     /// Take over state restored from a changelog (a partition assigned).
     Adopt(Box<ShardState>),
+}
+
+/// What became of one record in its shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Applied to the state (anomalies included).
+    Applied,
+    /// It repeated something already applied and was skipped.
+    Repeat,
+    /// Refused: `operators.max_jobs` was reached.
+    Refused,
+}
+
+/// What became of a sender's records, counted by the shards as they apply
+/// them: final once a barrier behind them has passed.
+#[derive(Debug, Default)]
+pub struct Tally {
+    applied: AtomicU64,
+    repeats: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Tally {
+    pub fn note(&self, outcome: Outcome) {
+        let counter = match outcome {
+            Outcome::Applied => &self.applied,
+            Outcome::Repeat => &self.repeats,
+            Outcome::Refused => &self.refused,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records applied, repeats skipped, records refused.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (
+            self.applied.load(Ordering::Relaxed),
+            self.repeats.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// What a shard answers at a barrier.
@@ -132,9 +176,19 @@ impl Router {
         self.send_msg(i, ShardMsg::Record(routed)).await
     }
 
-    /// Send records, in order, to shard `i` in one message.
-    pub async fn send_batch(&self, i: usize, batch: Vec<Routed>) -> Result<(), Closed> {
-        self.send_msg(i, ShardMsg::Records(batch)).await
+    /// Send records, in order, to shard `i` in one message; with a tally,
+    /// the shard counts there what became of each.
+    pub async fn send_batch(
+        &self,
+        i: usize,
+        batch: Vec<Routed>,
+        tally: Option<&Arc<Tally>>,
+    ) -> Result<(), Closed> {
+        let msg = match tally {
+            Some(t) => ShardMsg::Tallied(batch, t.clone()),
+            None => ShardMsg::Records(batch),
+        };
+        self.send_msg(i, msg).await
     }
 
     async fn send_msg(&self, i: usize, msg: ShardMsg) -> Result<(), Closed> {

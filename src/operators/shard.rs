@@ -8,7 +8,7 @@
 
 use super::ages::OldestEntries;
 use super::job_metrics::ClusterMetrics;
-use super::{BarrierReply, Owner, Routed, ShardMsg, ShardSnapshot, SourceInfo};
+use super::{BarrierReply, Outcome, Owner, Routed, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::alerts::engine::{AlertEvent, Engine, SavedCondition, Status, Subject};
 use crate::alerts::rule::Rule;
 use crate::alerts::{self, Clock, EventClock};
@@ -579,10 +579,17 @@ impl Shard {
 
     async fn handle(&mut self, msg: ShardMsg) {
         match msg {
-            ShardMsg::Record(routed) => self.apply(routed).await,
+            ShardMsg::Record(routed) => {
+                self.apply(routed).await;
+            }
             ShardMsg::Records(batch) => {
                 for routed in batch {
                     self.apply(routed).await;
+                }
+            }
+            ShardMsg::Tallied(batch, tally) => {
+                for routed in batch {
+                    tally.note(self.apply(routed).await);
                 }
             }
             // Everything before the barrier is applied, and its outputs
@@ -640,7 +647,7 @@ impl Shard {
     }
 
     /// Apply one record and emit its outputs (held until [`Shard::flush`]).
-    pub async fn apply(&mut self, routed: Routed) {
+    pub async fn apply(&mut self, routed: Routed) -> Outcome {
         let Routed {
             source,
             partition,
@@ -679,7 +686,7 @@ impl Shard {
                     "operators.max_jobs reached: records of jobs not yet held are refused"
                 );
             }
-            return;
+            return Outcome::Refused;
         }
         // The event as it came, for the `events` feed, built only if wanted.
         let event_out = match &record.body {
@@ -802,6 +809,11 @@ impl Shard {
         // Most records have none: no future made and polled for nothing.
         if !fx.anomalies.is_empty() {
             self.emit_anomalies(&fx.anomalies).await;
+        }
+        if fx.duplicate {
+            Outcome::Repeat
+        } else {
+            Outcome::Applied
         }
     }
 

@@ -272,30 +272,30 @@ pub struct DecodeConfig {
 macro_rules! source_config {
     ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty,)* }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Deserialize)]
+        #[derive(Debug, Clone, serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct $name {
             $($(#[$fmeta])* pub $field: $ty,)*
             /// Default cluster for inputs that do not name one.
-            #[serde(default = "default_cluster")]
+            #[serde(default = "crate::pipeline::config::default_cluster")]
             pub cluster: String,
             /// Line format (`auto` tells them apart per line).
-            #[serde(default, deserialize_with = "de_format")]
-            pub format: Format,
+            #[serde(default, deserialize_with = "crate::pipeline::config::de_format")]
+            pub format: $crate::decode::Format,
             /// Stream of plain events whose origin does not say.
-            #[serde(default, deserialize_with = "de_stream")]
-            pub stream: Option<EventStream>,
+            #[serde(default, deserialize_with = "crate::pipeline::config::de_stream")]
+            pub stream: Option<$crate::decode::EventStream>,
             /// Job of plain job or exec events whose origin does not say.
-            #[serde(default, deserialize_with = "de_jobid")]
-            pub job_id: Option<JobId>,
+            #[serde(default, deserialize_with = "crate::pipeline::config::de_jobid")]
+            pub job_id: Option<$crate::flux::jobid::JobId>,
             /// Longest line accepted; longer lines go to `dead_letter`.
-            #[serde(default = "default_max_line")]
+            #[serde(default = "crate::pipeline::config::default_max_line")]
             pub max_line_bytes: usize,
         }
 
         impl $name {
-            pub fn decode(&self) -> DecodeConfig {
-                DecodeConfig {
+            pub fn decode(&self) -> $crate::pipeline::config::DecodeConfig {
+                $crate::pipeline::config::DecodeConfig {
                     cluster: self.cluster.clone(),
                     format: self.format,
                     stream: self.stream,
@@ -306,6 +306,7 @@ macro_rules! source_config {
         }
     };
 }
+pub(crate) use source_config;
 
 /// Declares a sink config struct with its own keys plus the keys every
 /// sink has.
@@ -342,15 +343,15 @@ fn default_true() -> bool {
     true
 }
 
-fn default_cluster() -> String {
+pub(crate) fn default_cluster() -> String {
     "default".into()
 }
 
-fn default_max_line() -> usize {
+pub(crate) fn default_max_line() -> usize {
     1024 * 1024
 }
 
-fn de_format<'de, D: Deserializer<'de>>(d: D) -> Result<Format, D::Error> {
+pub(crate) fn de_format<'de, D: Deserializer<'de>>(d: D) -> Result<Format, D::Error> {
     let s = String::deserialize(d)?;
     Format::parse(&s).ok_or_else(|| {
         serde::de::Error::custom(format!(
@@ -359,7 +360,7 @@ fn de_format<'de, D: Deserializer<'de>>(d: D) -> Result<Format, D::Error> {
     })
 }
 
-fn de_stream<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EventStream>, D::Error> {
+pub(crate) fn de_stream<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EventStream>, D::Error> {
     let s = String::deserialize(d)?;
     EventStream::parse(&s).map(Some).ok_or_else(|| {
         serde::de::Error::custom(format!(
@@ -368,7 +369,7 @@ fn de_stream<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EventStream>, D::
     })
 }
 
-fn de_jobid<'de, D: Deserializer<'de>>(d: D) -> Result<Option<JobId>, D::Error> {
+pub(crate) fn de_jobid<'de, D: Deserializer<'de>>(d: D) -> Result<Option<JobId>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Id {
@@ -389,6 +390,7 @@ fn de_jobid<'de, D: Deserializer<'de>>(d: D) -> Result<Option<JobId>, D::Error> 
 pub enum SourceConfig {
     File(FileSourceConfig),
     Socket(SocketSourceConfig),
+    Http(crate::sources::http::HttpSourceConfig),
     Stdin(StdinSourceConfig),
     Kafka(KafkaSourceConfig),
 }
@@ -398,6 +400,7 @@ impl SourceConfig {
         match self {
             SourceConfig::File(c) => c.decode(),
             SourceConfig::Socket(c) => c.decode(),
+            SourceConfig::Http(c) => c.decode(),
             SourceConfig::Stdin(c) => c.decode(),
             SourceConfig::Kafka(c) => c.decode(),
         }
@@ -757,6 +760,9 @@ fn typed_table_error(text: &str) -> Option<ConfigError> {
                 ("sources", "file") => FileSourceConfig::deserialize(de).err(),
                 ("sources", "socket") => SocketSourceConfig::deserialize(de).err(),
                 ("sources", "stdin") => StdinSourceConfig::deserialize(de).err(),
+                ("sources", "http") => {
+                    crate::sources::http::HttpSourceConfig::deserialize(de).err()
+                }
                 ("sources", "kafka") => KafkaSourceConfig::deserialize(de).err(),
                 ("sinks", "stdout") => StdoutSinkConfig::deserialize(de).err(),
                 ("sinks", "blackhole") => BlackholeSinkConfig::deserialize(de).err(),
@@ -947,6 +953,20 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
                         &key("address"),
                         None,
                         format!("sources.{name}.address `{addr}`: already used by {other}"),
+                    ));
+                }
+            }
+            SourceConfig::Http(h) => {
+                for (k, message) in h.problems() {
+                    errors.push(loc.error(&key(k), None, format!("sources.{name}.{k}: {message}")));
+                }
+                if let Some(other) =
+                    listeners.insert(format!("tcp:{}", h.address), format!("sources.{name}"))
+                {
+                    errors.push(loc.error(
+                        &key("address"),
+                        None,
+                        format!("sources.{name}.address `{}`: already used by {other}", h.address),
                     ));
                 }
             }

@@ -144,6 +144,14 @@ impl CheckpointLink {
         *self.written.borrow_and_update()
     }
 
+    /// Wait until a checkpoint of a round after `seq` is on disk; false if
+    /// none will come (the coordinator has stopped). Any number of callers
+    /// may wait at once.
+    pub async fn written_after(&self, seq: u64) -> bool {
+        let mut written = self.written.clone();
+        written.wait_for(|w| *w > seq).await.is_ok()
+    }
+
     /// Hand over positions for round `seq` and wait until the barrier is
     /// behind what this source sent.
     pub async fn report(&self, source: &Arc<str>, seq: u64, positions: String) {

@@ -6,6 +6,7 @@
 //! A new source is one new file here plus one line in [`run`].
 
 pub mod file;
+pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod lines;
@@ -13,7 +14,7 @@ pub mod socket;
 pub mod stdin;
 
 use crate::decode::{self, Origin, Record};
-use crate::operators::{Closed, Routed, Router};
+use crate::operators::{Closed, Routed, Router, Tally};
 use crate::output::{self, OutputRecord};
 use crate::pipeline::config::{DecodeConfig, OutputStream, SourceConfig};
 use crate::pipeline::coordinator::CheckpointLink;
@@ -35,6 +36,9 @@ const OUTBOX_RECORDS: usize = 64;
 pub struct Outbox {
     by_shard: Vec<Vec<Routed>>,
     held: usize,
+    /// Where the shards count what became of these records, if the
+    /// source wants to know.
+    tally: Option<Arc<Tally>>,
 }
 
 /// What a source needs to hand its lines on.
@@ -104,6 +108,15 @@ impl SourceContext {
         Outbox {
             by_shard: (0..self.router.len()).map(|_| Vec::new()).collect(),
             held: 0,
+            tally: None,
+        }
+    }
+
+    /// An empty outbox whose records the shards count in `tally`.
+    pub fn tallied_outbox(&self, tally: Arc<Tally>) -> Outbox {
+        Outbox {
+            tally: Some(tally),
+            ..self.outbox()
         }
     }
 
@@ -117,7 +130,21 @@ impl SourceContext {
         origin: &Origin,
         location: &(dyn Fn() -> String + Sync),
     ) -> Result<bool, Closed> {
-        let Some(records) = self.decode_line(line, origin, location).await else {
+        self.hold_line_noting(out, line, origin, location, None)
+            .await
+    }
+
+    /// [`Self::hold_line`], noting in `errors` why the line (or part of
+    /// it) could not be decoded, for a source that answers its client.
+    pub async fn hold_line_noting(
+        &self,
+        out: &mut Outbox,
+        line: Line<'_>,
+        origin: &Origin,
+        location: &(dyn Fn() -> String + Sync),
+        errors: Option<&mut Vec<String>>,
+    ) -> Result<bool, Closed> {
+        let Some(records) = self.decode_line(line, origin, location, errors).await else {
             return Ok(out.held == 0);
         };
         for record in records {
@@ -148,7 +175,9 @@ impl SourceContext {
         for (shard, batch) in out.by_shard.iter_mut().enumerate() {
             if !batch.is_empty() {
                 let batch = std::mem::replace(batch, Vec::with_capacity(OUTBOX_RECORDS));
-                self.router.send_batch(shard, batch).await?;
+                self.router
+                    .send_batch(shard, batch, out.tally.as_ref())
+                    .await?;
             }
         }
         Ok(())
@@ -164,7 +193,7 @@ impl SourceContext {
         location: &(dyn Fn() -> String + Sync),
         partition: Option<i32>,
     ) -> Result<(), Closed> {
-        let Some(records) = self.decode_line(line, origin, location).await else {
+        let Some(records) = self.decode_line(line, origin, location, None).await else {
             return Ok(());
         };
         for record in records {
@@ -180,6 +209,7 @@ impl SourceContext {
         line: Line<'_>,
         origin: &Origin,
         location: &(dyn Fn() -> String + Sync),
+        mut noted: Option<&mut Vec<String>>,
     ) -> Option<impl Iterator<Item = Record> + use<>> {
         self.received.increment(1);
         let bytes = match line {
@@ -190,6 +220,9 @@ impl SourceContext {
                     self.decode.max_line_bytes
                 );
                 self.dead_letter(&location(), &error, prefix).await;
+                if let Some(noted) = noted {
+                    noted.push(error);
+                }
                 return None;
             }
         };
@@ -198,7 +231,11 @@ impl SourceContext {
         }
         let decoded = decode::decode_line(bytes, origin, self.decode.format);
         for err in &decoded.errors {
-            self.dead_letter(&location(), &err.to_string(), bytes).await;
+            let error = err.to_string();
+            self.dead_letter(&location(), &error, bytes).await;
+            if let Some(noted) = noted.as_deref_mut() {
+                noted.push(error);
+            }
         }
         Some(
             decoded
@@ -259,6 +296,7 @@ pub async fn run(config: SourceConfig, ctx: SourceContext) -> anyhow::Result<Opt
     match config {
         SourceConfig::Stdin(_) => stdin::run(ctx).await.map(|()| None),
         SourceConfig::Socket(c) => socket::run(c, ctx).await.map(|()| None),
+        SourceConfig::Http(c) => http::run(c, ctx).await.map(|()| None),
         SourceConfig::File(c) => file::run(c, ctx).await.map(Some),
         #[cfg(feature = "kafka")]
         SourceConfig::Kafka(c) => kafka::run(c, ctx).await.map(Some),
@@ -275,5 +313,9 @@ pub fn keeps_changelog(config: &SourceConfig) -> bool {
 /// Whether a source of this type has positions to checkpoint (and takes
 /// part in checkpoint rounds).
 pub fn has_positions(config: &SourceConfig) -> bool {
-    matches!(config, SourceConfig::File(_) | SourceConfig::Kafka(_))
+    match config {
+        SourceConfig::File(_) | SourceConfig::Kafka(_) => true,
+        SourceConfig::Http(c) => c.has_positions(),
+        SourceConfig::Socket(_) | SourceConfig::Stdin(_) => false,
+    }
 }

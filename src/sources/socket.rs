@@ -108,12 +108,12 @@ enum Listener {
 
 /// Counts a source's open connections in `fluxpipe_socket_connections`
 /// for as long as it lives.
-struct OpenConnection {
+pub(super) struct OpenConnection {
     gauge: metrics::Gauge,
 }
 
 impl OpenConnection {
-    fn new(source: &str) -> Self {
+    pub(super) fn new(source: &str) -> Self {
         let gauge = metrics::gauge!("fluxpipe_socket_connections", "source" => source.to_string());
         gauge.increment(1.0);
         metrics::counter!("fluxpipe_socket_connections_total", "source" => source.to_string())
@@ -193,7 +193,7 @@ async fn connection<S: AsyncRead + Unpin>(
     _permit: OwnedSemaphorePermit,
 ) {
     let _open = OpenConnection::new(&ctx.name);
-    tracing::debug!(source = %ctx.name, peer = %label, "connection opened");
+    tracing::info!(source = %ctx.name, peer = %label, "connection opened");
     let origin = ctx.default_origin();
     let mut reader = LineReader::new(
         BufReader::with_capacity(READ_BYTES, stream),
@@ -236,7 +236,7 @@ async fn connection<S: AsyncRead + Unpin>(
     }
     // What was read is handed on.
     let _ = ctx.flush(&mut out).await;
-    tracing::debug!(source = %ctx.name, peer = %label, lines = lineno, "connection closed");
+    tracing::info!(source = %ctx.name, peer = %label, lines = lineno, "connection closed");
 }
 
 /// At the end of a connection: an unterminated last line is not delivered
