@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import importlib.machinery
-import importlib.util
+import io
 import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import unittest
@@ -31,10 +31,8 @@ JOBS = REPO / "tests/corpus/jobs"
 JOB_JOURNAL1 = "incarnation1.job-manager.events-journal.jsonl"
 RESOURCE_JOURNAL1 = "incarnation1.resource.journal.jsonl"
 
-_loader = importlib.machinery.SourceFileLoader("flux_forwarder", str(HERE / "flux-forwarder"))
-_spec = importlib.util.spec_from_loader("flux_forwarder", _loader)
-ff = importlib.util.module_from_spec(_spec)
-_loader.exec_module(ff)
+sys.path.insert(0, str(HERE))
+import flux_forwarder as ff  # noqa: E402
 
 
 def read_journal(name: str) -> list[dict]:
@@ -331,7 +329,7 @@ class ResumeTest(unittest.TestCase):
         self.assertEqual(ff.load_state(None), ff.empty_state())
         ff.save_state(self.state_path, {"job": 12.5, "resource": 3.0})
         self.assertEqual(ff.load_state(self.state_path),
-                         {"job": 12.5, "resource": 3.0, "exec": {}})
+                         {"job": 12.5, "resource": 3.0, "exec": {}, "pending": []})
         self.assertEqual(os.listdir(os.path.dirname(self.state_path)), ["state.json"])
         # The exec eventlogs being watched, with the newest event sent.
         ff.save_state(self.state_path, {"job": 12.5, "resource": 3.0,
@@ -339,7 +337,8 @@ class ResumeTest(unittest.TestCase):
         with open(self.state_path) as f:
             self.assertEqual(json.load(f)["exec"], {"7": 11.25, "1234567": 0.0})
         self.assertEqual(ff.load_state(self.state_path),
-                         {"job": 12.5, "resource": 3.0, "exec": {7: 11.25, 1234567: 0.0}})
+                         {"job": 12.5, "resource": 3.0, "exec": {7: 11.25, 1234567: 0.0},
+                          "pending": []})
 
     def test_bad_state_files_are_errors(self):
         os.makedirs(os.path.dirname(self.state_path))
@@ -370,7 +369,7 @@ class ResumeTest(unittest.TestCase):
         self.assertEqual(ff.load_state(self.state_path)["resource"], 0.0)
         fw.checkpoint()
         self.assertEqual(ff.load_state(self.state_path),
-                         {"job": 11.0, "resource": 7.0, "exec": {}})
+                         {"job": 11.0, "resource": 7.0, "exec": {}, "pending": []})
 
     def test_a_restart_resumes_without_losing_events(self):
         name = "incarnation1.job-manager.events-journal.jsonl"
@@ -761,3 +760,337 @@ class ExecEventlogTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FakeFluxpipe:
+    """A real HTTP server on 127.0.0.1 standing in for a fluxpipe `http`
+    source, scripted per request: "ok" (200 with counts), "drop" (read the
+    batch, close the connection unanswered: fluxpipe killed mid-batch),
+    "503" / "429" (with Retry-After), "413", "hold" (answer 200 only once
+    `release` is set: a late acknowledgement). Past the script, "ok"."""
+
+    def __init__(self, script: list[str]):
+        import http.server
+        import gzip as _gzip
+        self.script = list(script)
+        self.received: list[bytes] = []
+        self.acknowledged: list[bytes] = []
+        self.release = threading.Event()
+        self.holding = threading.Event()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = _gzip.decompress(body)
+                fake.received.append(body)
+                action = fake.script.pop(0) if fake.script else "ok"
+                if action == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if action == "hold":
+                    fake.holding.set()
+                    fake.release.wait(10)
+                    action = "ok"
+                if action == "ok":
+                    fake.acknowledged.append(body)
+                    n = body.count(b"\n")
+                    text = json.dumps({"lines": n, "applied": n, "repeats": 0,
+                                       "invalid": 0, "errors": []}).encode()
+                    code = 200
+                else:
+                    code, text = int(action), b"busy"
+                self.send_response(code)
+                if code in (429, 503):
+                    self.send_header("Retry-After", "0")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def acknowledged_lines(self) -> list[bytes]:
+        return [l + b"\n" for body in self.acknowledged for l in body.splitlines()]
+
+
+def journal_lines() -> list[tuple[int, dict]]:
+    """(job id, event) of the corpus job journal, in order."""
+    return [(m["id"], e) for m in read_journal(JOB_JOURNAL1) if m.get("id") != -1
+            for e in m["events"]]
+
+
+class HttpSenderTest(unittest.TestCase):
+    """The acknowledgement bookkeeping against a fake fluxpipe that drops
+    connections mid-batch, answers 503/429/413, or acknowledges late."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.state_path = os.path.join(self.tmp.name, "state.json")
+        self.logs: list[str] = []
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def forward(self, fake: FakeFluxpipe, events, **sender):
+        out = ff.HttpSender(fake.url, self.logs.append, sleep=lambda s: None, **sender)
+        fw = ff.Forwarder(out, ff.empty_state(), self.state_path)
+        for jobid, ev in events:
+            fw.job_event(jobid, dict(ev))
+        return fw, out
+
+    def test_failures_resend_until_acknowledged_in_order(self):
+        fake = FakeFluxpipe(["drop", "503", "429", "ok", "drop", "ok"])
+        try:
+            events = journal_lines()
+            fw, out = self.forward(fake, events, batch_lines=7)
+            self.assertTrue(out.wait_empty(20))
+            out.stop()
+            sent = [ff.encode(ff.job_message(j, e)) for j, e in events]
+            # Every line acknowledged exactly once, in order, after the
+            # unanswered and refused attempts.
+            self.assertEqual(fake.acknowledged_lines(), sent)
+            self.assertGreater(len(fake.received), len(fake.acknowledged))
+            self.assertEqual(fw.state[ff.JOB], max(e["timestamp"] for _, e in events))
+            self.assertTrue(any("sending again" in m for m in self.logs), self.logs)
+        finally:
+            fake.close()
+
+    def test_the_resume_point_moves_only_on_acknowledgement(self):
+        fake = FakeFluxpipe(["hold"])
+        try:
+            events = journal_lines()[:5]
+            fw, out = self.forward(fake, events)
+            self.assertTrue(fake.holding.wait(5))
+            fw.checkpoint()
+            # Sent, not acknowledged: the state says nothing was delivered.
+            self.assertEqual(fw.state[ff.JOB], 0.0)
+            self.assertFalse(os.path.exists(self.state_path) and
+                             ff.load_state(self.state_path)[ff.JOB] > 0)
+            fake.release.set()
+            self.assertTrue(out.wait_empty(10))
+            fw.checkpoint()
+            self.assertEqual(ff.load_state(self.state_path)[ff.JOB],
+                             max(e["timestamp"] for _, e in events))
+            out.stop()
+        finally:
+            fake.close()
+
+    def test_a_stop_keeps_the_unacknowledged_lines_and_sends_them_first_next_time(self):
+        fake = FakeFluxpipe(["503"] * 1000)
+        try:
+            events = journal_lines()[:6]
+            fw, out = self.forward(fake, events)
+            self.assertFalse(out.wait_empty(0.3))
+            out.stop()
+            fw.checkpoint(final=True)
+        finally:
+            fake.close()
+        saved = ff.load_state(self.state_path)
+        self.assertEqual(saved[ff.JOB], 0.0)
+        sent = [ff.encode(ff.job_message(j, e)) for j, e in events]
+        self.assertEqual([l.encode() for l in saved[ff.PENDING]], sent)
+        fake2 = FakeFluxpipe([])
+        try:
+            out2 = ff.HttpSender(fake2.url, self.logs.append, sleep=lambda s: None)
+            fw2 = ff.Forwarder(out2, saved, self.state_path)
+            fw2.job_event(*journal_lines()[6])
+            self.assertTrue(out2.wait_empty(10))
+            out2.stop()
+            self.assertEqual(fake2.acknowledged_lines()[:6], sent)
+            fw2.checkpoint(final=True)
+            self.assertEqual(ff.load_state(self.state_path)[ff.PENDING], [])
+        finally:
+            fake2.close()
+
+    def test_too_large_batches_are_halved(self):
+        fake = FakeFluxpipe(["413"])
+        try:
+            events = journal_lines()[:8]
+            fw, out = self.forward(fake, events, batch_lines=8)
+            self.assertTrue(out.wait_empty(10))
+            out.stop()
+            self.assertEqual(len(fake.acknowledged_lines()), 8)
+            self.assertEqual(out.batch_lines, 4)
+        finally:
+            fake.close()
+
+    def test_exec_state_is_forgotten_only_after_its_events_are_acknowledged(self):
+        fake = FakeFluxpipe(["hold"])
+        try:
+            out = ff.HttpSender(fake.url, self.logs.append, sleep=lambda s: None)
+            fw = ff.Forwarder(out, ff.empty_state(), self.state_path)
+            fw.exec_watched(42)
+            fw.exec_event(42, {"timestamp": 5.0, "name": "init"})
+            fw.exec_ended(42)
+            self.assertTrue(fake.holding.wait(5))
+            # Not acknowledged: still watched, from the start.
+            self.assertEqual(fw.state[ff.EXEC], {42: 0.0})
+            fake.release.set()
+            self.assertTrue(out.wait_empty(10))
+            self.assertEqual(fw.state[ff.EXEC], {})
+            out.stop()
+        finally:
+            fake.close()
+
+
+class FakeFuture:
+    def __init__(self, error=None, answer=True):
+        self.error, self.answer = error, answer
+        self.cb = None
+
+    def then(self, cb, *args):
+        self.cb = cb
+        if self.answer:
+            cb(self, *args)
+        return self
+
+    def get(self):
+        if self.error:
+            raise OSError(self.error, os.strerror(self.error))
+        return {}
+
+
+class LivenessTest(unittest.TestCase):
+    class Handle:
+        def __init__(self, futures):
+            self.futures = futures
+
+        def timer_watcher_create(self, after, cb, repeat=0.0):
+            self.tick = cb
+            return argparse.Namespace(start=lambda: None, stop=lambda: None)
+
+        def rpc(self, topic, payload):
+            assert topic == "broker.ping"
+            return self.futures()
+
+    def test_an_error_answer_means_gone(self):
+        gone: list[str] = []
+        h = self.Handle(lambda: FakeFuture(errno.ECONNRESET))
+        ff.Liveness(h, gone.append)
+        h.tick()
+        self.assertEqual(len(gone), 1)
+        self.assertIn("reset", gone[0].lower())
+        h.tick()
+        self.assertEqual(len(gone), 1)
+
+    def test_unanswered_pings_mean_gone_and_answers_keep_it_alive(self):
+        gone: list[str] = []
+        h = self.Handle(lambda: FakeFuture())
+        ff.Liveness(h, gone.append, misses=3)
+        for _ in range(10):
+            h.tick()
+        self.assertEqual(gone, [])
+        h.futures = lambda: FakeFuture(answer=False)
+        for _ in range(3):
+            h.tick()
+        self.assertEqual(gone, [])
+        h.tick()
+        self.assertEqual(gone, ["no answer to 3 pings"])
+
+
+class InstanceGoneTest(unittest.TestCase):
+    """The instance going away: exit 1 with a word (for systemd), or with
+    --reconnect wait and go on from the acknowledged position."""
+
+    def fake(self, ping_error):
+        job = read_journal(JOB_JOURNAL1)
+        res = read_journal(RESOURCE_JOURNAL1)
+        fake = FakeFlux(job, res, journals_end=False)
+        # The journals never end (flux-core 0.88); a ping fails.
+        handle_cls = fake.Flux
+
+        class Handle(handle_cls):
+            def timer_watcher_create(self, after, cb, repeat=0.0):
+                self.tick = cb
+                return argparse.Namespace(start=lambda: None, stop=lambda: None)
+
+            def rpc(self, topic, payload):
+                return FakeFuture(ping_error)
+
+            def reactor_run(self):
+                super().reactor_run()
+                # The journals are drained; the next ping tells the rest.
+                if not self.stopped:
+                    self.tick()
+
+        fake.Flux = Handle
+        return fake
+
+    def test_exit_1_when_the_broker_goes_away(self):
+        fake = self.fake(errno.ECONNRESET)
+        out = Lines()
+        logs: list[str] = []
+        args = ff.parse_args([])
+        status = ff.run_flux(args, ff.Forwarder(out, ff.empty_state()), logs.append,
+                             flux_module=fake)
+        self.assertEqual(status, 1)
+        self.assertTrue(any("went away" in m for m in logs), logs)
+
+    def test_reconnect_goes_on_from_the_acknowledged_position(self):
+        fake = self.fake(errno.ECONNRESET)
+        opened = []
+        handle_cls = fake.Flux
+
+        def Flux(*a):
+            opened.append(a)
+            if len(opened) == 2:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+            if len(opened) == 4:
+                raise KeyboardInterrupt  # end of the test
+            return handle_cls()
+
+        fake.Flux = Flux
+        out = Lines()
+        logs: list[str] = []
+        args = ff.parse_args(["--reconnect", "--reconnect-delay", "0"])
+        fw = ff.Forwarder(out, ff.empty_state())
+        with self.assertRaises(KeyboardInterrupt):
+            ff.run_flux(args, fw, logs.append, flux_module=fake, sleep=lambda s: None)
+        self.assertTrue(any("cannot connect to Flux" in m for m in logs), logs)
+        self.assertTrue(any("connected to the Flux instance again" in m for m in logs), logs)
+        # The second run asked the journal from the acknowledged position.
+        self.assertEqual(fake.consumers[2].asked_since,
+                         max(0.0, fw.state[ff.JOB] - args.overlap))
+        self.assertGreater(fake.consumers[2].asked_since, 0)
+
+
+class ArgumentErrorsTest(unittest.TestCase):
+    def test_one_line_errors(self):
+        for argv, words in [
+            (["--connect", "kafka://b:9092/t"], "cannot produce to Kafka"),
+            (["--connect", "http://h:notaport/"], "bad port"),
+            (["--token-file", "/nonexistent/token"], "--token-file"),
+        ]:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit):
+                ff.parse_args(argv)
+            self.assertIn(words, err.getvalue())
+        self.assertEqual(ff.parse_address("http://127.0.0.1:7070/"),
+                         ("http", "http://127.0.0.1:7070/"))
+
+    def test_a_bad_uri_is_one_line_and_exit_1(self):
+        class Broken:
+            @staticmethod
+            def Flux(*a):
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        logs: list[str] = []
+        args = ff.parse_args(["--uri", "local:///nonexistent/local-0"])
+        status = ff.run_flux(args, ff.Forwarder(Lines(), ff.empty_state()), logs.append,
+                             flux_module=Broken)
+        self.assertEqual(status, 1)
+        self.assertEqual(len([m for m in logs if "cannot connect to Flux" in m]), 1, logs)
+        self.assertIn("local:///nonexistent/local-0", logs[0])
