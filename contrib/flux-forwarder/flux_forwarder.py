@@ -535,7 +535,15 @@ class HttpSender:
         self.failures = 0
         self.last_error = ""
         self.thread = threading.Thread(target=self._run, name="fluxpipe-sender", daemon=True)
-        self.thread.start()
+        # The thread inherits a mask that blocks SIGTERM and SIGINT: the
+        # reactor's signal watchers (signalfd) see them only if no other
+        # thread can take them, whose default action would end the process.
+        stop_signals = {signal.SIGTERM, signal.SIGINT}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+        try:
+            self.thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def send(self, line: Optional[bytes], effect: Optional[tuple]) -> None:
         with self.cond:
@@ -901,7 +909,13 @@ def run_once(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str]
 
 
 def open_flux(args: argparse.Namespace, flux_module: Any) -> Any:
-    return flux_module.Flux(args.uri) if args.uri else flux_module.Flux()
+    """A handle on the instance once it is up. The broker's socket appears
+    before rc1 has loaded the job manager, and a journal asked for then
+    fails with ENOSYS, which flux-core's consumers swallow (nothing ever
+    comes): wait for the broker's RUN state first."""
+    handle = flux_module.Flux(args.uri) if args.uri else flux_module.Flux()
+    handle.rpc("state-machine.wait").get()
+    return handle
 
 
 def run_flux(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str], None],

@@ -511,6 +511,9 @@ class FakeFlux:
             def reactor_stop(self):
                 self.stopped = True
 
+            def rpc(self, topic, payload=None):
+                return FakeFuture()
+
             def timer_watcher_create(self, after, cb, repeat=0.0):
                 return Watcher()
 
@@ -1018,8 +1021,8 @@ class InstanceGoneTest(unittest.TestCase):
                 self.tick = cb
                 return argparse.Namespace(start=lambda: None, stop=lambda: None)
 
-            def rpc(self, topic, payload):
-                return FakeFuture(ping_error)
+            def rpc(self, topic, payload=None):
+                return FakeFuture(ping_error if topic == "broker.ping" else None)
 
             def reactor_run(self):
                 super().reactor_run()

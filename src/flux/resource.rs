@@ -154,6 +154,13 @@ pub struct ResourceState {
     seen_persistent: HashSet<(u64, compact_str::CompactString)>,
     /// Keys of applied events of the current life; cleared at `restart`.
     seen_life: HashSet<(u64, compact_str::CompactString)>,
+    /// The brokers' hosts by rank, from the latest `restart` event: what
+    /// flux-core maps a drain's `nodelist` against (its broker hostmap),
+    /// which can differ from R's nodelist (a test instance's
+    /// `--test-hosts`). Saved last, with a default: older checkpoints
+    /// read as before.
+    #[serde(default)]
+    broker_hosts: BTreeMap<u32, String>,
 }
 
 /// Per-event scratch: the event plus what applying it produced.
@@ -631,21 +638,29 @@ impl ResourceState {
     fn targets(&mut self, set: &IdSet, nodelist: Option<&Hostlist>, cx: &mut Ctx) -> Vec<u32> {
         let mut out = Vec::new();
         let mut hosts = nodelist.map(|nl| nl.iter());
+        // flux-core maps hosts with the brokers' hostmap, which the
+        // `restart` event gives; without one, with the ranks' hostnames.
+        let by_broker = !self.broker_hosts.is_empty();
         for r in set.iter() {
             let host = hosts.as_mut().and_then(|it| it.next());
             let Some(host) = host else {
                 out.push(r);
                 continue;
             };
-            match self.hostname(r) {
+            let current = if by_broker {
+                self.broker_hosts.get(&r).cloned()
+            } else {
+                self.hostname(r)
+            };
+            match current {
                 Some(cur) if cur == host => out.push(r),
                 Some(_) => {
-                    let moved = self
-                        .ranks
-                        .values()
-                        .find(|s| s.hostname.as_deref() == Some(host.as_str()))
-                        .map(|s| s.rank);
-                    if let Some(nr) = moved {
+                    if let Some(nr) = self.rank_of_host(&host, by_broker) {
+                        out.push(nr);
+                    }
+                }
+                None if by_broker => {
+                    if let Some(nr) = self.rank_of_host(&host, true) {
                         out.push(nr);
                     }
                 }
@@ -660,6 +675,21 @@ impl ResourceState {
         out.sort_unstable();
         out.dedup();
         out
+    }
+
+    /// The first rank on `host` (as flux-core's `flux_get_rankbyhost`).
+    fn rank_of_host(&self, host: &str, by_broker: bool) -> Option<u32> {
+        if by_broker {
+            self.broker_hosts
+                .iter()
+                .find(|(_, h)| h.as_str() == host)
+                .map(|(r, _)| *r)
+        } else {
+            self.ranks
+                .values()
+                .find(|s| s.hostname.as_deref() == Some(host))
+                .map(|s| s.rank)
+        }
     }
 
     /// Filter out ranks outside the instance, reporting each.
@@ -721,6 +751,7 @@ impl ResourceState {
                         );
                     }
                     self.set_hostnames(ranks, nl, &mut cx.out.changes);
+                    self.broker_hosts = ranks.iter().zip(nl.iter()).collect();
                 }
             }
         }
@@ -1281,6 +1312,41 @@ mod tests {
         assert!(st.ranks().all(|s| !s.online && !s.torpid));
         assert_eq!(drain_of(&st, 2), (true, Some("keep me".into()), Some(3.0)));
         assert_eq!(st.restarts(), 2);
+    }
+
+    #[test]
+    fn drains_map_hosts_with_the_brokers_hostmap_not_rs_nodelist() {
+        // A test instance: brokers named node[0-3] (`--test-hosts`) on one
+        // machine whose R says vm,vm,vm,vm. flux-core drains by rank and
+        // checks the event's nodelist against the brokers' names.
+        let mut st = instance();
+        st.apply(&ev(1.5, "resource-define", json!({"method": "kvs"})));
+        st.apply_r(&json!({"version": 1, "execution": {
+            "R_lite": [{"rank": "0-3", "children": {"core": "0-1"}}],
+            "nodelist": ["vm,vm,vm,vm"], "starttime": 0.0, "expiration": 0.0}}));
+        assert_eq!(st.hostname(0).as_deref(), Some("vm"));
+        st.apply(&ev(
+            2.0,
+            "drain",
+            json!({"idset": "0", "nodelist": "node0", "reason": "while running", "overwrite": 1}),
+        ));
+        assert_eq!(
+            drain_of(&st, 0),
+            (true, Some("while running".into()), Some(2.0))
+        );
+        // A host that moved follows its host; one that is gone is dropped.
+        st.apply(&ev(
+            3.0,
+            "drain",
+            json!({"idset": "1", "nodelist": "node2", "reason": "moved"}),
+        ));
+        assert!(drain_of(&st, 2).0 && !drain_of(&st, 1).0);
+        st.apply(&ev(
+            4.0,
+            "drain",
+            json!({"idset": "3", "nodelist": "gone9", "reason": "x"}),
+        ));
+        assert!(!drain_of(&st, 3).0);
     }
 
     #[test]

@@ -966,7 +966,10 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
                     errors.push(loc.error(
                         &key("address"),
                         None,
-                        format!("sources.{name}.address `{}`: already used by {other}", h.address),
+                        format!(
+                            "sources.{name}.address `{}`: already used by {other}",
+                            h.address
+                        ),
                     ));
                 }
             }

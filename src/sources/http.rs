@@ -248,7 +248,12 @@ pub async fn run(config: HttpSourceConfig, ctx: SourceContext) -> anyhow::Result
         .then(|| tokio::spawn(take_part_in_rounds(shared.clone())));
     let app = axum::Router::new()
         .route(&config.path, axum::routing::post(batch))
-        .fallback(|| async { (StatusCode::NOT_FOUND, "not found: POST batches of lines to the configured path\n") })
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                "not found: POST batches of lines to the configured path\n",
+            )
+        })
         .with_state(shared.clone());
     let listener = Limited {
         inner: listener,
@@ -256,12 +261,9 @@ pub async fn run(config: HttpSourceConfig, ctx: SourceContext) -> anyhow::Result
         shared: shared.clone(),
     };
     let shutdown = ctx.shutdown.clone();
-    let served = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<Peer>(),
-    )
-    .with_graceful_shutdown(async move { shutdown.cancelled().await })
-    .await;
+    let served = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
     if let Some(rounds) = rounds {
         rounds.abort();
     }
@@ -344,10 +346,15 @@ async fn answer(
             );
         }
         Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
                 return too_large(max);
             }
-            return plain(StatusCode::BAD_REQUEST, &format!("cannot read the body: {e}"));
+            return plain(
+                StatusCode::BAD_REQUEST,
+                &format!("cannot read the body: {e}"),
+            );
         }
         Ok(Ok(collected)) => collected.to_bytes(),
     };
@@ -503,8 +510,10 @@ fn plain(code: StatusCode, message: &str) -> Response {
 
 fn retry_later(code: StatusCode, message: &str) -> Response {
     let mut r = plain(code, message);
-    r.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+    r.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from_static(RETRY_AFTER_SECS),
+    );
     r
 }
 
@@ -646,13 +655,22 @@ mod tests {
     fn a_bearer_token_is_matched_whole() {
         let mut h = HeaderMap::new();
         assert!(!bearer_matches(&h, "s3cret"));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer s3cret"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer s3cret"),
+        );
         assert!(bearer_matches(&h, "s3cret"));
         assert!(!bearer_matches(&h, "s3cre"));
         assert!(!bearer_matches(&h, "s3cret2"));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("bearer  s3cret "));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer  s3cret "),
+        );
         assert!(bearer_matches(&h, "s3cret"));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic s3cret"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic s3cret"),
+        );
         assert!(!bearer_matches(&h, "s3cret"));
     }
 }

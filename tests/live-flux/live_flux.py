@@ -1,0 +1,564 @@
+#!/usr/bin/env python3
+"""The live-Flux end-to-end test: a real flux-core instance → the forwarder
+(contrib/flux-forwarder) → `fluxpipe run` over its `http` source, with
+SIGKILLs on the way, and every answer compared with flux-core's own.
+
+    tests/live-flux/live_flux.py [--fluxpipe target/release/fluxpipe] [--kafka BROKER]
+
+flux-core: the prefix in FLUX_PREFIX (a site's own install), else
+../shared/flux-core/install is run (it installs to /opt/flux and prints the
+prefix), else the test says it was skipped and exits 0.
+
+What happens:
+1. A 4-broker test instance (`--test-hosts=node[0-3]`) with a statedir, a
+   `batch` queue, and a per-rank prolog and epilog that fail (and so drain
+   the rank) for jobs that ask (`--setattr=user.fail=prolog|epilog`).
+2. `fluxpipe run` with an http source (acknowledgements = checkpoint) and a
+   file sink of transitions, jobs and ranks; the forwarder sends to it
+   (`--reconnect`: it outlives the instance's restart). A second forwarder
+   without `--reconnect` (to stdout) must exit 1 when the instance goes
+   away.
+3. A workload of every outcome (success, exit codes, a signal, a timeout,
+   cancels pending and running, holds and urgency, dependencies incl. an
+   unsatisfiable one, an unsatisfiable request, a failing prolog, a failing
+   epilog that drains a node, drains and undrains, a node drained while a
+   job runs on it), while `fluxpipe run` is SIGKILLed and restarted several
+   times and the forwarder once; midway the instance is shut down and
+   started again from its statedir.
+4. At the end every job of `flux jobs -a --json` has a job record in the
+   file sink equal on every summary field, every transition of a clean run
+   of the same journal is there (exactly once when the file sink is), and
+   every rank's state equals the broker's `resource.status`.
+
+Exit 0 when all agree; else every disagreement is printed and it exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FORWARDER = REPO / "contrib/flux-forwarder/flux-forwarder"
+INSTALLER = REPO.parent / "shared/flux-core/install"
+
+# The fields of a job record compared with `flux jobs -a --json`.
+FIELDS = ("state", "result", "success", "waitstatus", "returncode", "urgency", "priority",
+          "userid", "t_submit", "t_depend", "t_run", "t_cleanup", "t_inactive")
+
+PERILOG = """#!/bin/sh
+# Fails on every rank of a job that asked for it (--setattr=user.fail=$1).
+want=$(flux job info "$FLUX_JOB_ID" jobspec 2>/dev/null | tr -d ' ' | grep -o '"fail":"[a-z]*"')
+[ "$want" = "\\"fail\\":\\"$1\\"" ] && exit 1
+exit 0
+"""
+
+CONFIG = """[queues.batch]
+
+[policy.jobspec.defaults.system]
+queue = "batch"
+
+[job-manager]
+plugins = [ {{ load = "perilog.so" }} ]
+
+[job-manager.prolog]
+command = [ "{perilog}", "prolog" ]
+per-rank = true
+
+[job-manager.epilog]
+command = [ "{perilog}", "epilog" ]
+per-rank = true
+"""
+
+
+def log(msg: str) -> None:
+    print(f"live-flux: {msg}", flush=True)
+
+
+def flux_prefix() -> str | None:
+    prefix = os.environ.get("FLUX_PREFIX")
+    if prefix:
+        return prefix
+    if INSTALLER.exists():
+        out = subprocess.run([str(INSTALLER)], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[-1]
+        log(f"{INSTALLER} failed: {out.stderr.strip()[-500:]}")
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Instance:
+    """A test instance whose local URI stays the same across restarts."""
+
+    def __init__(self, prefix: str, work: Path):
+        self.flux = os.path.join(prefix, "bin", "flux")
+        self.work = work
+        self.rundir = work / "run"
+        self.statedir = work / "state"
+        self.conf = work / "conf"
+        for d in (self.rundir, self.statedir, self.conf):
+            d.mkdir(parents=True, exist_ok=True)
+        perilog = work / "perilog"
+        perilog.write_text(PERILOG)
+        perilog.chmod(0o755)
+        (self.conf / "system.toml").write_text(CONFIG.format(perilog=perilog))
+        self.uri = f"local://{self.rundir}/local-0"
+        self.env = dict(os.environ, FLUX_URI_RESOLVE_LOCAL="t",
+                        PATH=f"{prefix}/bin:{os.environ['PATH']}")
+        self.env.pop("FLUX_URI", None)
+        self.proc: subprocess.Popen | None = None
+        self.lives = 0
+
+    def start(self) -> None:
+        ready = self.work / f"ready.{self.lives}"
+        self.lives += 1
+        script = f"flux queue start --all >/dev/null && touch {ready} && exec sleep 100000"
+        self.proc = subprocess.Popen(
+            [self.flux, "start", "--test-size=4", "--test-hosts=node[0-3]",
+             f"--test-rundir={self.rundir}", f"--config-path={self.conf}",
+             f"-Sstatedir={self.statedir}", "sh", "-c", script],
+            env=self.env, stdout=open(self.work / f"instance.{self.lives}.log", "w"),
+            stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while not ready.exists():
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the instance did not start (see {self.work})")
+            time.sleep(0.1)
+
+    def shutdown(self) -> None:
+        self.run("shutdown", "--quiet", check=False)
+        if self.proc is not None:
+            self.proc.wait(timeout=60)
+
+    def run(self, *args: str, check: bool = True, input: str | None = None) -> str:
+        out = subprocess.run([self.flux, *args], env=dict(self.env, FLUX_URI=self.uri),
+                             capture_output=True, text=True, input=input, timeout=120)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"flux {' '.join(args)}: {out.stderr.strip()}")
+        return out.stdout.strip()
+
+    def submit(self, *args: str) -> str:
+        return self.run("submit", *args)
+
+    def jobs(self) -> list[dict]:
+        return json.loads(self.run("jobs", "-a", "--json"))["jobs"]
+
+    def resource_status(self) -> dict:
+        code = "import flux, json; print(json.dumps(flux.Flux().rpc('resource.status').get()))"
+        return json.loads(self.run("python", "-c", code))
+
+    def wait_state(self, jobid: str, states: set[str], timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            state = self.run("jobs", "-n", "-o", "{state}", jobid)
+            if state in states:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"job {jobid} did not reach {states}")
+
+
+class Fluxpipe:
+    """`fluxpipe run` with an http source, restarted on the same data_dir."""
+
+    def __init__(self, binary: str, work: Path, port: int):
+        self.binary = binary
+        self.work = work
+        self.port = port
+        self.out = work / "out.jsonl"
+        self.config = work / "fluxpipe.toml"
+        self.config.write_text(f"""data_dir = "{work / 'data'}"
+[checkpoint]
+interval_secs = 2
+[sources.flux]
+type = "http"
+address = "127.0.0.1:{port}"
+cluster = "live"
+[sinks.out]
+type = "file"
+path = "{self.out}"
+inputs = ["transitions", "jobs", "resources"]
+""")
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        self.proc = subprocess.Popen(
+            [self.binary, "run", "--config", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.work / f"fluxpipe.{self.starts}.log", "w"))
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("fluxpipe run did not start listening")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+    def records(self) -> list[dict]:
+        if not self.out.exists():
+            return []
+        out = []
+        for line in self.out.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"kind": "torn", "line": line})
+        return out
+
+
+class Forwarder:
+    def __init__(self, inst: Instance, work: Path, args: list[str], name: str):
+        self.inst, self.work, self.args, self.name = inst, work, args, name
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, stdout=subprocess.DEVNULL) -> None:
+        self.starts += 1
+        # Through the wrapper, under the system Python: it must find
+        # flux-core's bindings by itself (`flux python`).
+        self.proc = subprocess.Popen(
+            [sys.executable, str(FORWARDER), "--uri", self.inst.uri, *self.args],
+            env=self.inst.env, stdout=stdout,
+            stderr=open(self.work / f"{self.name}.{self.starts}.log", "w"))
+
+    def log_text(self) -> str:
+        return "".join((self.work / f"{self.name}.{i}.log").read_text()
+                       for i in range(1, self.starts + 1))
+
+
+def workload_a(inst: Instance) -> dict[str, str]:
+    """Jobs of every outcome; returns some of their ids by role."""
+    ids: dict[str, str] = {}
+    ids["ok"] = inst.submit("-N1", "true")
+    ids["exit3"] = inst.submit("-N1", "sh", "-c", "exit 3")
+    ids["signal"] = inst.submit("-N1", "sh", "-c", "kill -9 $$")
+    ids["timeout"] = inst.submit("-N1", "-t", "1s", "sleep", "30")
+    ids["prolog"] = inst.submit("-N1", "--setattr=user.fail=prolog", "true")
+    ids["epilog"] = inst.submit("-N1", "--setattr=user.fail=epilog", "true")
+    ids["unsat"] = inst.submit("-N", "8", "true")
+    ids["held"] = inst.submit("-N1", "--urgency=0", "true")
+    ids["held2"] = inst.submit("-N1", "--urgency=0", "true")
+    ids["cancel_pending"] = inst.submit("-N1", "--urgency=0", "true")
+    ids["running"] = inst.submit("-N1", "sleep", "300")
+    ids["dep_ok"] = inst.submit("-N1", "sleep", "1")
+    ids["after_ok"] = inst.submit("-N1", f"--dependency=afterok:{ids['dep_ok']}", "true")
+    ids["dep_bad"] = inst.submit("-N1", "--urgency=0", "true")
+    ids["after_bad"] = inst.submit("-N1", f"--dependency=afterok:{ids['dep_bad']}", "true")
+    for i in range(8):
+        ids[f"batch{i}"] = inst.submit("-N1", "sh", "-c", f"sleep 0.{i}; exit {i % 3}")
+    inst.wait_state(ids["running"], {"RUN"})
+    inst.run("cancel", ids["cancel_pending"])
+    # Its dependent can never run: a dependency exception.
+    inst.run("cancel", ids["dep_bad"])
+    inst.run("job", "urgency", ids["held"], "20")
+    inst.run("cancel", ids["running"])
+    return ids
+
+
+def workload_b(inst: Instance, ids: dict[str, str]) -> None:
+    """After the instance's restart: more jobs, a drain while a job runs
+    (draining), drains and undrains, the held job released."""
+    ids["b_ok"] = inst.submit("-N1", "true")
+    ids["b_long"] = inst.submit("-N1", "sleep", "4")
+    inst.wait_state(ids["b_long"], {"RUN"})
+    ranks = inst.run("jobs", "-n", "-o", "{ranks}", ids["b_long"])
+    inst.run("resource", "drain", "--force", ranks, "drained while running")
+    inst.run("resource", "drain", "--force", "3", "maintenance")
+    inst.run("resource", "undrain", "3")
+    inst.run("job", "urgency", ids["held2"], "16")
+    for i in range(5):
+        ids[f"b_batch{i}"] = inst.submit("-N1", "sh", "-c", f"exit {i % 2}")
+    ids["b_hold_cancel"] = inst.submit("-N1", "--urgency=0", "true")
+    inst.run("cancel", ids["b_hold_cancel"])
+
+
+def wait_quiet(inst: Instance, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        active = inst.run("jobs", "-n", "-o", "{id}")
+        if not active:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"jobs still active: {active}")
+
+
+def same(exp, act, key: str) -> bool:
+    if exp is None:
+        return act in (None, 0, 0.0, "", [])
+    if isinstance(exp, bool):
+        return act is exp
+    if isinstance(exp, (int, float)):
+        return isinstance(act, (int, float)) and not isinstance(act, bool) \
+            and math.isclose(exp, act, rel_tol=0, abs_tol=1e-5)
+    return exp == act
+
+
+def idset(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in filter(None, (text or "").strip("[]").split(",")):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def transitions_of_clean_run(binary: str, journal: Path, work: Path) -> list[tuple]:
+    """What one `fluxpipe run` with no kills makes of the whole journal."""
+    out = work / "clean.jsonl"
+    config = work / "clean.toml"
+    config.write_text(f"""data_dir = "{work / 'clean-data'}"
+[sources.journal]
+type = "file"
+include = ["{journal}"]
+cluster = "live"
+[sinks.out]
+type = "file"
+path = "{out}"
+inputs = ["transitions"]
+""")
+    proc = subprocess.Popen([binary, "run", "--config", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    want = sum(1 for _ in journal.open())
+    deadline = time.time() + 30
+    last = -1
+    while time.time() < deadline:
+        time.sleep(1)
+        n = sum(1 for _ in out.open()) if out.exists() else 0
+        if n == last and n > 0:
+            break
+        last = n
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    log(f"clean run over {want} journal lines: {last} transitions")
+    return [transition_key(json.loads(l)) for l in out.read_text().splitlines()]
+
+
+def transition_key(t: dict) -> tuple:
+    return (t["id"], t["from"], t["to"], t["event"], round(t["timestamp"], 6))
+
+
+def dump_journal(fwd_args: list[str], inst: Instance, work: Path) -> Path:
+    """The whole job and resource journals, read again by the forwarder to
+    a file, up to both sentinels."""
+    path = work / "journal.jsonl"
+    with path.open("w") as f:
+        dump = Forwarder(inst, work, ["--connect", "-", *fwd_args], "dump")
+        dump.start(stdout=f)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            text = path.read_text()
+            if '{"id":-1,"events":[]}' in text and '{"events":[]}' in text:
+                break
+            time.sleep(0.2)
+        time.sleep(0.5)
+        assert dump.proc is not None
+        dump.proc.send_signal(signal.SIGTERM)
+        dump.proc.wait(timeout=30)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fluxpipe", default=str(REPO / "target/release/fluxpipe"))
+    ap.add_argument("--work", help="keep the work folder here (default: a temporary one)")
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    args = ap.parse_args()
+    prefix = flux_prefix()
+    if prefix is None:
+        log("SKIPPED: no flux-core (set FLUX_PREFIX to its install prefix, or provide "
+            "../shared/flux-core/install)")
+        return 0
+    rng = random.Random(args.seed)
+    log(f"flux-core at {prefix}; seed {args.seed}")
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="live-flux."))
+    work.mkdir(parents=True, exist_ok=True)
+    inst = Instance(prefix, work)
+    pipe = Fluxpipe(args.fluxpipe, work, free_port())
+    fwd_args = ["--streams", "job,resource"]
+    fwd = Forwarder(inst, work, ["--connect", f"http://127.0.0.1:{pipe.port}/",
+                                 "--state", str(work / "forwarder.json"), "--reconnect",
+                                 "--reconnect-delay", "0.5", "--ping-interval", "0.5",
+                                 *fwd_args], "forwarder")
+    exiting = Forwarder(inst, work, ["--connect", "-", "--ping-interval", "0.5", *fwd_args],
+                        "exiting")
+    problems: list[str] = []
+    try:
+        inst.start()
+        pipe.start()
+        fwd.start()
+        exiting.start()
+
+        def kill_pipe_soon():
+            time.sleep(rng.uniform(0.05, 1.5))
+            pipe.kill()
+            log(f"SIGKILL fluxpipe run ({pipe.starts})")
+            time.sleep(rng.uniform(0.0, 1.0))
+            pipe.start()
+
+        ids = workload_a(inst)
+        kill_pipe_soon()
+        inst.run("resource", "drain", "--force", "2", "disk check")
+        kill_pipe_soon()
+        assert fwd.proc is not None
+        fwd.proc.send_signal(signal.SIGKILL)
+        fwd.proc.wait()
+        log("SIGKILL forwarder")
+        fwd.start()
+        inst.run("resource", "undrain", "2")
+        time.sleep(rng.uniform(0.5, 2.0))
+
+        log("instance shutdown")
+        inst.shutdown()
+        try:
+            assert exiting.proc is not None
+            status = exiting.proc.wait(timeout=30)
+            if status != 1:
+                problems.append(f"forwarder without --reconnect exited {status}, not 1")
+            elif "went away" not in exiting.log_text() and "ended" not in exiting.log_text():
+                problems.append("forwarder without --reconnect said nothing of the instance")
+        except subprocess.TimeoutExpired:
+            problems.append("forwarder without --reconnect did not exit after the shutdown")
+            exiting.proc.kill()
+        kill_pipe_soon()
+        inst.start()
+        log("instance started again")
+        workload_b(inst, ids)
+        kill_pipe_soon()
+        wait_quiet(inst)
+        # Everything forwarded and acknowledged: the forwarder's state has
+        # caught up with the newest events, and fluxpipe has every job.
+        want = {j["id"] for j in inst.jobs()}
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            have = {r["id"] for r in pipe.records() if r.get("kind") == "job"}
+            if want <= have:
+                break
+            time.sleep(0.5)
+        time.sleep(3)
+        if "connected to the Flux instance again" not in fwd.log_text():
+            problems.append("the forwarder did not say it reconnected")
+        if pipe.stop() != 0:
+            problems.append("fluxpipe run did not stop cleanly")
+        assert fwd.proc is not None
+        fwd.proc.send_signal(signal.SIGTERM)
+        if fwd.proc.wait(timeout=30) != 0:
+            problems.append("the forwarder did not exit 0 on SIGTERM")
+
+        flux_jobs = inst.jobs()
+        status = inst.resource_status()
+        journal = dump_journal(fwd_args, inst, work)
+        records = pipe.records()
+        compare(args.fluxpipe, work, flux_jobs, status, records, journal, problems)
+        log(f"{len(flux_jobs)} jobs, {pipe.starts - 1} SIGKILLs of fluxpipe run, "
+            f"forwarder started {fwd.starts} times")
+    finally:
+        for p in (fwd.proc, exiting.proc, pipe.proc):
+            if p is not None and p.poll() is None:
+                p.kill()
+        try:
+            inst.shutdown()
+        except Exception:
+            if inst.proc is not None:
+                inst.proc.kill()
+    for p in problems:
+        print(f"DISAGREE: {p}")
+    log(("OK" if not problems else f"{len(problems)} disagreements") + f" (work folder {work})")
+    return 1 if problems else 0
+
+
+def compare(binary: str, work: Path, flux_jobs: list[dict], status: dict, records: list[dict],
+            journal: Path, problems: list[str]) -> None:
+    torn = [r for r in records if r.get("kind") == "torn"]
+    if torn:
+        problems.append(f"{len(torn)} torn lines in the file sink")
+    jobs: dict[int, dict] = {}
+    job_repeats = 0
+    for r in records:
+        if r.get("kind") == "job":
+            job_repeats += r["id"] in jobs
+            jobs[r["id"]] = r
+    for fj in flux_jobs:
+        got = jobs.get(fj["id"])
+        if got is None:
+            problems.append(f"job {fj['id']} ({fj.get('name')}): no job record")
+            continue
+        diff = [f"{k} flux {fj.get(k)!r} fluxpipe {got.get(k)!r}" for k in FIELDS
+                if not same(fj.get(k), got.get(k), k)]
+        ex = fj.get("exception") or {}
+        if bool(ex.get("occurred")) != bool(got.get("exception_occurred")):
+            diff.append(f"exception flux {ex} fluxpipe {got.get('exception_occurred')}")
+        elif ex.get("occurred") and ex.get("type") != got.get("exception_type"):
+            diff.append(f"exception type flux {ex.get('type')} fluxpipe "
+                        f"{got.get('exception_type')}")
+        if diff:
+            problems.append(f"job {fj['id']} ({fj.get('name')}): " + "; ".join(diff))
+    extra = set(jobs) - {j["id"] for j in flux_jobs}
+    if extra:
+        problems.append(f"job records flux does not have: {sorted(extra)}")
+
+    expected = transitions_of_clean_run(binary, journal, work)
+    got = [transition_key(r) for r in records if r.get("kind") == "transition"]
+    missing = set(expected) - set(got)
+    unexpected = set(got) - set(expected)
+    repeats = len(got) - len(set(got))
+    for t in sorted(missing)[:20]:
+        problems.append(f"transition missing: {t}")
+    for t in sorted(unexpected)[:20]:
+        problems.append(f"transition not in a clean run: {t}")
+    if os.environ.get("LIVE_FLUX_EXACTLY_ONCE") and (repeats or job_repeats):
+        problems.append(f"{repeats} transitions and {job_repeats} job records written twice")
+    log(f"{len(set(got))} transitions ({repeats} repeated across kills), "
+        f"{len(jobs)} job records ({job_repeats} repeated)")
+
+    # Ranks: the last record of each, against the broker's resource.status.
+    ranks: dict[int, dict] = {}
+    for r in records:
+        if r.get("kind") == "rank" and not r.get("removed"):
+            ranks[r["rank"]] = r
+    online, torpid = idset(status.get("online", "")), idset(status.get("torpid", ""))
+    drain = status.get("drain", {})
+    all_ranks = idset(",".join(x["rank"] for x in status["R"]["execution"]["R_lite"]))
+    for rank in sorted(all_ranks):
+        got_r = ranks.get(rank)
+        if got_r is None:
+            problems.append(f"rank {rank}: no rank record")
+            continue
+        d = drain.get(str(rank))
+        want = {"online": rank in online, "torpid": rank in torpid, "drained": d is not None}
+        diff = [f"{k} flux {v} fluxpipe {got_r.get(k)}" for k, v in want.items()
+                if got_r.get(k) != v]
+        if d and got_r.get("drain_reason") != d.get("reason"):
+            diff.append(f"drain reason flux {d.get('reason')!r} fluxpipe "
+                        f"{got_r.get('drain_reason')!r}")
+        if diff:
+            problems.append(f"rank {rank}: " + "; ".join(diff))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
