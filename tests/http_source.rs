@@ -607,7 +607,7 @@ fn nothing_acknowledged_is_lost_across_sigkills() {
 // Known bugs of the source: these fail today.
 
 #[test]
-#[ignore = "bug: with acknowledgements = \"received\" the counts are read before the shards have counted"]
+
 fn received_batches_are_answered_with_their_counts() {
     let mut run = Run::start("acknowledgements = \"received\"", "");
     let body = text_of(&[journal(INC1)]);
@@ -621,7 +621,7 @@ fn received_batches_are_answered_with_their_counts() {
 }
 
 #[test]
-#[ignore = "bug: SIGTERM waits for ever for a connection whose request head never ends"]
+
 fn sigterm_does_not_wait_for_a_stalled_request() {
     let mut run = Run::start("", "");
     let mut stalled = TcpStream::connect(("127.0.0.1", run.port)).unwrap();

@@ -100,6 +100,8 @@ pub enum Outcome {
 /// them: final once a barrier behind them has passed.
 #[derive(Debug, Default)]
 pub struct Tally {
+    /// Records the sender handed on.
+    sent: AtomicU64,
     applied: AtomicU64,
     repeats: AtomicU64,
     refused: AtomicU64,
@@ -113,6 +115,16 @@ impl Tally {
             Outcome::Refused => &self.refused,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The sender handed `n` more records on.
+    pub fn sent_more(&self, n: usize) {
+        self.sent.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Records handed on.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     /// Records applied, repeats skipped, records refused.
@@ -185,7 +197,10 @@ impl Router {
         tally: Option<&Arc<Tally>>,
     ) -> Result<(), Closed> {
         let msg = match tally {
-            Some(t) => ShardMsg::Tallied(batch, t.clone()),
+            Some(t) => {
+                t.sent_more(batch.len());
+                ShardMsg::Tallied(batch, t.clone())
+            }
             None => ShardMsg::Records(batch),
         };
         self.send_msg(i, msg).await

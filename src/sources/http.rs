@@ -63,6 +63,10 @@ const LISTED_ERRORS: usize = 100;
 /// Pause after a failed `accept` (out of file descriptors, say).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
+/// How long a stop waits for open requests before closing their
+/// connections.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
 /// When a client should try again after `429` or `503`, in seconds.
 const RETRY_AFTER_SECS: &str = "1";
 
@@ -185,14 +189,17 @@ fn read_token(path: &std::path::Path) -> Result<String, String> {
 struct Answer {
     /// Lines in the body (blank ones included).
     lines: u64,
-    /// Records decoded from them.
+    /// Records decoded from them and handed on.
     records: u64,
-    /// Records applied to the state.
-    applied: u64,
-    /// Records that repeated what was already applied, skipped.
-    repeats: u64,
-    /// Records refused (`operators.max_jobs` reached).
-    refused: u64,
+    /// Records applied to the state (known only once a checkpoint holds
+    /// them: `null` with `acknowledgements = "received"`).
+    applied: Option<u64>,
+    /// Records that repeated what was already applied, skipped (`null`
+    /// when not known). A repeated batch is not all repeats: events that
+    /// change nothing when applied again (annotations, R) count as applied.
+    repeats: Option<u64>,
+    /// Records refused (`operators.max_jobs` reached; `null` when not known).
+    refused: Option<u64>,
     /// Lines that could not be decoded (sent to `dead_letter`).
     invalid: u64,
     /// The first of them: 1-based line number and error.
@@ -261,9 +268,23 @@ pub async fn run(config: HttpSourceConfig, ctx: SourceContext) -> anyhow::Result
         shared: shared.clone(),
     };
     let shutdown = ctx.shutdown.clone();
-    let served = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    let graceful = shutdown.clone();
+    let server = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
+        .with_graceful_shutdown(async move { graceful.cancelled().await })
+        .into_future();
+    // Requests waiting for a checkpoint are answered 503 at once when
+    // stopping; a client that never finishes its request must not hold
+    // the stop up: after a grace, its connection is dropped.
+    let served = tokio::select! {
+        served = server => served,
+        _ = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!(source = %ctx.name, "connections still open {SHUTDOWN_GRACE:?} after the stop began: closed");
+            Ok(())
+        }
+    };
     if let Some(rounds) = rounds {
         rounds.abort();
     }
@@ -461,17 +482,19 @@ async fn answer(
             }
         }
     }
-    let (applied, repeats, refused) = tally.counts();
-    answer.records = applied + repeats + refused;
-    answer.applied = applied;
-    answer.repeats = repeats;
-    answer.refused = refused;
+    answer.records = tally.sent();
+    if shared.config.acknowledgements == Acknowledgements::Checkpoint {
+        // Behind a barrier: the shards have counted every record.
+        let (applied, repeats, refused) = tally.counts();
+        answer.applied = Some(applied);
+        answer.repeats = Some(repeats);
+        answer.refused = Some(refused);
+    }
     tracing::debug!(
         source = %ctx.name,
         %peer,
         lines = answer.lines,
-        applied,
-        repeats,
+        records = answer.records,
         invalid = answer.invalid,
         "batch acknowledged"
     );
@@ -559,8 +582,13 @@ impl axum::serve::Listener for Limited {
             if let Ok(mut peers) = self.shared.peers.lock() {
                 peers.insert(peer, 0);
             }
+            let shutdown = self.shared.ctx.shutdown.clone();
             let conn = Connection {
                 stream,
+                closing: Box::pin(async move {
+                    shutdown.cancelled().await;
+                    tokio::time::sleep(SHUTDOWN_GRACE).await;
+                }),
                 peer,
                 shared: self.shared.clone(),
                 _permit: permit,
@@ -588,6 +616,10 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Limi
 /// An accepted connection, holding its place among `max_connections`.
 struct Connection {
     stream: TcpStream,
+    /// Ready a grace after the stop began: from then on the connection
+    /// reads as closed, so a client that never finishes a request cannot
+    /// keep the server's task (and the pipeline's queues) alive.
+    closing: Pin<Box<dyn Future<Output = ()> + Send>>,
     peer: SocketAddr,
     shared: Arc<Shared>,
     _permit: OwnedSemaphorePermit,
@@ -613,6 +645,9 @@ impl AsyncRead for Connection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.closing.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
