@@ -65,6 +65,10 @@ impl RuleKind {
             return false;
         }
         match self {
+            // A job reverted to PRIORITY is still waiting to be scheduled.
+            RuleKind::JobState(JobState::Sched) => {
+                matches!(state, JobState::Sched | JobState::Priority)
+            }
             RuleKind::JobState(s) => s == state,
             RuleKind::Overrun => state == JobState::Run,
             RuleKind::Prolog | RuleKind::Epilog | RuleKind::ExecIncomplete => true,
@@ -217,6 +221,10 @@ pub fn job_condition(kind: RuleKind, entry: &JobEntry) -> Option<f64> {
     }
     match kind {
         RuleKind::JobState(s) if job.state == s => job.t_state(),
+        // SCHED → PRIORITY → SCHED (urgency, jobspec-update, flux-restart)
+        // leaves a job waiting all along: the SCHED rule neither resolves
+        // nor starts over (t_sched keeps the first entry).
+        RuleKind::JobState(JobState::Sched) if job.reverted_to_priority() => job.t_sched.get(),
         RuleKind::Prolog => job.prolog_since.get(),
         RuleKind::Epilog => job.epilog_since.get(),
         // The condition "running past the expiration" begins at the

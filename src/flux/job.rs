@@ -339,6 +339,12 @@ impl Job {
 
     fn enter(&mut self, state: JobState, ts: f64) {
         self.state = state;
+        // SCHED can be entered again (after a reversion to PRIORITY): as
+        // flux-core's job-list, keep the first time, so a job reverted by
+        // an urgency change or a restart is still waiting since then.
+        if state == JobState::Sched && self.t_sched.get().is_some() {
+            return;
+        }
         let slot = match state {
             JobState::New => &mut self.t_submit,
             JobState::Depend => &mut self.t_depend,
@@ -349,6 +355,12 @@ impl Job {
             JobState::Inactive => &mut self.t_inactive,
         };
         slot.set(ts);
+    }
+
+    /// Whether the job went back from SCHED to PRIORITY and is still
+    /// there: pending all along.
+    pub fn reverted_to_priority(&self) -> bool {
+        self.state == JobState::Priority && self.t_sched.get().is_some()
     }
 
     /// Fall back from SCHED to PRIORITY (urgency, jobspec-update, flux-restart).
@@ -462,7 +474,15 @@ impl Job {
             }
             "epilog-start" => {
                 self.check_description(ev, anomalies);
-                if self.expect_state(ev, &[JobState::Cleanup], anomalies) {
+                // flux-core's perilog posts the epilog of a failed prolog
+                // while the job is still in RUN, before the prolog's
+                // exception and prolog-finish.
+                let allowed: &[JobState] = if self.prologs_active > 0 {
+                    &[JobState::Run, JobState::Cleanup]
+                } else {
+                    &[JobState::Cleanup]
+                };
+                if self.expect_state(ev, allowed, anomalies) {
                     if self.epilogs_active == 0 {
                         self.epilog_since.set(ts);
                     }
@@ -508,7 +528,10 @@ impl Job {
             "release" => self.on_release(ev, anomalies),
             "free" => {
                 if self.expect_state(ev, &[JobState::Cleanup], anomalies) {
-                    if self.epilogs_active > 0 {
+                    // The epilog of a job that never started (its prolog
+                    // failed) is not waited for: flux-core 0.88 frees and
+                    // cleans such a job with no epilog-finish.
+                    if self.epilogs_active > 0 && self.started {
                         anomalies.push(anomaly(
                             AnomalyKind::UnexpectedEvent,
                             ev,
@@ -521,6 +544,12 @@ impl Job {
             "clean" => {
                 if self.expect_state(ev, &[JobState::Cleanup], anomalies) {
                     self.enter(JobState::Inactive, ts);
+                    // Nothing runs for an inactive job: an epilog never
+                    // finished (see `free`) does not keep it "in epilog".
+                    self.epilogs_active = 0;
+                    self.epilog_since.clear();
+                    self.prologs_active = 0;
+                    self.prolog_since.clear();
                 }
             }
             "exception" => self.on_exception(ev, anomalies),
@@ -938,6 +967,74 @@ mod tests {
                 (Cleanup, Inactive)
             ]
         );
+    }
+
+    #[test]
+    fn a_failed_prolog_ends_without_anomaly_or_epilog() {
+        // What flux-core 0.88 posts (live instance, per-rank prolog that
+        // exits 1): epilog-start in RUN, the exception, prolog-finish,
+        // free and clean, and never epilog-finish.
+        let mut job = Job::new();
+        let mut all = Vec::new();
+        for e in [
+            ev(
+                1.0,
+                "submit",
+                json!({"userid": 0, "urgency": 16, "flags": 0, "version": 1}),
+            ),
+            ev(1.1, "validate", json!({})),
+            ev(1.2, "depend", json!({})),
+            ev(1.3, "priority", json!({"priority": 16})),
+            ev(1.4, "alloc", json!({})),
+            ev(
+                1.5,
+                "prolog-start",
+                json!({"description": "job-manager.prolog"}),
+            ),
+            ev(
+                1.6,
+                "epilog-start",
+                json!({"description": "job-manager.epilog"}),
+            ),
+            ev(
+                1.7,
+                "exception",
+                json!({"type": "prolog", "severity": 0, "note": "x", "userid": 0}),
+            ),
+            ev(
+                1.8,
+                "prolog-finish",
+                json!({"description": "job-manager.prolog", "status": 256}),
+            ),
+            ev(1.9, "free", json!({})),
+            ev(2.0, "clean", json!({})),
+        ] {
+            all.extend(job.apply(&e).anomalies);
+        }
+        assert_eq!(all, vec![]);
+        assert_eq!(job.state, JobState::Inactive);
+        assert_eq!((job.epilogs_active, job.epilog_since.get()), (0, None));
+        // An epilog-start in RUN with no prolog running is still wrong.
+        let mut job = Job::new();
+        for e in [
+            ev(
+                1.0,
+                "submit",
+                json!({"userid": 0, "urgency": 16, "flags": 0, "version": 1}),
+            ),
+            ev(1.1, "validate", json!({})),
+            ev(1.2, "depend", json!({})),
+            ev(1.3, "priority", json!({"priority": 16})),
+            ev(1.4, "alloc", json!({})),
+        ] {
+            job.apply(&e);
+        }
+        let a = job.apply(&ev(
+            1.5,
+            "epilog-start",
+            json!({"description": "job-manager.epilog"}),
+        ));
+        assert_eq!(a.anomalies.len(), 1);
     }
 
     #[test]

@@ -1432,6 +1432,40 @@ mod tests {
     /// fired ones fired and waiting ones with their timers, whatever order
     /// the conditions come in; one for a job not held goes with it.
     #[tokio::test]
+    async fn a_job_reverted_to_priority_keeps_waiting_for_the_sched_rule() {
+        let mut a = sched_shard();
+        for r in to_sched(1, 1000.0) {
+            a.apply(r).await;
+        }
+        let conditions = |s: &Shard| {
+            let bytes = rmp_serde::to_vec(&s.alerts.saved(&s.state.jobs)).unwrap();
+            let v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
+            v.into_iter()
+                .map(|c| (c.fired, c.since))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(conditions(&a), [(false, 1000.3)]);
+        // An urgency change (then a restart) sends it back to PRIORITY for
+        // a moment: still waiting, since the first SCHED.
+        let urgency =
+            Event::new(1060.0, "urgency").with_context(json!({"urgency": 20, "userid": 1}));
+        a.apply(routed(1, EventStream::Job, urgency)).await;
+        assert_eq!(conditions(&a), [(false, 1000.3)]);
+        let priority = Event::new(1060.1, "priority").with_context(json!({"priority": 20}));
+        a.apply(routed(1, EventStream::Job, priority)).await;
+        a.apply(routed(
+            1,
+            EventStream::Job,
+            Event::new(1070.0, "flux-restart"),
+        ))
+        .await;
+        assert_eq!(conditions(&a), [(false, 1000.3)]);
+        // Due 100 s after the first SCHED, not after the last.
+        a.apply(to_sched(2, 1101.0).swap_remove(0)).await;
+        assert_eq!(conditions(&a)[0], (true, 1000.3));
+    }
+
+    #[tokio::test]
     async fn a_checkpoint_brings_back_every_alert_condition_in_any_order() {
         let new_shard = sched_shard;
         let mut a = new_shard();
