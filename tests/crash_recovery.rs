@@ -1,8 +1,9 @@
 //! Crash recovery: the real binary on a generated workload (a journal file
 //! and a journal over TCP) is killed with SIGKILL at random moments (within
 //! the first third of an uninterrupted run's time) over and over, restarted each time, and in the end its job summaries equal
-//! those of a run that was never interrupted: every job, every field; a
-//! summary may repeat (same `record_id`, same content), never differ.
+//! those of a run that was never interrupted: every job, every field, and
+//! each exactly once (the `file` sink cuts back to its checkpoint and skips
+//! what it had written since).
 //!
 //! The TCP sender behaves as an at-least-once forwarder does: after each
 //! restart it sends its whole journal again; what the checkpoint already
@@ -191,6 +192,15 @@ fn twenty_kills_lose_nothing() {
         got.len(),
         expected.len(),
         "no job that the clean run does not have"
+    );
+    let lines = common::read_records(&out)
+        .into_iter()
+        .filter(|r| r["kind"] == "job")
+        .count();
+    assert_eq!(
+        lines,
+        got.len(),
+        "a job summary was written twice across the kills"
     );
     // The kills came mid-stream and left progress behind: the first cut
     // a run short, and some kill found checkpointed work done but not all.

@@ -944,11 +944,19 @@ impl Shard {
                     jobs(from, -1);
                     self.ages.remove(cluster, from, entered);
                 }
+                // SCHED keeps its first entry time (a job reverted to
+                // PRIORITY and back has waited since then): the time the
+                // job itself says, so its removal finds the same entry.
+                let at = if to == JobState::Sched {
+                    job.t_sched.get().or(Some(t.transition.timestamp))
+                } else {
+                    Some(t.transition.timestamp)
+                };
                 if to != JobState::Inactive {
                     jobs(to, 1);
-                    self.ages.add(cluster, to, Some(t.transition.timestamp));
+                    self.ages.add(cluster, to, at);
                 }
-                entered = Some(t.transition.timestamp);
+                entered = at;
             }
             let Some(m) = series.get(cluster) else {
                 continue;

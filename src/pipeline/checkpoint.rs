@@ -79,6 +79,10 @@ pub struct Head {
     pub written_at: f64,
     /// Each source's positions, in the source's own JSON form.
     pub sources: BTreeMap<String, String>,
+    /// Where each file sink stood at the barrier ([`crate::sinks::offsets`]).
+    /// Last, with a default: checkpoints written before it read as before.
+    #[serde(default)]
+    pub sinks: BTreeMap<String, String>,
 }
 
 /// One shard's state, as restored.
@@ -951,6 +955,7 @@ mod tests {
             seq: 7,
             written_at: 1.5,
             sources: [("files".to_string(), "{\"a\":1}".to_string())].into(),
+            sinks: [("out".to_string(), "{\"offset\":3}".to_string())].into(),
         };
         let bytes = encoded(&st, &head);
         let back = decode(&bytes, Path::new("x")).unwrap();

@@ -33,6 +33,7 @@ use super::changelog::Change;
 use super::checkpoint::{self, Head};
 use crate::operators::Router;
 use crate::sinks::SinkCounters;
+use crate::sinks::offsets::SinkOffsets;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -198,6 +199,7 @@ pub struct Coordinator {
     schedule: Schedule,
     router: Option<Router>,
     sinks: SinkCounters,
+    offsets: SinkOffsets,
     requests: watch::Sender<u64>,
     written: watch::Sender<u64>,
     reports: mpsc::Receiver<SourceReport>,
@@ -248,6 +250,7 @@ impl Coordinator {
         schedule: Schedule,
         router: Router,
         sinks: SinkCounters,
+        offsets: SinkOffsets,
         restored: Option<&Head>,
     ) -> Self {
         let (requests, _) = watch::channel(0);
@@ -258,6 +261,7 @@ impl Coordinator {
             schedule,
             router: Some(router),
             sinks,
+            offsets,
             requests,
             written,
             reports,
@@ -394,7 +398,9 @@ impl Coordinator {
                 }
             }
         }
-        // 2. The barrier behind them; then they go on.
+        // 2. The barrier behind them; then they go on. The file sinks'
+        // places first: what the shards emit after the barrier lies past them.
+        let sink_offsets = self.offsets.snapshot();
         let router = self.router.as_ref().ok_or(Abandoned::Shards)?;
         let replies = tokio::time::timeout_at(deadline, router.barrier())
             .await
@@ -451,6 +457,7 @@ impl Coordinator {
             seq: self.seq,
             written_at: crate::alerts::wall_now(),
             sources: self.positions.clone(),
+            sinks: sink_offsets,
         };
         write(self.dir.clone(), head, shards)
             .await

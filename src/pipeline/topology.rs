@@ -142,7 +142,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     {
         telemetry::prometheus();
     }
-    let mut sink_ctx = SinkContext::default();
+    let mut sink_ctx = SinkContext {
+        offsets: crate::sinks::offsets::SinkOffsets::restored(
+            head.as_ref().map(|h| h.sinks.clone()).unwrap_or_default(),
+        ),
+        ..SinkContext::default()
+    };
     if config
         .sinks
         .values()
@@ -207,6 +212,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         schedule(&config),
         router.clone(),
         outputs.counters(),
+        sink_ctx.offsets.clone(),
         head.as_ref(),
     );
 
@@ -294,10 +300,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         );
     }
     if drained.is_ok() && sinks_ok && given_up == 0 && states.len() == workers {
+        // Every sink has finished: its place is the end of what it wrote.
         let head = Head {
             seq: seq + 1,
             written_at: crate::alerts::wall_now(),
             sources: positions,
+            sinks: sink_ctx.offsets.snapshot(),
         };
         match coordinator::write(config.data_dir.clone(), head, states).await {
             Ok(bytes) => tracing::info!(bytes, "final checkpoint written"),

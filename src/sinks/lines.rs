@@ -3,7 +3,9 @@
 //! the queue has run dry for a moment and now and then under load.
 
 use super::SinkRx;
+use super::offsets::{self, Mark};
 use crate::output::OutputRecord;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
@@ -28,6 +30,12 @@ pub struct Lines<W: AsyncWrite + Unpin> {
     unflushed: u64,
     flushed_at: Instant,
     linger: Duration,
+    /// Where the bytes written are counted (file sinks).
+    mark: Option<Arc<Mark>>,
+    /// `record_id`s already in the file past the restored checkpoint's
+    /// offset: those records are not written again.
+    skip: HashSet<Box<[u8]>>,
+    skipped: u64,
 }
 
 impl<W: AsyncWrite + Unpin> Lines<W> {
@@ -39,7 +47,23 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
             unflushed: 0,
             flushed_at: Instant::now(),
             linger,
+            mark: None,
+            skip: HashSet::new(),
+            skipped: 0,
         }
+    }
+
+    /// Count the bytes written in `mark`, and leave out records whose
+    /// `record_id` is in `skip` (once each).
+    pub fn exactly_once(mut self, mark: Arc<Mark>, skip: HashSet<Box<[u8]>>) -> Self {
+        self.mark = Some(mark);
+        self.skip = skip;
+        self
+    }
+
+    /// Records left out as already written.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
     }
 
     /// When the buffer must be flushed: a moment after the queue ran dry,
@@ -74,8 +98,20 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
     /// Write the records taken.
     pub async fn write(&mut self, rx: &SinkRx) -> std::io::Result<()> {
         for rec in self.batch.drain(..) {
-            self.out.write_all(rec.line().as_bytes()).await?;
+            let line = rec.line().as_bytes();
+            if !self.skip.is_empty()
+                && let Some(id) = offsets::record_id(line)
+                && self.skip.remove(id)
+            {
+                self.skipped += 1;
+                self.unflushed += 1;
+                continue;
+            }
+            self.out.write_all(line).await?;
             self.out.write_all(b"\n").await?;
+            if let Some(mark) = &self.mark {
+                mark.wrote(line.len() as u64 + 1);
+            }
             self.unflushed += 1;
         }
         if self.flushed_at.elapsed() >= FLUSH_EVERY {

@@ -11,6 +11,7 @@ pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod lines;
+pub mod offsets;
 pub mod prometheus;
 pub mod socket;
 pub mod stdout;
@@ -401,6 +402,8 @@ pub struct SinkContext {
     pub users: crate::telemetry::UserJobs,
     /// Every sink's queued and done counts, for the buffered-records gauge.
     pub buffers: SinkCounters,
+    /// Where the file sinks stand, for checkpoints.
+    pub offsets: offsets::SinkOffsets,
 }
 
 /// Run one sink until every sender is gone and its buffer is delivered.
@@ -413,7 +416,7 @@ pub async fn run(
     match config {
         SinkConfig::Stdout(_) => stdout::run(&name, rx).await,
         SinkConfig::Blackhole(_) => blackhole::run(&name, rx).await,
-        SinkConfig::File(c) => file::run(&name, c, rx).await,
+        SinkConfig::File(c) => file::run(&name, c, rx, &ctx.offsets).await,
         SinkConfig::Prometheus(c) => prometheus::run(&name, c, rx, ctx).await,
         SinkConfig::Socket(c) => socket::run(&name, c, rx).await,
         SinkConfig::Http(c) => http::run(&name, c, rx).await,
