@@ -241,12 +241,7 @@ inputs = ["transitions", "jobs"]
 }
 
 fn client() -> reqwest::blocking::Client {
-    // reqwest is built without a TLS provider of its own.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
+    common::http_client()
 }
 
 fn n(answer: &Value, key: &str) -> u64 {

@@ -565,6 +565,30 @@ fn send(port: u16, files: &[PathBuf], extra: &str) {
     s.shutdown(std::net::Shutdown::Write).expect("shutdown");
 }
 
+/// POST a file to an `http` source (waiting for it to listen); its answer.
+fn post(port: u16, file: &Path) -> Value {
+    let body = std::fs::read(file).expect("read input");
+    let client = common::http_client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match client
+            .post(format!("http://127.0.0.1:{port}/"))
+            .body(body.clone())
+            .send()
+        {
+            Ok(r) => {
+                assert_eq!(r.status(), 200, "POST to {port}");
+                return serde_json::from_slice(&r.bytes().expect("an answer"))
+                    .expect("a JSON answer");
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "nobody answers on {port}: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
 /// Poll `check` every 100 ms until it passes; fail after `secs` with its
 /// last complaint.
 fn settle(what: &str, secs: u64, mut check: impl FnMut() -> Result<(), String>) {
@@ -861,13 +885,18 @@ fn default_runs_on_a_journal_on_stdin() {
     assert_eq!(kinds, BTreeSet::from(["job", "transition"]));
 }
 
-/// flux-jobs-live.toml: the journal its comment sends with `nc` gives
-/// replay's summaries and transitions on stdout (cluster B).
+/// flux-jobs-live.toml: the journal its comment POSTs with curl is
+/// acknowledged with its counts and gives replay's summaries and
+/// transitions on stdout (cluster B).
 #[test]
-fn flux_jobs_live_prints_what_a_journal_on_its_socket_gives() {
+fn flux_jobs_live_prints_what_a_journal_posted_to_it_gives() {
     let copy = Copied::new("flux-jobs-live", &[], None);
     let run = copy.start(Stdio::null());
-    send(copy.port(7071), &[journal(JM1)], "");
+    let answer = post(copy.port(7071), &journal(JM1));
+    let lines = std::fs::read_to_string(journal(JM1)).expect("journal");
+    assert_eq!(answer["lines"], lines.lines().count(), "{answer}");
+    assert_eq!(answer["invalid"], 0, "{answer}");
+    assert_eq!(answer["acknowledged"], "checkpoint", "{answer}");
     let replayed = replay(&["--cluster", "B"], &[journal(JM1)]);
     settle("flux-jobs-live", 20, || {
         let out = run.stdout();

@@ -264,3 +264,14 @@ fn serve_http(stream: TcpStream, got: &std::sync::Mutex<Vec<Received>>) -> std::
         }
     }
 }
+
+/// A blocking HTTP client for the tests (reqwest is built without a TLS
+/// provider of its own).
+#[allow(dead_code)]
+pub fn http_client() -> reqwest::blocking::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("an HTTP client")
+}
