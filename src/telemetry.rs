@@ -202,7 +202,10 @@ struct ClusterNodes {
 /// per-node series. Written by the shard that owns the cluster's resource
 /// log; read at scrape.
 #[derive(Debug, Default, Clone)]
-pub struct NodeBoard(Arc<RwLock<BTreeMap<String, ClusterNodes>>>);
+pub struct NodeBoard(
+    Arc<RwLock<BTreeMap<String, ClusterNodes>>>,
+    Arc<RwLock<Option<(crate::alerts::Clock, crate::alerts::SharedEventClock)>>>,
+);
 
 impl NodeBoard {
     /// Record a rank's new state (`None`: the rank left the instance) as of
@@ -233,6 +236,28 @@ impl NodeBoard {
                 c.ranks.remove(&rank);
             }
         }
+    }
+
+    /// What "now" is for the node-seconds counters: the wall clock, or
+    /// each cluster's event clock (its newest event of any stream), as
+    /// the alert rules use. Unset (tests, tools): the cluster's newest
+    /// resource event.
+    pub fn set_clock(&self, clock: crate::alerts::Clock, shared: crate::alerts::SharedEventClock) {
+        if let Ok(mut c) = self.1.write() {
+            *c = Some((clock, shared));
+        }
+    }
+
+    /// "Now" for a cluster's counters: never before its newest resource
+    /// event.
+    fn now(&self, cluster: &str, latest: f64) -> f64 {
+        let clock = self.1.read().ok().and_then(|c| c.clone());
+        let now = match clock {
+            Some((crate::alerts::Clock::Wall, _)) => crate::alerts::wall_now(),
+            Some((crate::alerts::Clock::Event, shared)) => shared.now(cluster).unwrap_or(latest),
+            None => latest,
+        };
+        now.max(latest)
     }
 
     /// Forget a cluster's nodes (its state moved to another member).
@@ -315,12 +340,12 @@ impl NodeBoard {
         let lost: [LostSeries; 2] = [
             (
                 "flux_node_drained_seconds_total",
-                "Seconds the node spent drained, from event timestamps.",
+                "Seconds the node spent drained, up to the cluster's clock (alerts.clock).",
                 |n| n.drained,
             ),
             (
                 "flux_node_offline_seconds_total",
-                "Seconds the node spent offline, from event timestamps.",
+                "Seconds the node spent offline, up to the cluster's clock (alerts.clock).",
                 |n| n.offline,
             ),
         ];
@@ -328,12 +353,13 @@ impl NodeBoard {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} counter");
             for (cluster, c) in board.iter() {
+                let now = self.now(cluster, c.latest);
                 for n in c.ranks.values() {
                     let _ = writeln!(
                         out,
                         "{name}{{{}}} {}",
                         node_labels(cluster, &n.state),
-                        get(n).total(c.latest)
+                        get(n).total(now)
                     );
                 }
             }
@@ -543,6 +569,32 @@ mod tests {
         assert!(
             text.contains("flux_node_online{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 0")
         );
+    }
+
+    #[test]
+    fn node_seconds_count_up_to_the_clusters_clock() {
+        let board = NodeBoard::default();
+        let mut r = RankState::new(1);
+        r.hostname = Some("n1".into());
+        r.drained = true;
+        board.update("c", 1, Some(&r), 1000.0);
+        let series = |text: &str| {
+            text.lines()
+                .find(|l| l.starts_with("flux_node_drained_seconds_total{"))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        };
+        // Without a clock: up to the newest resource event.
+        assert_eq!(series(&board.render()), Some(0.0));
+        // The event clock: job events of the cluster moved it on.
+        let shared = crate::alerts::SharedEventClock::default();
+        let mut local = crate::alerts::EventClock::default();
+        local.advance("c", 1060.0);
+        shared.sync(&mut local);
+        board.set_clock(crate::alerts::Clock::Event, shared.clone());
+        assert_eq!(series(&board.render()), Some(60.0));
+        // The wall clock: up to now.
+        board.set_clock(crate::alerts::Clock::Wall, shared);
+        assert!(series(&board.render()).unwrap() > crate::alerts::wall_now() - 1000.0 - 5.0);
     }
 
     #[test]

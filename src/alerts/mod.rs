@@ -71,6 +71,25 @@ impl EventClock {
     }
 }
 
+/// The event clocks of every shard, merged now and then: "now" for a
+/// cluster across shards (jobs of one cluster are spread over them).
+#[derive(Debug, Clone, Default)]
+pub struct SharedEventClock(std::sync::Arc<std::sync::Mutex<EventClock>>);
+
+impl SharedEventClock {
+    /// Merge a shard's clocks in and take everyone's back.
+    pub fn sync(&self, local: &mut EventClock) {
+        if let Ok(mut shared) = self.0.lock() {
+            shared.merge(local);
+        }
+    }
+
+    /// A cluster's clock as of the last merge.
+    pub fn now(&self, cluster: &str) -> Option<f64> {
+        self.0.lock().ok().and_then(|c| c.now(cluster))
+    }
+}
+
 /// Tell the engine where a job stands now, from its entry (which keeps
 /// its conditions). `at` is the time of the record just applied.
 pub fn observe_job(

@@ -49,19 +49,9 @@ pub struct AlertSetup {
 }
 
 /// The newest event timestamp per cluster over all shards, for
-/// `alerts.clock = "event"`. Shards keep their own view and merge it here
+/// `alerts.clock = "event"`. Shards keep their own view and merge it there
 /// on every tick, so the hot path takes no lock.
-#[derive(Debug, Clone, Default)]
-pub struct SharedEventClock(Arc<Mutex<EventClock>>);
-
-impl SharedEventClock {
-    /// Merge a shard's clocks in and take everyone's back.
-    fn sync(&self, local: &mut EventClock) {
-        if let Ok(mut shared) = self.0.lock() {
-            shared.merge(local);
-        }
-    }
-}
+pub use crate::alerts::SharedEventClock;
 
 /// Most alerts fired in one go; more wait for the next turn of the loop,
 /// so input keeps flowing while a million timers come due.
@@ -1060,10 +1050,12 @@ impl Shard {
         self.emit_anomalies(&orphans).await;
         self.emit_alerts(&gone_alerts).await;
         self.report_tracked();
+        // The event clock is shared for the alert rules and for the
+        // node-seconds counters of the metrics.
+        if self.clock == Clock::Event {
+            self.shared_clock.sync(&mut self.event_clock);
+        }
         if !self.alerts.rules().is_empty() {
-            if self.clock == Clock::Event {
-                self.shared_clock.sync(&mut self.event_clock);
-            }
             self.fire_due().await;
         }
     }

@@ -174,6 +174,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         clock: config.alerts.clock,
         shared: Default::default(),
     };
+    sink_ctx
+        .nodes
+        .set_clock(config.alerts.clock, alert_setup.shared.clone());
     let source_table: Vec<SourceInfo> = config
         .sources
         .iter()
