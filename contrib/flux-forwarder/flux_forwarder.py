@@ -391,8 +391,10 @@ def parse_address(text: str) -> tuple[str, Any]:
             raise ValueError(f"address `{text}`: expected http://HOST:PORT[/PATH]")
         return ("http", text)
     if text.startswith("kafka://"):
-        raise ValueError(f"address `{text}`: this forwarder cannot produce to Kafka yet; "
-                         "send to a fluxpipe http source (http://HOST:PORT)")
+        servers, _, topic = text[len("kafka://"):].partition("/")
+        if not servers or not topic or "/" in topic:
+            raise ValueError(f"address `{text}`: expected kafka://HOST:PORT[,HOST:PORT]/TOPIC")
+        return ("kafka", (servers, topic))
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"address `{text}`: expected http://HOST:PORT, HOST:PORT, "
@@ -664,6 +666,137 @@ class HttpSender:
         if isinstance(counts, dict) and counts.get("invalid"):
             self.log(f"fluxpipe refused {counts['invalid']} lines as invalid: "
                      f"{counts.get('errors', [])[:3]}")
+
+
+def kafka_key(line: bytes, effect: Optional[tuple]) -> bytes:
+    """The message key: a job's id for its journal events and exec
+    envelopes (a job stays in one partition, in order: fluxpipe's state of
+    a job belongs to one partition), `resource` for the resource journal
+    (one partition, in order)."""
+    if effect is not None and effect[0] == RESOURCE:
+        return b"resource"
+    if effect is not None and effect[0] == EXEC:
+        return str(effect[1]).encode()
+    if line.startswith(b'{"id":'):
+        end = line.find(b",", 6)
+        if end > 6:
+            return line[6:end]
+    return b"resource" if line.startswith(b'{"events"') else b"sentinel"
+
+
+class KafkaSender:
+    """Produces lines to a Kafka topic that fluxpipe's `kafka` source reads
+    (confluent-kafka, librdkafka underneath): idempotent, `acks=all`,
+    retried for ever (`message.timeout.ms=0`), so each partition keeps its
+    order and a message is acknowledged once every in-sync replica has it.
+    Lines are acknowledged to the forwarder in the order sent: the resume
+    point moves over a line only when it and every line before it are
+    delivered. `send` waits while `max_pending` lines are undelivered."""
+
+    def __init__(self, servers: str, topic: str, log: Callable[[str], None],
+                 options: Optional[dict] = None, max_pending: int = 100_000,
+                 producer: Any = None) -> None:
+        config = {
+            "bootstrap.servers": servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": 0,
+            "linger.ms": 20,
+            "compression.type": "gzip",
+        }
+        config.update(options or {})
+        if producer is None:
+            try:
+                import confluent_kafka
+            except ImportError as e:
+                raise SystemExit(
+                    f"flux-forwarder: --connect kafka://... needs the confluent-kafka package "
+                    f"({e}): `flux python -m pip install confluent-kafka`, or Debian's "
+                    "python3-confluent-kafka") from None
+            producer = confluent_kafka.Producer(config)
+        self.producer = producer
+        self.topic = topic
+        self.log = log
+        self.max_pending = max_pending
+        self.on_ack: Callable[[list], None] = lambda effects: None
+        self.cond = threading.Condition()
+        # Sent, in order: [seq, line, effect, delivered]
+        self.queue: collections.deque = collections.deque()
+        self.seq = 0
+        self.failures = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._poll, name="fluxpipe-kafka", daemon=True)
+        stop_signals = {signal.SIGTERM, signal.SIGINT}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+        try:
+            self.thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def send(self, line: Optional[bytes], effect: Optional[tuple]) -> None:
+        with self.cond:
+            while len(self.queue) >= self.max_pending and not self.stopping.is_set():
+                self.cond.wait(0.5)
+            self.seq += 1
+            item = [self.seq, line, effect, line is None]
+            self.queue.append(item)
+        if line is not None:
+            self._produce(item)
+        else:
+            self._advance()
+
+    def _produce(self, item: list) -> None:
+        _, line, effect, _ = item
+        while True:
+            try:
+                self.producer.produce(self.topic, value=line, key=kafka_key(line, effect),
+                                      on_delivery=lambda err, msg, item=item: self._delivered(
+                                          err, item))
+                return
+            except BufferError:
+                # librdkafka's own queue is full: let it deliver some.
+                self.producer.poll(0.1)
+
+    def _delivered(self, err: Any, item: list) -> None:
+        if err is not None:
+            self.failures += 1
+            if self.failures == 1 or self.failures % 100 == 0:
+                self.log(f"kafka topic {self.topic}: {err}; producing again "
+                         f"({self.failures} failures)")
+            if not self.stopping.is_set():
+                self._produce(item)
+            return
+        with self.cond:
+            item[3] = True
+        self._advance()
+
+    def _advance(self) -> None:
+        effects = []
+        with self.cond:
+            while self.queue and self.queue[0][3]:
+                _, _, effect, _ = self.queue.popleft()
+                if effect is not None:
+                    effects.append(effect)
+            self.cond.notify_all()
+        if effects:
+            self.on_ack(effects)
+
+    def _poll(self) -> None:
+        while not self.stopping.is_set():
+            self.producer.poll(0.1)
+
+    def unacknowledged(self) -> list[bytes]:
+        with self.cond:
+            return [item[1] for item in self.queue if item[1] is not None and not item[3]]
+
+    def wait_empty(self, timeout: float) -> bool:
+        self.producer.flush(timeout)
+        with self.cond:
+            return not self.queue
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=5)
 
 
 # ------------------------------------------------------------------- Flux
@@ -954,7 +1087,7 @@ def run_flux(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str]
         log(f"waiting for the instance to come back (every {args.reconnect_delay}s)")
         sleep(args.reconnect_delay)
     output = forwarder.output
-    if isinstance(output, HttpSender):
+    if isinstance(output, (HttpSender, KafkaSender)):
         if not output.wait_empty(args.drain_timeout):
             left = len(output.unacknowledged())
             log(f"{left} lines not acknowledged after {args.drain_timeout}s: kept in the "
@@ -979,6 +1112,25 @@ def check(args: argparse.Namespace, log: Callable[[str], None], flux_module: Any
                 f"(size {size})")
         except OSError as e:
             log(f"cannot reach Flux at {args.uri or os.environ.get('FLUX_URI', 'default')}: {e}")
+            ok = False
+    if kind == "kafka":
+        try:
+            import confluent_kafka.admin
+            servers, topic = address
+            meta = confluent_kafka.admin.AdminClient(
+                {"bootstrap.servers": servers, **args.kafka_options}).list_topics(timeout=10)
+            if topic in meta.topics:
+                parts = len(meta.topics[topic].partitions)
+                log(f"ok: Kafka at {servers}, topic {topic} ({parts} partitions)")
+            else:
+                log(f"Kafka at {servers} has no topic {topic} (create it, or let the "
+                    "broker create it on first use)")
+                ok = False
+        except ImportError as e:
+            log(f"--connect kafka://... needs the confluent-kafka package ({e})")
+            ok = False
+        except Exception as e:  # noqa: BLE001 (librdkafka's KafkaException)
+            log(f"cannot reach Kafka at {address[0]}: {e}")
             ok = False
     if kind == "http":
         try:
@@ -1015,7 +1167,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "to fluxpipe as JSON Lines.")
     p.add_argument("--connect", default="-", metavar="ADDRESS",
                    help="http://HOST:PORT[/PATH] (a fluxpipe http source: acknowledged, "
-                        "nothing lost), HOST:PORT (tcp), unix:PATH, or - for stdout (default)")
+                        "nothing lost), kafka://HOST:PORT[,...]/TOPIC (a topic fluxpipe's kafka "
+                        "source reads: acknowledged), HOST:PORT (tcp), unix:PATH, or - for "
+                        "stdout (default)")
     p.add_argument("--token-file", metavar="FILE",
                    help="bearer token for the fluxpipe http source (its auth.token_file)")
     p.add_argument("--state", metavar="FILE",
@@ -1047,6 +1201,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(the rest stays in the state file) (default 10)")
     p.add_argument("--max-pending", type=int, default=100_000, metavar="LINES",
                    help="unacknowledged lines held before the journals wait (default 100000)")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a librdkafka setting for kafka:// (SASL, TLS, ...); repeat for more")
     p.add_argument("--check", action="store_true",
                    help="connect to Flux and to fluxpipe, say what was found, and exit")
     args = p.parse_args(argv)
@@ -1066,6 +1222,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.output = parse_address(args.connect)
     except ValueError as e:
         p.error(str(e))
+    args.kafka_options = {}
+    for opt in args.kafka_option:
+        key, sep, value = opt.partition("=")
+        if not sep or not key:
+            p.error(f"--kafka-option `{opt}`: expected KEY=VALUE")
+        args.kafka_options[key] = value
     args.token = None
     if args.token_file:
         try:
@@ -1094,6 +1256,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     kind, address = args.output
     if kind == "http":
         output: Any = HttpSender(address, log, token=args.token, max_pending=args.max_pending)
+    elif kind == "kafka":
+        output = KafkaSender(address[0], address[1], log, args.kafka_options,
+                             max_pending=args.max_pending)
     elif kind == "stdout":
         output = stdout_writer
     else:

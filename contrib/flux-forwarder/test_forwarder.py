@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 from pathlib import Path
 
@@ -1074,7 +1075,7 @@ class InstanceGoneTest(unittest.TestCase):
 class ArgumentErrorsTest(unittest.TestCase):
     def test_one_line_errors(self):
         for argv, words in [
-            (["--connect", "kafka://b:9092/t"], "cannot produce to Kafka"),
+            (["--connect", "kafka://b:9092"], "kafka://HOST:PORT"),
             (["--connect", "http://h:notaport/"], "bad port"),
             (["--token-file", "/nonexistent/token"], "--token-file"),
         ]:
@@ -1097,3 +1098,71 @@ class ArgumentErrorsTest(unittest.TestCase):
         self.assertEqual(status, 1)
         self.assertEqual(len([m for m in logs if "cannot connect to Flux" in m]), 1, logs)
         self.assertIn("local:///nonexistent/local-0", logs[0])
+
+
+class FakeProducer:
+    """confluent_kafka.Producer's surface: produce() keeps the message and
+    its delivery callback; the test delivers them when and how it likes."""
+
+    def __init__(self):
+        self.sent: list = []
+        self.lock = threading.Lock()
+
+    def produce(self, topic, value=None, key=None, on_delivery=None):
+        with self.lock:
+            self.sent.append((topic, key, value, on_delivery))
+
+    def poll(self, timeout=0):
+        time.sleep(min(timeout, 0.01))
+        return 0
+
+    def flush(self, timeout=None):
+        return 0
+
+
+class KafkaSenderTest(unittest.TestCase):
+    def test_acknowledged_in_order_and_failures_produced_again(self):
+        producer = FakeProducer()
+        logs: list[str] = []
+        out = ff.KafkaSender("b:9092", "flux", logs.append, producer=producer)
+        fw = ff.Forwarder(out, ff.empty_state())
+        events = journal_lines()[:4]
+        for jobid, ev in events:
+            fw.job_event(jobid, dict(ev))
+        fw.resource_event({"timestamp": 99.0, "name": "online", "context": {"idset": "0"}})
+        self.assertEqual([k for _, k, _, _ in producer.sent],
+                         [str(events[0][0]).encode()] * 4 + [b"resource"])
+        # Delivered out of order: nothing moves until the first one is in.
+        producer.sent[2][3](None, None)
+        producer.sent[1][3](None, None)
+        self.assertEqual(fw.state[ff.JOB], 0.0)
+        # The first one fails: produced again, still nothing acknowledged.
+        producer.sent[0][3]("broker down", None)
+        self.assertEqual(len(producer.sent), 6)
+        self.assertEqual(fw.state[ff.JOB], 0.0)
+        self.assertTrue(any("producing again" in m for m in logs))
+        producer.sent[5][3](None, None)
+        self.assertEqual(fw.state[ff.JOB], events[2][1]["timestamp"])
+        self.assertEqual(len(out.unacknowledged()), 2)
+        producer.sent[3][3](None, None)
+        producer.sent[4][3](None, None)
+        self.assertEqual(fw.state[ff.JOB], events[3][1]["timestamp"])
+        self.assertEqual(fw.state[ff.RESOURCE], 99.0)
+        self.assertEqual(out.unacknowledged(), [])
+        out.stop()
+
+    @unittest.skipUnless(os.environ.get("FLUXPIPE_KAFKA_BROKER"), "no broker")
+    def test_a_real_broker_acknowledges_everything(self):
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            self.skipTest("no confluent-kafka")
+        broker = os.environ["FLUXPIPE_KAFKA_BROKER"]
+        out = ff.KafkaSender(broker, f"forwarder-test-{os.getpid()}", print)
+        fw = ff.Forwarder(out, ff.empty_state())
+        events = journal_lines()
+        for jobid, ev in events:
+            fw.job_event(jobid, dict(ev))
+        self.assertTrue(out.wait_empty(30))
+        self.assertEqual(fw.state[ff.JOB], max(e["timestamp"] for _, e in events))
+        out.stop()

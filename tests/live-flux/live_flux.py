@@ -3,7 +3,13 @@
 (contrib/flux-forwarder) → `fluxpipe run` over its `http` source, with
 SIGKILLs on the way, and every answer compared with flux-core's own.
 
-    tests/live-flux/live_flux.py [--fluxpipe target/release/fluxpipe] [--kafka BROKER]
+    tests/live-flux/live_flux.py [--fluxpipe target/release/fluxpipe]
+        [--kafka BROKER --forwarder-python PYTHON]
+
+With --kafka the same run goes through Kafka: the forwarder produces to a
+topic (`--connect kafka://BROKER/TOPIC`; PYTHON must have confluent-kafka
+and see flux-core's bindings) and `fluxpipe run` reads it with a `kafka`
+source.
 
 flux-core: the prefix in FLUX_PREFIX (a site's own install), else
 ../shared/flux-core/install is run (it installs to /opt/flux and prints the
@@ -141,6 +147,11 @@ class Instance:
                 raise RuntimeError(f"the instance did not start (see {self.work})")
             time.sleep(0.1)
 
+    def bindings(self) -> str:
+        """flux-core's Python bindings folder."""
+        return self.run("python", "-c",
+                        "import flux, os; print(os.path.dirname(os.path.dirname(flux.__file__)))")
+
     def shutdown(self) -> None:
         self.run("shutdown", "--quiet", check=False)
         if self.proc is not None:
@@ -174,21 +185,36 @@ class Instance:
 
 
 class Fluxpipe:
-    """`fluxpipe run` with an http source, restarted on the same data_dir."""
+    """`fluxpipe run` with an http source (or a kafka one), restarted on
+    the same data_dir."""
 
-    def __init__(self, binary: str, work: Path, port: int):
+    def __init__(self, binary: str, work: Path, port: int, kafka: tuple[str, str] | None):
         self.binary = binary
         self.work = work
         self.port = port
+        self.kafka = kafka
         self.out = work / "out.jsonl"
         self.config = work / "fluxpipe.toml"
-        self.config.write_text(f"""data_dir = "{work / 'data'}"
-[checkpoint]
-interval_secs = 2
-[sources.flux]
+        if kafka is None:
+            source = f"""[sources.flux]
 type = "http"
 address = "127.0.0.1:{port}"
 cluster = "live"
+"""
+        else:
+            source = f"""[sources.flux]
+type = "kafka"
+bootstrap_servers = "{kafka[0]}"
+topics = ["{kafka[1]}"]
+group_id = "{kafka[1]}-fluxpipe"
+changelog = true
+cluster = "live"
+librdkafka_options = {{ "session.timeout.ms" = "6000" }}
+"""
+        self.config.write_text(f"""data_dir = "{work / 'data'}"
+[checkpoint]
+interval_secs = 2
+{source}
 [sinks.out]
 type = "file"
 path = "{self.out}"
@@ -203,6 +229,9 @@ inputs = ["transitions", "jobs", "resources"]
             [self.binary, "run", "--config", str(self.config)],
             stdout=subprocess.DEVNULL,
             stderr=open(self.work / f"fluxpipe.{self.starts}.log", "w"))
+        if self.kafka is not None:
+            time.sleep(0.5)
+            return
         deadline = time.time() + 30
         while time.time() < deadline:
             with socket.socket() as s:
@@ -234,8 +263,10 @@ inputs = ["transitions", "jobs", "resources"]
 
 
 class Forwarder:
-    def __init__(self, inst: Instance, work: Path, args: list[str], name: str):
+    def __init__(self, inst: Instance, work: Path, args: list[str], name: str,
+                 python: str = sys.executable):
         self.inst, self.work, self.args, self.name = inst, work, args, name
+        self.python = python
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -243,9 +274,14 @@ class Forwarder:
         self.starts += 1
         # Through the wrapper, under the system Python: it must find
         # flux-core's bindings by itself (`flux python`).
+        env = dict(self.inst.env)
+        if self.python != sys.executable:
+            # A Python of its own (with confluent-kafka): flux-core's
+            # bindings by PYTHONPATH, as its README says.
+            env["PYTHONPATH"] = self.inst.bindings()
         self.proc = subprocess.Popen(
-            [sys.executable, str(FORWARDER), "--uri", self.inst.uri, *self.args],
-            env=self.inst.env, stdout=stdout,
+            [self.python, str(FORWARDER), "--uri", self.inst.uri, *self.args],
+            env=env, stdout=stdout,
             stderr=open(self.work / f"{self.name}.{self.starts}.log", "w"))
 
     def log_text(self) -> str:
@@ -383,11 +419,23 @@ def dump_journal(fwd_args: list[str], inst: Instance, work: Path) -> Path:
     return path
 
 
+def create_topic(python: str, broker: str, topic: str) -> None:
+    code = (
+        "import sys, confluent_kafka.admin as a\n"
+        "c = a.AdminClient({'bootstrap.servers': sys.argv[1]})\n"
+        "for f in c.create_topics([a.NewTopic(sys.argv[2], 4, 1)]).values(): f.result(30)\n"
+    )
+    subprocess.run([python, "-c", code, broker, topic], check=True, timeout=60)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fluxpipe", default=str(REPO / "target/release/fluxpipe"))
     ap.add_argument("--work", help="keep the work folder here (default: a temporary one)")
     ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--kafka", metavar="BROKER", help="go through Kafka (a broker's address)")
+    ap.add_argument("--forwarder-python", default=sys.executable,
+                    help="the Python the forwarder runs with (for --kafka: one with confluent-kafka)")
     args = ap.parse_args()
     prefix = flux_prefix()
     if prefix is None:
@@ -399,12 +447,20 @@ def main() -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="live-flux."))
     work.mkdir(parents=True, exist_ok=True)
     inst = Instance(prefix, work)
-    pipe = Fluxpipe(args.fluxpipe, work, free_port())
+    kafka = None
+    connect = None
+    if args.kafka:
+        kafka = (args.kafka, f"live-flux-{os.getpid()}-{args.seed}")
+        create_topic(args.forwarder_python, *kafka)
+        connect = f"kafka://{kafka[0]}/{kafka[1]}"
+    pipe = Fluxpipe(args.fluxpipe, work, free_port(), kafka)
+    connect = connect or f"http://127.0.0.1:{pipe.port}/"
+    log(f"route: forwarder → {connect} → fluxpipe run")
     fwd_args = ["--streams", "job,resource"]
-    fwd = Forwarder(inst, work, ["--connect", f"http://127.0.0.1:{pipe.port}/",
+    fwd = Forwarder(inst, work, ["--connect", connect,
                                  "--state", str(work / "forwarder.json"), "--reconnect",
                                  "--reconnect-delay", "0.5", "--ping-interval", "0.5",
-                                 *fwd_args], "forwarder")
+                                 *fwd_args], "forwarder", python=args.forwarder_python)
     exiting = Forwarder(inst, work, ["--connect", "-", "--ping-interval", "0.5", *fwd_args],
                         "exiting")
     problems: list[str] = []
