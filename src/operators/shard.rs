@@ -25,7 +25,7 @@ use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use foldhash::{HashMap, HashSet};
 use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
