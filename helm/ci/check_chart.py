@@ -203,10 +203,12 @@ def check_config(scenario: str, cm: dict, values: dict, workdir: Path) -> None:
                           f"metrics.port {values['metrics']['port']}")
     inputs = {(p["port"], p.get("protocol", "TCP")) for p in values["service"]["inputPorts"]}
     for name, src in config.get("sources", {}).items():
-        if src.get("type") == "socket" and src.get("mode") in ("tcp", "udp"):
+        kind, mode = src.get("type"), src.get("mode", "tcp")
+        if kind == "http" or (kind == "socket" and mode in ("tcp", "udp")):
+            proto = "TCP" if kind == "http" else mode.upper()
             port = int(src["address"].rsplit(":", 1)[1])
-            if (port, src["mode"].upper()) not in inputs:
-                problem(scenario, f"source {name} listens on {src['mode']} {port}, "
+            if (port, proto) not in inputs:
+                problem(scenario, f"source {name} listens on {proto} {port}, "
                                   "which is not in service.inputPorts")
     for name, rule in config.get("alerts", {}).get("rules", {}).items():
         if rule.get("kind") not in ALERT_KINDS:
