@@ -515,7 +515,7 @@ class HttpSender:
     fix fluxpipe while we wait."""
 
     def __init__(self, url: str, log: Callable[[str], None], token: Optional[str] = None,
-                 max_pending: int = 100_000, batch_lines: int = 5_000,
+                 max_pending: int = 100_000, batch_lines: int = 20_000,
                  batch_bytes: int = 4 << 20, timeout: float = 120.0,
                  sleep: Optional[Callable[[float], None]] = None,
                  post: Callable[..., tuple[int, dict, bytes]] = http_post) -> None:

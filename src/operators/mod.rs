@@ -20,7 +20,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 const SHARD_SEED: u64 = 0x5eed_f1c5_0000_0001;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// How much room a source waits for when its shard's queue is full.
 const WAKE_BATCH: usize = 64;
@@ -72,8 +72,10 @@ pub enum ShardMsg {
     /// `http` source answers its client with the counts).
     Tallied(Vec<Routed>, Arc<Tally>),
     /// A checkpoint barrier: every record before it is applied; the shard
-    /// answers with its state, encoded.
-    Barrier(oneshot::Sender<ShardSnapshot>),
+    /// answers with its state, encoded, then waits until released (an
+    /// aligned barrier: no output of a record after it reaches a sink
+    /// before every shard has reached it; the file sinks cut there).
+    Barrier(oneshot::Sender<ShardSnapshot>, watch::Receiver<bool>),
     /// Drop the state of these partitions of a source (revoked): no
     /// output, no alert resolved; their new owner takes it from the
     /// changelog.
@@ -154,6 +156,14 @@ pub type ShardSnapshot = Result<BarrierReply, crate::pipeline::checkpoint::Check
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the pipeline is shutting down")]
 pub struct Closed;
+
+/// A barrier under way: the shards' answers, and their release.
+#[derive(Debug)]
+pub struct Barrier {
+    pub replies: Vec<oneshot::Receiver<ShardSnapshot>>,
+    /// Send `true` (or drop) to let the shards go on.
+    pub release: watch::Sender<bool>,
+}
 
 /// Sends records to the shard that owns their key.
 #[derive(Debug, Clone)]
@@ -266,17 +276,19 @@ impl Router {
     }
 
     /// Put a barrier behind everything already sent to every shard; one
-    /// receiver per shard, in shard order, for its state.
-    pub async fn barrier(&self) -> Result<Vec<oneshot::Receiver<ShardSnapshot>>, Closed> {
+    /// receiver per shard, in shard order, for its state, and the release
+    /// the shards wait for once they have answered (`true`, or dropped).
+    pub async fn barrier(&self) -> Result<Barrier, Closed> {
+        let (release, held) = watch::channel(false);
         let mut replies = Vec::with_capacity(self.shards.len());
         for shard in self.shards.iter() {
             let (tx, rx) = oneshot::channel();
             shard
-                .send(ShardMsg::Barrier(tx))
+                .send(ShardMsg::Barrier(tx, held.clone()))
                 .await
                 .map_err(|_| Closed)?;
             replies.push(rx);
         }
-        Ok(replies)
+        Ok(Barrier { replies, release })
     }
 }

@@ -584,9 +584,12 @@ impl Shard {
             }
             // Everything before the barrier is applied, and its outputs
             // are queued at the sinks.
-            ShardMsg::Barrier(reply) => {
+            ShardMsg::Barrier(reply, mut held) => {
                 self.flush().await;
                 let _ = reply.send(self.snapshot());
+                // Until every shard has answered (or the round is given
+                // up): nothing after the barrier reaches a sink before.
+                let _ = held.wait_for(|released| *released).await;
             }
             ShardMsg::Release { source, partitions } => self.release(&source, &partitions),
             ShardMsg::Adopt(saved) => self.adopt(*saved).await,

@@ -8,7 +8,10 @@
 //! 2. With every such source at rest, a barrier goes into every shard's
 //!    queue, behind everything those sources sent; then the sources go on.
 //! 3. Each shard, reaching the barrier, has applied exactly the records
-//!    before the positions; it encodes its state and answers.
+//!    before the positions; it encodes its state, answers, and waits until
+//!    every shard has (an aligned barrier): then every output of a record
+//!    before the barrier is queued at the sinks and none after it, and each
+//!    `file` sink's cut is placed there ([`crate::sinks::offsets`]).
 //! 4. The outputs of those records are queued at the sinks by then; the
 //!    round waits until every sink is done with what was queued for it, so
 //!    no output of a saved record is lost in a crash. If a sink has given
@@ -236,6 +239,8 @@ enum Abandoned {
         "sinks gave up on {0} records: positions stay at the last checkpoint, and a restart reads those records again"
     )]
     GivenUp(u64),
+    #[error(transparent)]
+    Cut(crate::sinks::offsets::NotReached),
     #[error("changelog of source {0}: {1}")]
     Changelog(Arc<str>, String),
     #[error(transparent)]
@@ -398,15 +403,14 @@ impl Coordinator {
                 }
             }
         }
-        // 2. The barrier behind them; then they go on. The file sinks'
-        // places first: what the shards emit after the barrier lies past them.
-        let sink_offsets = self.offsets.snapshot();
+        // 2. The barrier behind them; then they go on.
         let router = self.router.as_ref().ok_or(Abandoned::Shards)?;
-        let replies = tokio::time::timeout_at(deadline, router.barrier())
+        let barrier = tokio::time::timeout_at(deadline, router.barrier())
             .await
             .map_err(|_| Abandoned::ShardTimeout(timeout))?
             .map_err(|_| Abandoned::Shards)?;
         drop(round.resume);
+        let (replies, release) = (barrier.replies, barrier.release);
         // 3. Each shard's state, and its changes for the changelogs.
         let mut shards = Vec::with_capacity(replies.len());
         for reply in replies {
@@ -425,6 +429,12 @@ impl Coordinator {
             }
             shards.push(reply.state);
         }
+        // Every shard has answered and waits: every output of a record
+        // before the barrier is queued at the sinks, none after it. Each
+        // file sink's cut falls after what it has been given; then the
+        // shards go on.
+        self.offsets.ask_cuts(|name| self.sinks.queued(name));
+        let _ = release.send(true);
         // 4. Sinks done with the outputs of what the shards applied.
         let marks = self.sinks.watermarks();
         loop {
@@ -447,6 +457,7 @@ impl Coordinator {
         if given_up > 0 {
             return Err(Abandoned::GivenUp(given_up));
         }
+        let sink_cuts = self.offsets.cuts().map_err(Abandoned::Cut)?;
         // 5. The changelogs: their positions are those of this round.
         self.write_changelogs(deadline).await?;
         // 6. One file.
@@ -457,7 +468,7 @@ impl Coordinator {
             seq: self.seq,
             written_at: crate::alerts::wall_now(),
             sources: self.positions.clone(),
-            sinks: sink_offsets,
+            sinks: sink_cuts,
         };
         write(self.dir.clone(), head, shards)
             .await

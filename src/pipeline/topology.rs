@@ -156,6 +156,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         sink_ctx.users = crate::telemetry::UserJobs::enabled();
     }
     let (outputs, sink_rxs) = Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c)));
+    // The file sinks' marks exist before any checkpoint round can ask.
+    for (name, sink) in &config.sinks {
+        if matches!(sink, SinkConfig::File(_)) {
+            sink_ctx.offsets.mark(name);
+        }
+    }
     sink_ctx.buffers = outputs.counters();
     let mut sink_tasks = JoinSet::new();
     for ((name, sink), rx) in config.sinks.iter().zip(sink_rxs) {
@@ -308,7 +314,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             seq: seq + 1,
             written_at: crate::alerts::wall_now(),
             sources: positions,
-            sinks: sink_ctx.offsets.snapshot(),
+            sinks: sink_ctx.offsets.ends(),
         };
         match coordinator::write(config.data_dir.clone(), head, states).await {
             Ok(bytes) => tracing::info!(bytes, "final checkpoint written"),

@@ -1,20 +1,19 @@
 //! `type = "file"`: JSON Lines appended to a file. SIGHUP reopens the file,
 //! so logrotate can move it away.
 //!
-//! Exactly once across crashes ([`super::offsets`]): at start a torn last
-//! line (a crash mid-write) is cut off, and the lines past the offset the
-//! restored checkpoint saved are read; records with their `record_id`s
-//! are not written again when the replay after the checkpoint brings them.
-//! A file replaced since the checkpoint (rotated) cannot be checked: what
-//! came after the checkpoint may then repeat in the new file.
+//! Exactly once across crashes ([`super::offsets`]): at start the file is
+//! cut back to the offset the restored checkpoint saved (what lies beyond
+//! is the output of records after it, which come again); without one, only
+//! a torn last line (a crash mid-write) is cut off. A file replaced since
+//! the checkpoint (rotated) is left alone: what came after the checkpoint
+//! may then repeat in the new file.
 
 use super::SinkRx;
 use super::lines::{FILE_LINGER, Lines, Next};
-use super::offsets::{self, Saved, SinkOffsets};
+use super::offsets::{Saved, SinkOffsets};
 use crate::pipeline::config::FileSinkConfig;
 use anyhow::Context;
-use std::collections::HashSet;
-use std::io::{BufRead, Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use tokio::fs::{File, OpenOptions};
@@ -43,17 +42,16 @@ async fn open(path: &Path) -> anyhow::Result<File> {
 struct Resumed {
     dev: u64,
     ino: u64,
-    /// Its length once a torn last line is cut off.
+    /// Its length once cut back.
     len: u64,
-    torn: u64,
-    /// `record_id`s of the lines past the checkpoint's offset.
-    written: HashSet<Box<[u8]>>,
+    /// Bytes cut off.
+    cut: u64,
     /// Whether the file is the one the checkpoint saw.
     same_file: bool,
 }
 
-/// Cut a torn last line off, and read the ids of the lines written after
-/// the checkpoint `saved` (blocking I/O).
+/// Cut the file back to the checkpoint's offset, or else a torn last line
+/// off (blocking I/O).
 fn resume(path: &Path, saved: Option<Saved>) -> std::io::Result<Resumed> {
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -61,39 +59,23 @@ fn resume(path: &Path, saved: Option<Saved>) -> std::io::Result<Resumed> {
         .open(path)?;
     let meta = file.metadata()?;
     let len = meta.len();
-    let whole = last_newline_end(&mut file, len)?;
-    if whole < len {
-        file.set_len(whole)?;
+    let same_file =
+        saved.is_some_and(|s| s.dev == meta.dev() && s.ino == meta.ino() && s.offset <= len);
+    let keep = match saved {
+        Some(s) if same_file => s.offset,
+        _ => last_newline_end(&mut file, len)?,
+    };
+    if keep < len {
+        file.set_len(keep)?;
         file.sync_data()?;
     }
-    let mut out = Resumed {
+    Ok(Resumed {
         dev: meta.dev(),
         ino: meta.ino(),
-        len: whole,
-        torn: len - whole,
-        written: HashSet::new(),
-        same_file: false,
-    };
-    let Some(saved) = saved else {
-        return Ok(out);
-    };
-    out.same_file = saved.dev == out.dev && saved.ino == out.ino && saved.offset <= whole;
-    if !out.same_file {
-        return Ok(out);
-    }
-    file.seek(SeekFrom::Start(saved.offset))?;
-    let mut reader = std::io::BufReader::new(file.take(whole - saved.offset));
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            break;
-        }
-        if let Some(id) = offsets::record_id(&line) {
-            out.written.insert(id.into());
-        }
-    }
-    Ok(out)
+        len: keep,
+        cut: len - keep,
+        same_file,
+    })
 }
 
 /// The length of the file up to and including its last newline (0 if it
@@ -132,16 +114,15 @@ pub async fn run(
     let file = open(&path).await?;
     let saved = offsets.restored_for(name);
     let resumed = resume_blocking(path.clone(), saved).await?;
-    if resumed.torn > 0 {
-        tracing::warn!(sink = name, path = %path.display(), bytes = resumed.torn, "cut off a torn last line (a crash mid-write)");
-    }
     if saved.is_some() && !resumed.same_file {
-        tracing::warn!(sink = name, path = %path.display(), "the file is not the one the checkpoint saw (rotated?): records since the checkpoint may repeat");
+        tracing::warn!(sink = name, path = %path.display(), "the file is not the one the checkpoint saw (rotated, or cut short): left as it is; records since the checkpoint may repeat");
     }
-    let mark = offsets.register(name);
+    if resumed.cut > 0 {
+        tracing::info!(sink = name, path = %path.display(), bytes = resumed.cut, "cut the file back to the checkpoint (what follows is written again)");
+    }
+    let mark = offsets.mark(name);
     mark.reset(resumed.dev, resumed.ino, resumed.len);
-    let skip = resumed.written;
-    let mut lines = Lines::new(file, FILE_LINGER).exactly_once(mark.clone(), skip);
+    let mut lines = Lines::new(file, FILE_LINGER).marked(mark.clone());
     let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
     loop {
         tokio::select! {
@@ -163,54 +144,46 @@ pub async fn run(
     }
     lines.flush(&rx).await?;
     lines.out.get_mut().sync_data().await.ok();
-    if lines.skipped() > 0 {
-        tracing::info!(
-            sink = name,
-            skipped = lines.skipped(),
-            "records already written before the restart were not written again"
-        );
-    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     #[test]
-    fn a_torn_last_line_is_cut_and_lines_past_the_offset_are_read() {
+    fn the_file_is_cut_back_to_the_checkpoint_or_a_torn_line_off() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.jsonl");
         let before = "{\"record_id\":\"aaaa\"}\n";
-        let after = "{\"record_id\":\"bbbb\"}\n{\"kind\":\"no id\"}\n{\"record_id\":\"cccc\"}\n";
-        let mut f = std::fs::File::create(&path).unwrap();
-        write!(f, "{before}{after}{{\"record_id\":\"dd").unwrap();
-        drop(f);
+        let after = "{\"record_id\":\"bbbb\"}\n";
+        std::fs::write(&path, format!("{before}{after}{{\"record_id\":\"dd")).unwrap();
         let meta = std::fs::metadata(&path).unwrap();
         let saved = Saved {
             dev: meta.dev(),
             ino: meta.ino(),
             offset: before.len() as u64,
         };
-        let r = resume(&path, Some(saved)).unwrap();
-        assert_eq!(r.torn, 16);
-        assert_eq!(r.len, (before.len() + after.len()) as u64);
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            format!("{before}{after}")
-        );
-        let mut ids: Vec<&[u8]> = r.written.iter().map(|b| &**b).collect();
-        ids.sort();
-        assert_eq!(ids, [&b"bbbb"[..], b"cccc"]);
-        assert!(r.same_file);
-        // Another file (rotated): nothing is skipped.
+        // Another file (rotated): only the torn line goes.
         let other = Saved {
             ino: saved.ino + 1,
             ..saved
         };
         let r = resume(&path, Some(other)).unwrap();
-        assert!(!r.same_file && r.written.is_empty());
+        assert!(!r.same_file);
+        assert_eq!((r.len, r.cut), ((before.len() + after.len()) as u64, 16));
+        // The checkpoint's file: back to its offset.
+        let r = resume(&path, Some(saved)).unwrap();
+        assert!(r.same_file);
+        assert_eq!(r.len, before.len() as u64);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+        // An offset past the end (the file was cut short since): left alone.
+        let past = Saved {
+            offset: 1000,
+            ..saved
+        };
+        let r = resume(&path, Some(past)).unwrap();
+        assert!(!r.same_file && r.cut == 0);
     }
 
     #[test]
@@ -219,6 +192,6 @@ mod tests {
         let path = dir.path().join("out.jsonl");
         std::fs::write(&path, "x".repeat(200_000)).unwrap();
         let r = resume(&path, None).unwrap();
-        assert_eq!((r.len, r.torn), (0, 200_000));
+        assert_eq!((r.len, r.cut), (0, 200_000));
     }
 }

@@ -3,9 +3,8 @@
 //! the queue has run dry for a moment and now and then under load.
 
 use super::SinkRx;
-use super::offsets::{self, Mark};
+use super::offsets::Mark;
 use crate::output::OutputRecord;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
@@ -30,12 +29,8 @@ pub struct Lines<W: AsyncWrite + Unpin> {
     unflushed: u64,
     flushed_at: Instant,
     linger: Duration,
-    /// Where the bytes written are counted (file sinks).
+    /// Where the records and bytes written are counted (file sinks).
     mark: Option<Arc<Mark>>,
-    /// `record_id`s already in the file past the restored checkpoint's
-    /// offset: those records are not written again.
-    skip: HashSet<Box<[u8]>>,
-    skipped: u64,
 }
 
 impl<W: AsyncWrite + Unpin> Lines<W> {
@@ -48,22 +43,13 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
             flushed_at: Instant::now(),
             linger,
             mark: None,
-            skip: HashSet::new(),
-            skipped: 0,
         }
     }
 
-    /// Count the bytes written in `mark`, and leave out records whose
-    /// `record_id` is in `skip` (once each).
-    pub fn exactly_once(mut self, mark: Arc<Mark>, skip: HashSet<Box<[u8]>>) -> Self {
+    /// Count the records and bytes written in `mark`.
+    pub fn marked(mut self, mark: Arc<Mark>) -> Self {
         self.mark = Some(mark);
-        self.skip = skip;
         self
-    }
-
-    /// Records left out as already written.
-    pub fn skipped(&self) -> u64 {
-        self.skipped
     }
 
     /// When the buffer must be flushed: a moment after the queue ran dry,
@@ -99,14 +85,6 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
     pub async fn write(&mut self, rx: &SinkRx) -> std::io::Result<()> {
         for rec in self.batch.drain(..) {
             let line = rec.line().as_bytes();
-            if !self.skip.is_empty()
-                && let Some(id) = offsets::record_id(line)
-                && self.skip.remove(id)
-            {
-                self.skipped += 1;
-                self.unflushed += 1;
-                continue;
-            }
             self.out.write_all(line).await?;
             self.out.write_all(b"\n").await?;
             if let Some(mark) = &self.mark {

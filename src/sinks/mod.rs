@@ -119,6 +119,14 @@ struct SinkCount {
 }
 
 impl SinkCounters {
+    /// Records sink `name` has been given so far.
+    pub fn queued(&self, name: &str) -> Option<u64> {
+        self.0
+            .iter()
+            .find(|c| &*c.name == name)
+            .map(|c| c.queued.load(Ordering::Acquire))
+    }
+
     /// What each sink has been given so far.
     pub fn watermarks(&self) -> Watermarks {
         Watermarks(

@@ -1,51 +1,112 @@
-//! Where the `file` sinks stand, for checkpoints: what makes their output
-//! exactly once across a crash.
+//! Where the `file` sinks stand at each checkpoint: what makes their output
+//! exactly once across a crash, as Flink's file sink commits.
 //!
-//! Each file sink publishes the file it appends to and how many bytes it
-//! has written to it. A checkpoint notes that offset just before its
-//! barrier goes into the shards: every line past it that the restored
-//! state will produce again is the output of a record after the barrier,
-//! so it lies past the offset. On restart the sink reads the lines past
-//! the saved offset (cutting a torn last line first) and skips records
-//! with the same `record_id` when they come again. Lines past the offset
-//! that do not come again (output of records before the barrier) stay.
+//! A checkpoint's barrier is aligned: each shard, having applied every
+//! record before it and handed its outputs on, waits until every shard has,
+//! so that for a moment every output of a record before the barrier is in
+//! the sinks' queues and none of a record after it. The coordinator notes
+//! then how many records each file sink has been given (its cut); the sink
+//! notes the byte offset of its file once it has written exactly that many.
+//! That offset goes in the checkpoint. On restart the sink cuts its file
+//! back to it: what lies beyond is the output of records after the
+//! barrier, which the restored state produces again.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-/// A file sink's place in its file.
-#[derive(Debug, Default)]
+/// No cut asked for.
+const NONE: u64 = u64::MAX;
+
+/// A file sink's place in its file, and the cut of the round under way.
+#[derive(Debug)]
 pub struct Mark {
     dev: AtomicU64,
     ino: AtomicU64,
+    /// Bytes of the file, those written through the sink's buffer included.
     written: AtomicU64,
+    /// Records taken from the sink's queue since the pipeline started.
+    taken: AtomicU64,
+    /// The sink has opened its file.
+    ready: AtomicBool,
+    /// The record count of the cut asked for, and the place it fell at.
+    cut_at: AtomicU64,
+    cut: Mutex<Option<Saved>>,
+}
+
+impl Default for Mark {
+    fn default() -> Self {
+        Mark {
+            dev: AtomicU64::new(0),
+            ino: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+            cut_at: AtomicU64::new(NONE),
+            cut: Mutex::new(None),
+        }
+    }
 }
 
 impl Mark {
     /// A (re)opened file whose length is `len`.
     pub fn reset(&self, dev: u64, ino: u64, len: u64) {
-        self.dev.store(dev, Ordering::Relaxed);
-        self.ino.store(ino, Ordering::Relaxed);
-        self.written.store(len, Ordering::Release);
+        self.dev.store(dev, SeqCst);
+        self.ino.store(ino, SeqCst);
+        self.written.store(len, SeqCst);
+        self.ready.store(true, SeqCst);
+        self.check_cut();
     }
 
-    /// `n` more bytes appended (written to the buffer, if not yet flushed).
-    pub fn wrote(&self, n: u64) {
-        self.written.fetch_add(n, Ordering::Release);
+    /// One more record taken from the queue; `bytes` of it written.
+    pub fn wrote(&self, bytes: u64) {
+        self.written.fetch_add(bytes, SeqCst);
+        self.taken.fetch_add(1, SeqCst);
+        if self.cut_at.load(SeqCst) != NONE {
+            self.check_cut();
+        }
+    }
+
+    /// Note the place if the sink stands at the cut asked for.
+    fn check_cut(&self) {
+        let at = self.cut_at.load(SeqCst);
+        if at == NONE || !self.ready.load(SeqCst) || self.taken.load(SeqCst) != at {
+            return;
+        }
+        if let Ok(mut cut) = self.cut.lock()
+            && cut.is_none()
+        {
+            *cut = Some(self.saved());
+        }
+    }
+
+    /// Ask for the place after the first `records` records (no record past
+    /// them exists yet: the shards are held at the barrier).
+    fn ask_cut(&self, records: u64) {
+        if let Ok(mut cut) = self.cut.lock() {
+            *cut = None;
+        }
+        self.cut_at.store(records, SeqCst);
+        self.check_cut();
+    }
+
+    /// The place of the cut asked for, once the sink has reached it.
+    fn cut(&self) -> Option<Saved> {
+        self.cut.lock().ok().and_then(|c| *c)
     }
 
     fn saved(&self) -> Saved {
         Saved {
-            dev: self.dev.load(Ordering::Relaxed),
-            ino: self.ino.load(Ordering::Relaxed),
-            offset: self.written.load(Ordering::Acquire),
+            dev: self.dev.load(SeqCst),
+            ino: self.ino.load(SeqCst),
+            offset: self.written.load(SeqCst),
         }
     }
 }
 
-/// What a checkpoint keeps of a file sink.
+/// What a checkpoint keeps of a file sink: its file and the offset to cut
+/// it back to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Saved {
     pub dev: u64,
@@ -57,6 +118,10 @@ impl Saved {
     pub fn parse(text: &str) -> Option<Saved> {
         serde_json::from_str(text).ok()
     }
+
+    fn text(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
 }
 
 /// The marks of every file sink, and what the checkpoint restored said of
@@ -66,6 +131,11 @@ pub struct SinkOffsets {
     marks: Arc<Mutex<BTreeMap<String, Arc<Mark>>>>,
     restored: Arc<BTreeMap<String, String>>,
 }
+
+/// A round's cut could not be placed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("file sink {0} has not written up to the barrier")]
+pub struct NotReached(pub String);
 
 impl SinkOffsets {
     pub fn restored(saved: BTreeMap<String, String>) -> Self {
@@ -80,79 +150,104 @@ impl SinkOffsets {
         self.restored.get(name).and_then(|s| Saved::parse(s))
     }
 
-    /// The mark a sink publishes its place through.
-    pub fn register(&self, name: &str) -> Arc<Mark> {
-        let mark = Arc::new(Mark::default());
-        if let Ok(mut marks) = self.marks.lock() {
-            marks.insert(name.to_string(), mark.clone());
-        }
-        mark
+    /// The mark of sink `name` (made before the sink starts, so that no
+    /// round misses it).
+    pub fn mark(&self, name: &str) -> Arc<Mark> {
+        let Ok(mut marks) = self.marks.lock() else {
+            return Arc::default();
+        };
+        marks.entry(name.to_string()).or_default().clone()
     }
 
-    /// Every sink's place now, for a checkpoint (a sink not yet started
-    /// keeps what was restored).
-    pub fn snapshot(&self) -> BTreeMap<String, String> {
+    /// At the aligned barrier: ask each file sink for its place after the
+    /// records it has been given (`queued(name)`).
+    pub fn ask_cuts(&self, queued: impl Fn(&str) -> Option<u64>) {
+        if let Ok(marks) = self.marks.lock() {
+            for (name, mark) in marks.iter() {
+                if let Some(n) = queued(name) {
+                    mark.ask_cut(n);
+                }
+            }
+        }
+    }
+
+    /// Every file sink's cut, once the sinks are done with the records
+    /// before it. A sink that has not opened its file and was given nothing
+    /// keeps what was restored.
+    pub fn cuts(&self) -> Result<BTreeMap<String, String>, NotReached> {
         let mut out = (*self.restored).clone();
         if let Ok(marks) = self.marks.lock() {
             for (name, mark) in marks.iter() {
-                if let Ok(text) = serde_json::to_string(&mark.saved()) {
-                    out.insert(name.clone(), text);
+                match mark.cut() {
+                    Some(cut) => {
+                        out.insert(name.clone(), cut.text());
+                    }
+                    None if !mark.ready.load(SeqCst) && mark.cut_at.load(SeqCst) == 0 => {}
+                    None => return Err(NotReached(name.clone())),
                 }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every file sink's place now (at shutdown, every sink finished).
+    pub fn ends(&self) -> BTreeMap<String, String> {
+        let mut out = (*self.restored).clone();
+        if let Ok(marks) = self.marks.lock() {
+            for (name, mark) in marks.iter().filter(|(_, m)| m.ready.load(SeqCst)) {
+                out.insert(name.clone(), mark.saved().text());
             }
         }
         out
     }
 }
 
-/// The `record_id` of an output line, found without parsing it.
-pub fn record_id(line: &[u8]) -> Option<&[u8]> {
-    const KEY: &[u8] = b"\"record_id\":\"";
-    let at = memchr::memmem::find(line, KEY)? + KEY.len();
-    let rest = &line[at..];
-    let end = memchr::memchr(b'"', rest)?;
-    Some(&rest[..end])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_snapshot_has_the_marks_and_keeps_what_is_not_running() {
-        let mut restored = BTreeMap::new();
-        restored.insert(
-            "old".to_string(),
-            r#"{"dev":1,"ino":2,"offset":3}"#.to_string(),
-        );
-        let offsets = SinkOffsets::restored(restored);
-        assert_eq!(
-            offsets.restored_for("old"),
-            Some(Saved {
-                dev: 1,
-                ino: 2,
-                offset: 3
-            })
-        );
-        let mark = offsets.register("out");
-        mark.reset(7, 8, 100);
-        mark.wrote(20);
-        let snap = offsets.snapshot();
-        assert_eq!(
-            Saved::parse(&snap["out"]),
-            Some(Saved {
-                dev: 7,
-                ino: 8,
-                offset: 120
-            })
-        );
-        assert!(snap.contains_key("old"));
+    fn at(offset: u64) -> Saved {
+        Saved {
+            dev: 7,
+            ino: 8,
+            offset,
+        }
     }
 
     #[test]
-    fn record_ids_are_found_in_lines() {
-        let line = br#"{"cluster":"c","id":5,"kind":"transition","record_id":"11f45e7ec9e1a890","to":"DEPEND"}"#;
-        assert_eq!(record_id(line), Some(&b"11f45e7ec9e1a890"[..]));
-        assert_eq!(record_id(br#"{"kind":"x"}"#), None);
-        assert_eq!(record_id(br#"{"record_id":"unterminated"#), None);
+    fn a_cut_falls_after_exactly_the_records_given() {
+        let offsets = SinkOffsets::restored(BTreeMap::new());
+        let mark = offsets.mark("out");
+        mark.reset(7, 8, 100);
+        mark.wrote(10);
+        // Three records given at the barrier: one written, two to come.
+        offsets.ask_cuts(|_| Some(3));
+        assert!(offsets.cuts().is_err());
+        mark.wrote(10);
+        mark.wrote(10);
+        // Records after the barrier do not move the cut.
+        mark.wrote(10);
+        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(130)));
+        assert_eq!(Saved::parse(&offsets.ends()["out"]), Some(at(140)));
+        // The sink already at the cut when asked.
+        offsets.ask_cuts(|_| Some(4));
+        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(140)));
+    }
+
+    #[test]
+    fn a_sink_not_started_keeps_what_was_restored() {
+        let mut restored = BTreeMap::new();
+        restored.insert("out".to_string(), at(50).text());
+        let offsets = SinkOffsets::restored(restored);
+        let mark = offsets.mark("out");
+        offsets.ask_cuts(|_| Some(0));
+        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(50)));
+        // Given records before it started: no cut until it wrote them.
+        offsets.ask_cuts(|_| Some(2));
+        assert!(offsets.cuts().is_err());
+        mark.reset(7, 8, 50);
+        mark.wrote(5);
+        mark.wrote(5);
+        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(60)));
     }
 }
