@@ -465,8 +465,19 @@ def stdout_writer(line: bytes) -> None:
     sys.stdout.buffer.flush()
 
 
-class Rejected(Exception):
-    """fluxpipe answered that it will never take this request as it is."""
+def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """A daemon thread that never takes SIGTERM or SIGINT: it starts with
+    them blocked (a thread inherits the mask), so the reactor's signal
+    watchers (signalfd) see them; taken by another thread, their default
+    action would end the process."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return thread
 
 
 def http_post(url: str, body: bytes, token: Optional[str], timeout: float,
@@ -536,16 +547,7 @@ class HttpSender:
         self.acked_lines = 0
         self.failures = 0
         self.last_error = ""
-        self.thread = threading.Thread(target=self._run, name="fluxpipe-sender", daemon=True)
-        # The thread inherits a mask that blocks SIGTERM and SIGINT: the
-        # reactor's signal watchers (signalfd) see them only if no other
-        # thread can take them, whose default action would end the process.
-        stop_signals = {signal.SIGTERM, signal.SIGINT}
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-        try:
-            self.thread.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        self.thread = start_thread(self._run, "fluxpipe-sender")
 
     def send(self, line: Optional[bytes], effect: Optional[tuple]) -> None:
         with self.cond:
@@ -725,13 +727,7 @@ class KafkaSender:
         self.seq = 0
         self.failures = 0
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._poll, name="fluxpipe-kafka", daemon=True)
-        stop_signals = {signal.SIGTERM, signal.SIGINT}
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-        try:
-            self.thread.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        self.thread = start_thread(self._poll, "fluxpipe-kafka")
 
     def send(self, line: Optional[bytes], effect: Optional[tuple]) -> None:
         with self.cond:

@@ -142,10 +142,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     {
         telemetry::prometheus();
     }
+    // A source that keeps a Kafka changelog may take state over from it,
+    // newer than this checkpoint: the file sinks' cuts of this checkpoint
+    // would then cut off output the state will not produce again. There
+    // the file sinks only cut a torn line (at least once).
+    let exactly_once = !config.sources.values().any(sources::keeps_changelog);
+    let cuts = match (&head, exactly_once) {
+        (Some(h), true) => h.sinks.clone(),
+        _ => Default::default(),
+    };
     let mut sink_ctx = SinkContext {
-        offsets: crate::sinks::offsets::SinkOffsets::restored(
-            head.as_ref().map(|h| h.sinks.clone()).unwrap_or_default(),
-        ),
+        offsets: crate::sinks::offsets::SinkOffsets::restored(cuts),
         ..SinkContext::default()
     };
     if config
