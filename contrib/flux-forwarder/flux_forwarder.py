@@ -544,7 +544,6 @@ class HttpSender:
         self._sleep = sleep
         self.on_ack: Callable[[list], None] = lambda effects: None
         self.conn: dict = {}
-        self.acked_lines = 0
         self.failures = 0
         self.last_error = ""
         self.thread = start_thread(self._run, "fluxpipe-sender")
@@ -612,7 +611,6 @@ class HttpSender:
                 for _ in batch:
                     self.queue.popleft()
                 self.cond.notify_all()
-            self.acked_lines += sum(1 for line, _ in batch if line is not None)
             self.on_ack([effect for _, effect in batch if effect is not None])
 
     def _failed(self, what: str, delay: float) -> None:

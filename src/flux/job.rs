@@ -974,18 +974,22 @@ mod tests {
         // What flux-core 0.88 posts (live instance, per-rank prolog that
         // exits 1): epilog-start in RUN, the exception, prolog-finish,
         // free and clean, and never epilog-finish.
+        let to_run = || {
+            [
+                ev(
+                    1.0,
+                    "submit",
+                    json!({"userid": 0, "urgency": 16, "flags": 0, "version": 1}),
+                ),
+                ev(1.1, "validate", json!({})),
+                ev(1.2, "depend", json!({})),
+                ev(1.3, "priority", json!({"priority": 16})),
+                ev(1.4, "alloc", json!({})),
+            ]
+        };
         let mut job = Job::new();
         let mut all = Vec::new();
-        for e in [
-            ev(
-                1.0,
-                "submit",
-                json!({"userid": 0, "urgency": 16, "flags": 0, "version": 1}),
-            ),
-            ev(1.1, "validate", json!({})),
-            ev(1.2, "depend", json!({})),
-            ev(1.3, "priority", json!({"priority": 16})),
-            ev(1.4, "alloc", json!({})),
+        for e in to_run().into_iter().chain([
             ev(
                 1.5,
                 "prolog-start",
@@ -1008,7 +1012,7 @@ mod tests {
             ),
             ev(1.9, "free", json!({})),
             ev(2.0, "clean", json!({})),
-        ] {
+        ]) {
             all.extend(job.apply(&e).anomalies);
         }
         assert_eq!(all, vec![]);
@@ -1016,17 +1020,7 @@ mod tests {
         assert_eq!((job.epilogs_active, job.epilog_since.get()), (0, None));
         // An epilog-start in RUN with no prolog running is still wrong.
         let mut job = Job::new();
-        for e in [
-            ev(
-                1.0,
-                "submit",
-                json!({"userid": 0, "urgency": 16, "flags": 0, "version": 1}),
-            ),
-            ev(1.1, "validate", json!({})),
-            ev(1.2, "depend", json!({})),
-            ev(1.3, "priority", json!({"priority": 16})),
-            ev(1.4, "alloc", json!({})),
-        ] {
+        for e in to_run() {
             job.apply(&e);
         }
         let a = job.apply(&ev(

@@ -33,7 +33,7 @@
 //! not queued.
 
 use super::SourceContext;
-use super::lines::Line;
+use super::lines::split_bounded;
 use super::socket::OpenConnection;
 use crate::operators::{Closed, Tally};
 use crate::pipeline::config::source_config;
@@ -400,7 +400,7 @@ async fn answer(
     let tally = Arc::new(Tally::default());
     let mut out = ctx.tallied_outbox(tally.clone());
     let origin = ctx.default_origin();
-    let max_line = ctx.decode.max_line_bytes.max(1);
+    let max_line = ctx.decode.max_line_bytes;
     let mut answer = Answer {
         acknowledged: match shared.config.acknowledgements {
             Acknowledgements::Checkpoint => "checkpoint",
@@ -414,18 +414,8 @@ async fn answer(
     let hand_on = async {
         let gate = shared.gate.read().await;
         let mut noted = Vec::new();
-        let text = body.strip_suffix(b"\n").unwrap_or(&body);
-        let pieces = (!text.is_empty()).then(|| text.split(|b| *b == b'\n'));
-        for piece in pieces.into_iter().flatten() {
+        for line in split_bounded(&body, max_line) {
             answer.lines += 1;
-            let line = if piece.len() > max_line {
-                Line::TooLong {
-                    prefix: &piece[..max_line],
-                    len: piece.len(),
-                }
-            } else {
-                Line::Full(piece.strip_suffix(b"\r").unwrap_or(piece))
-            };
             let lineno = answer.lines;
             noted.clear();
             ctx.hold_line_noting(

@@ -38,6 +38,25 @@ pub enum Line<'a> {
     TooLong { prefix: &'a [u8], len: usize },
 }
 
+/// The lines of a buffer held whole (a datagram, a request body): split at
+/// `\n`, a final `\n` and each line's `\r` left out, lines longer than
+/// `max` reported with their first bytes. An empty buffer has no lines.
+pub fn split_bounded(data: &[u8], max: usize) -> impl Iterator<Item = Line<'_>> {
+    let max = max.max(1);
+    let data = data.strip_suffix(b"\n").unwrap_or(data);
+    let pieces = (!data.is_empty()).then(|| data.split(|b| *b == b'\n'));
+    pieces.into_iter().flatten().map(move |piece| {
+        if piece.len() > max {
+            Line::TooLong {
+                prefix: &piece[..max],
+                len: piece.len(),
+            }
+        } else {
+            Line::Full(piece.strip_suffix(b"\r").unwrap_or(piece))
+        }
+    })
+}
+
 /// Bounded line reader over any async buffered reader. A line cut short by
 /// the end of input is kept and completed by later reads (a file being
 /// appended to), unless the caller says the input is over.
@@ -166,6 +185,45 @@ fn finish(buf: &[u8], len: usize, max: usize) -> Line<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_buffer_splits_into_bounded_lines() {
+        let lines: Vec<Line> = split_bounded(b"a\r\nbcdef\n\nxy\n", 3).collect();
+        assert_eq!(
+            lines,
+            [
+                Line::Full(b"a"),
+                Line::TooLong {
+                    prefix: b"bcd",
+                    len: 5
+                },
+                Line::Full(b""),
+                Line::Full(b"xy"),
+            ]
+        );
+        assert_eq!(split_bounded(b"", 3).count(), 0);
+        assert_eq!(split_bounded(b"\n", 3).count(), 0);
+        assert_eq!(
+            split_bounded(b"no newline", 100).collect::<Vec<_>>(),
+            [Line::Full(b"no newline")]
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn held_buffers_split_as_their_newlines_say(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300), max in 0usize..40) {
+            let lines: Vec<Line> = split_bounded(&data, max).collect();
+            let trimmed = data.strip_suffix(b"\n").unwrap_or(&data);
+            let want = if trimmed.is_empty() { 0 } else { trimmed.split(|b| *b == b'\n').count() };
+            proptest::prop_assert_eq!(lines.len(), want);
+            for line in lines {
+                match line {
+                    Line::Full(l) => proptest::prop_assert!(l.len() <= max.max(1) && !l.contains(&b'\n')),
+                    Line::TooLong { prefix, len } => proptest::prop_assert!(prefix.len() == max.max(1) && len > prefix.len()),
+                }
+            }
+        }
+    }
 
     #[derive(Debug, PartialEq)]
     enum Owned {

@@ -20,7 +20,7 @@
 //! handed on), wait for the connection tasks, remove the Unix socket file.
 
 use super::SourceContext;
-use super::lines::{Line, LineReader, READ_BYTES};
+use super::lines::{Line, LineReader, READ_BYTES, split_bounded};
 use crate::pipeline::config::{SocketMode, SocketSourceConfig};
 use anyhow::Context;
 use std::io;
@@ -286,21 +286,8 @@ async fn udp(socket: UdpSocket, ctx: &SourceContext) {
                 continue;
             }
         };
-        let data = &buf[..n];
-        let data = data.strip_suffix(b"\n").unwrap_or(data);
-        if data.is_empty() {
-            continue;
-        }
-        for piece in data.split(|b| *b == b'\n') {
+        for line in split_bounded(&buf[..n], max) {
             lineno += 1;
-            let line = if piece.len() > max {
-                Line::TooLong {
-                    prefix: &piece[..max],
-                    len: piece.len(),
-                }
-            } else {
-                Line::Full(piece.strip_suffix(b"\r").unwrap_or(piece))
-            };
             if ctx
                 .hold_line(&mut out, line, &origin, &|| {
                     format!("udp://{peer}:{lineno}")
