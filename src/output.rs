@@ -66,6 +66,8 @@ struct OwnedRankChange {
     cluster: CompactString,
     change: RankChange,
     event: Option<Event>,
+    /// When it changed, for a change no event made (draining).
+    at: Option<f64>,
 }
 
 impl OutputRecord {
@@ -111,6 +113,19 @@ impl OutputRecord {
             cluster: cluster.into(),
             change,
             event,
+            at: None,
+        };
+        Self::unwritten(OutputStream::Resources, Unwritten::Rank(Box::new(owned)))
+    }
+
+    /// A rank's change that no resource event made: a drained rank whose
+    /// last job went (drained) or that a job holds (draining), as of `at`.
+    pub fn rank_change_at(cluster: &str, change: RankChange, at: f64) -> Self {
+        let owned = OwnedRankChange {
+            cluster: cluster.into(),
+            change,
+            event: None,
+            at: Some(at),
         };
         Self::unwritten(OutputStream::Resources, Unwritten::Rank(Box::new(owned)))
     }
@@ -122,7 +137,10 @@ impl OutputRecord {
                 json_line(&transition(&t.cluster, t.id, &t.transition, &t.event))
             }
             Unwritten::Job(j) => json_line(&**j),
-            Unwritten::Rank(r) => json_line(&rank_change(&r.cluster, &r.change, r.event.as_ref())),
+            Unwritten::Rank(r) => match r.at {
+                Some(at) => json_line(&rank_change_at(&r.cluster, &r.change, at)),
+                None => json_line(&rank_change(&r.cluster, &r.change, r.event.as_ref())),
+            },
             Unwritten::Nothing => String::new(),
         })
     }
@@ -249,6 +267,7 @@ fn rank_fields(map: &mut Map<String, Value>, r: &RankState) {
     map.insert("online".into(), json!(r.online));
     map.insert("torpid".into(), json!(r.torpid));
     map.insert("drained".into(), json!(r.drained));
+    map.insert("draining".into(), json!(r.draining));
     map.insert("drain_reason".into(), json!(r.drain_reason));
     map.insert("drain_timestamp".into(), json!(r.drain_timestamp));
 }
@@ -292,6 +311,30 @@ pub fn rank_change(cluster: &str, change: &RankChange, event: Option<&Event>) ->
         ])),
     );
     Value::Object(map)
+}
+
+/// A rank's change that no resource event made (its jobs did: draining),
+/// with when it was seen; its id names what it became and when.
+pub fn rank_change_at(cluster: &str, change: &RankChange, at: f64) -> Value {
+    let mut v = rank_change(cluster, change, None);
+    let became = match &change.after {
+        Some(r) if r.draining => "draining",
+        _ => "drained",
+    };
+    if let Value::Object(map) = &mut v {
+        map.insert("timestamp".into(), json!(at));
+        map.insert(
+            "record_id".into(),
+            json!(record_id(&[
+                b"rank",
+                cluster.as_bytes(),
+                &change.rank.to_le_bytes(),
+                became.as_bytes(),
+                &at.to_bits().to_le_bytes()
+            ])),
+        );
+    }
+    v
 }
 
 /// `"kind":"anomaly"`: the anomaly's own kind moves to `anomaly`.
@@ -486,6 +529,14 @@ pub fn alert(rule: &Rule, a: &AlertEvent) -> Value {
                 .map_or_else(|| format!("rank{}", n.rank), str::to_string);
             labels.insert("node".into(), json!(host));
             labels.insert("rank".into(), json!(n.rank.to_string()));
+            // As it stood when the alert fired (its detail is kept from
+            // then): a label that changed under an open alert would split
+            // it in two at Alertmanager.
+            if let Some(draining) = detail.draining() {
+                let state = if draining { "draining" } else { "drained" };
+                labels.insert("state".into(), json!(state));
+                map.insert("state".into(), json!(state));
+            }
             map.insert("node".into(), json!(host));
             map.insert("rank".into(), json!(n.rank));
             let what = match rule.kind {

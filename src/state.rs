@@ -4,6 +4,7 @@
 
 use crate::alerts::engine::{Conditions, JobConditions};
 use crate::decode::{Body, EventStream, Record};
+use crate::flux::allocation::Allocations;
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::exec::{ExecLog, ExecProtocol};
 use crate::flux::job::{Job, JobSummary, Transition};
@@ -12,7 +13,7 @@ use crate::flux::resource::{RankChange, ResourceState};
 use serde::{Deserialize, Serialize};
 // Keys come from input: foldhash is fast and seeded per process.
 use foldhash::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The input partition a job's (or a cluster's resource) state belongs to,
 /// when it comes from a partitioned source (Kafka). State is owned per
@@ -226,6 +227,22 @@ pub struct Counts {
     pub anomalies: u64,
 }
 
+/// The ranks jobs hold, shared by every holder of a part of the state: the
+/// pipeline's shards each keep some of a cluster's jobs, one keeps its
+/// resource state. Locked only when a job takes or gives back its ranks,
+/// and when the resource state looks at what changed.
+#[derive(Debug, Clone, Default)]
+pub struct SharedAllocations(Arc<Mutex<Allocations>>);
+
+impl SharedAllocations {
+    pub fn with<R>(&self, f: impl FnOnce(&mut Allocations) -> R) -> R {
+        // A panic elsewhere while holding it leaves counts that are still
+        // counts: go on with them.
+        let mut a = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut a)
+    }
+}
+
 /// All jobs and ranks.
 #[derive(Debug, Default)]
 pub struct State {
@@ -238,11 +255,104 @@ pub struct State {
     clusters: HashSet<Arc<str>>,
     /// The name interned last.
     last_cluster: Option<Arc<str>>,
+    /// The ranks held by jobs, this state's and any other part's.
+    allocations: SharedAllocations,
 }
 
 impl State {
     pub fn new() -> Self {
         State::default()
+    }
+
+    /// Share the ranks its jobs hold with the other parts of the same
+    /// state (the pipeline's shards). Before any job is put in.
+    pub fn share_allocations(&mut self, allocations: SharedAllocations) {
+        debug_assert!(self.jobs.is_empty());
+        self.allocations = allocations;
+    }
+
+    /// Set every rank's draining from the holds as they are now, silently
+    /// (a restored state: its saved draining may be older than its jobs').
+    pub fn recompute_draining(&mut self) {
+        let allocations = &self.allocations;
+        for (cluster, res) in self.resources.iter_mut() {
+            let ranks: Vec<u32> = res
+                .ranks()
+                .filter(|r| r.drained || r.draining)
+                .map(|r| r.rank)
+                .collect();
+            allocations.with(|a| {
+                res.set_draining(ranks, |r| a.is_held(cluster, r), &mut Vec::new());
+            });
+        }
+    }
+
+    /// Put a job in (restored state); one already held under its key is
+    /// replaced and returned. The ranks it holds count as held.
+    pub fn insert_job(&mut self, key: JobKey, entry: Box<JobEntry>) -> Option<Box<JobEntry>> {
+        if entry.job.holds_ranks() {
+            let ranks = entry.job.allocated_ranks();
+            self.allocations.with(|a| a.hold(&key.cluster, &ranks));
+        }
+        let cluster = key.cluster.clone();
+        let old = self.jobs.insert(key, entry);
+        if let Some(old) = &old {
+            self.unhold(&cluster, &old.job);
+        }
+        old
+    }
+
+    /// Take a job out (dropped, or its partition revoked): the ranks it
+    /// held are free, as far as this state can tell.
+    pub fn remove_job(&mut self, key: &JobKey) -> Option<Box<JobEntry>> {
+        let entry = self.jobs.remove(key)?;
+        self.unhold(&key.cluster, &entry.job);
+        Some(entry)
+    }
+
+    fn unhold(&self, cluster: &str, job: &Job) {
+        if job.holds_ranks() {
+            let ranks = job.allocated_ranks();
+            self.allocations.with(|a| a.release(cluster, &ranks));
+        }
+    }
+
+    /// Look again at the ranks whose holders changed, for every cluster
+    /// whose resource state is here: a drained rank is draining while a
+    /// job holds it. For the shards, whose jobs change the holds of
+    /// clusters another shard keeps.
+    pub fn refresh_draining(&mut self) -> Vec<(String, RankChange)> {
+        let clusters = self.allocations.with(|a| a.clusters_flipped());
+        let mut out = Vec::new();
+        for cluster in clusters {
+            if self.resources.contains_key(&cluster) {
+                self.refresh_cluster(&cluster, None, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Set draining for `cluster`'s ranks that flipped, and for `also`.
+    fn refresh_cluster(
+        &mut self,
+        cluster: &str,
+        also: Option<&mut Vec<RankChange>>,
+        out: &mut Vec<(String, RankChange)>,
+    ) {
+        let Some(res) = self.resources.get_mut(cluster) else {
+            return;
+        };
+        let allocations = &self.allocations;
+        allocations.with(|a| {
+            let mut ranks: Vec<u32> = a.take_flipped(cluster).iter().collect();
+            let mut changes = Vec::new();
+            if let Some(also) = also {
+                ranks.extend(also.iter().map(|c| c.rank));
+                changes = std::mem::take(also);
+            }
+            res.set_draining(ranks, |r| a.is_held(cluster, r), &mut changes);
+            out.extend(changes.into_iter().map(|c| (cluster.to_string(), c)));
+        });
     }
 
     /// The shared copy of a cluster name: a million job keys of one
@@ -332,8 +442,9 @@ impl State {
             Body::Sentinel | Body::ExecResponse(_) => return,
         };
         fx.duplicate = applied.skipped_duplicate;
-        for change in applied.changes {
-            fx.rank_changes.push((cluster.to_string(), change));
+        let mut changes = applied.changes;
+        if !changes.is_empty() || self.allocations.with(|a| a.is_flipped(cluster)) {
+            self.refresh_cluster(cluster, Some(&mut changes), &mut fx.rank_changes);
         }
         fx.anomalies
             .extend(applied.anomalies.into_iter().map(|a| KeyedAnomaly {
@@ -346,6 +457,13 @@ impl State {
     fn apply_job(&mut self, key: JobKey, stream: EventStream, body: Body, fx: &mut Effects) {
         let entry = self.jobs.entry(key.clone()).or_default();
         let mut anomalies = Vec::new();
+        let held = entry.job.holds_ranks();
+        // A new R may name other ranks: the old ones are given back first.
+        if held && matches!(body, Body::R(_)) {
+            let ranks = entry.job.allocated_ranks();
+            self.allocations.with(|a| a.release(&key.cluster, &ranks));
+        }
+        let r_applied = matches!(body, Body::R(_));
         match (stream, body) {
             (EventStream::Job, Body::Event(ev)) => {
                 let applied = entry.job.apply(&ev);
@@ -371,6 +489,20 @@ impl State {
             _ => {}
         }
         entry.cross_check(&mut anomalies);
+        let holds = entry.job.holds_ranks();
+        if holds != held || (holds && r_applied) {
+            let ranks = entry.job.allocated_ranks();
+            self.allocations.with(|a| {
+                if holds {
+                    a.hold(&key.cluster, &ranks);
+                } else if !r_applied {
+                    a.release(&key.cluster, &ranks);
+                }
+            });
+            if self.resources.contains_key(&*key.cluster) {
+                self.refresh_cluster(&key.cluster, None, &mut fx.rank_changes);
+            }
+        }
         // Most records have none.
         if !anomalies.is_empty() {
             fx.anomalies
@@ -482,6 +614,190 @@ impl JobEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::{Format, Origin, decode_line};
+
+    /// Apply journal lines (job or resource) to `state` as cluster `c`;
+    /// the rank changes they made, as (rank, draining).
+    fn feed(state: &mut State, lines: &[String]) -> Vec<(u32, bool)> {
+        let mut out = Vec::new();
+        for line in lines {
+            let decoded = decode_line(line.as_bytes(), &Origin::default(), Format::Auto);
+            assert!(decoded.errors.is_empty(), "{line}: {:?}", decoded.errors);
+            for record in decoded.records {
+                let fx = state.apply("c", record);
+                assert!(fx.anomalies.is_empty(), "{line}: {:?}", fx.anomalies);
+                out.extend(
+                    fx.rank_changes
+                        .into_iter()
+                        .filter_map(|(_, ch)| ch.after.map(|a| (a.rank, a.draining))),
+                );
+            }
+        }
+        out
+    }
+
+    fn resource(name: &str, ts: f64, ctx: &str) -> String {
+        format!(r#"{{"events":[{{"timestamp":{ts},"name":"{name}","context":{ctx}}}]}}"#)
+    }
+
+    fn job(id: u64, name: &str, ts: f64, ctx: &str) -> String {
+        format!(r#"{{"id":{id},"events":[{{"timestamp":{ts},"name":"{name}","context":{ctx}}}]}}"#)
+    }
+
+    /// A job's lines from submit to RUN on `ranks`, then to its `free`.
+    fn job_lines(id: u64, t: f64, ranks: &str) -> (Vec<String>, Vec<String>) {
+        let mut run = vec![
+            job(
+                id,
+                "submit",
+                t,
+                r#"{"userid":1,"urgency":16,"flags":0,"version":1}"#,
+            ),
+            job(id, "validate", t + 0.1, "{}"),
+            job(id, "depend", t + 0.2, "{}"),
+            job(id, "priority", t + 0.3, r#"{"priority":1}"#),
+        ];
+        run.push(format!(
+            r#"{{"id":{id},"events":[{{"timestamp":{},"name":"alloc","context":{{}}}}],"R":{{"version":1,"execution":{{"R_lite":[{{"rank":"{ranks}","children":{{"core":"0"}}}}],"nodelist":["n"]}}}}}}"#,
+            t + 0.4
+        ));
+        let end = vec![
+            job(id, "finish", t + 1.0, r#"{"status":0}"#),
+            job(id, "release", t + 1.1, r#"{"ranks":"all","final":true}"#),
+            job(id, "free", t + 1.2, "{}"),
+            job(id, "clean", t + 1.3, "{}"),
+        ];
+        (run, end)
+    }
+
+    fn instance() -> Vec<String> {
+        vec![resource(
+            "restart",
+            1.0,
+            r#"{"ranks":"0-3","online":"0-3","nodelist":"n[0-3]"}"#,
+        )]
+    }
+
+    fn rank(state: &State, r: u32) -> (bool, bool) {
+        let s = state.resources["c"].rank(r).unwrap();
+        (s.drained, s.draining)
+    }
+
+    #[test]
+    fn a_drained_rank_is_draining_while_a_job_holds_it() {
+        let mut st = State::new();
+        feed(&mut st, &instance());
+        let (run, end) = job_lines(7, 10.0, "1-2");
+        assert_eq!(feed(&mut st, &run), []);
+        let drain = resource(
+            "drain",
+            20.0,
+            r#"{"idset":"2-3","reason":"r","overwrite":0}"#,
+        );
+        assert_eq!(feed(&mut st, &[drain]), [(2, true), (3, false)]);
+        assert_eq!((rank(&st, 2), rank(&st, 3)), ((true, true), (true, false)));
+        // the job's free gives rank 2 back: drained, no longer draining
+        let changes = feed(&mut st, &end);
+        assert_eq!(changes, [(2, false)]);
+        assert_eq!(rank(&st, 2), (true, false));
+        // draining again under a new job, and an undrain clears both
+        let (run, _) = job_lines(8, 30.0, "2");
+        assert_eq!(feed(&mut st, &run), [(2, true)]);
+        let undrain = resource("undrain", 40.0, r#"{"idset":"2"}"#);
+        feed(&mut st, &[undrain]);
+        assert_eq!(rank(&st, 2), (false, false));
+    }
+
+    #[test]
+    fn jobs_of_another_part_make_draining_at_the_next_refresh() {
+        let shared = SharedAllocations::default();
+        let (mut jobs, mut res) = (State::new(), State::new());
+        jobs.share_allocations(shared.clone());
+        res.share_allocations(shared);
+        feed(&mut res, &instance());
+        feed(&mut res, &[resource("drain", 5.0, r#"{"idset":"0-1"}"#)]);
+        let (run, end) = job_lines(9, 10.0, "1");
+        feed(&mut jobs, &run);
+        assert_eq!(rank(&res, 1), (true, false), "not before it looks");
+        let changed: Vec<(u32, bool)> = res
+            .refresh_draining()
+            .into_iter()
+            .map(|(_, c)| (c.rank, c.after.unwrap().draining))
+            .collect();
+        assert_eq!(changed, [(1, true)]);
+        assert!(res.refresh_draining().is_empty(), "each flip is seen once");
+        feed(&mut jobs, &end);
+        assert_eq!(res.refresh_draining().len(), 1);
+        assert_eq!(rank(&res, 1), (true, false));
+        // a job dropped from its part (revoked) gives its ranks back too
+        let (run, _) = job_lines(10, 20.0, "0");
+        feed(&mut jobs, &run);
+        res.refresh_draining();
+        assert_eq!(rank(&res, 0), (true, true));
+        let key = JobKey {
+            cluster: jobs.intern("c"),
+            id: JobId(10),
+        };
+        assert!(jobs.remove_job(&key).is_some());
+        res.refresh_draining();
+        assert_eq!(rank(&res, 0), (true, false));
+        // and one restored holds them again
+        let (run, _) = job_lines(11, 30.0, "0");
+        let mut other = State::new();
+        feed(&mut other, &run);
+        let key = JobKey {
+            cluster: other.intern("c"),
+            id: JobId(11),
+        };
+        let entry = other.remove_job(&key).unwrap();
+        jobs.insert_job(key, entry);
+        res.refresh_draining();
+        assert_eq!(rank(&res, 0), (true, true));
+    }
+
+    #[test]
+    fn ranks_read_from_a_kvs_eventlog_alone_are_unknown_not_offline() {
+        let mut st = State::new();
+        let log = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/corpus/instances/A-incarnation1/resource.eventlog"
+        ))
+        .unwrap();
+        let origin = Origin {
+            stream: Some(EventStream::Resource),
+            id: None,
+        };
+        for line in log.lines() {
+            for record in decode_line(line.as_bytes(), &origin, Format::Auto).records {
+                st.apply("c", record);
+            }
+        }
+        let res = &st.resources["c"];
+        assert!(res.ranks().count() > 0);
+        assert!(res.ranks().all(|r| r.online.is_none()));
+        let status = res.status_json();
+        assert_eq!(
+            (status["online"].as_str(), status["offline"].as_str()),
+            (Some(""), Some(""))
+        );
+        assert_eq!(
+            status["unknown"],
+            serde_json::json!(res.unknown().to_string())
+        );
+        // the journal's restart says, and from then on it is known
+        feed(
+            &mut st,
+            &[resource(
+                "restart",
+                2e9,
+                r#"{"ranks":"0-3","online":"0","nodelist":"node[0-3]"}"#,
+            )],
+        );
+        let res = &st.resources["c"];
+        assert_eq!(res.rank(0).unwrap().online, Some(true));
+        assert_eq!(res.rank(1).unwrap().online, Some(false));
+        assert!(res.status_json().get("unknown").is_none());
+    }
 
     /// A job's entry, its first alert condition inline, is one allocation
     /// per active job: it stays within jemalloc's 320-byte class (256 for

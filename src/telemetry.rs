@@ -230,7 +230,7 @@ impl NodeBoard {
                 });
                 node.state = s.clone();
                 node.drained.set(s.drained, at);
-                node.offline.set(!s.online, at);
+                node.offline.set(s.online == Some(false), at);
             }
             None => {
                 c.ranks.remove(&rank);
@@ -278,11 +278,29 @@ impl NodeBoard {
             let _ = writeln!(out, "# TYPE {name} gauge");
         };
         type Count = (&'static str, &'static str, fn(&RankState) -> bool);
-        let totals: [Count; 5] = [
+        let totals: [Count; 7] = [
             ("flux_nodes", "Nodes (broker ranks) known.", |_| true),
-            ("flux_nodes_online", "Nodes online.", |r| r.online),
-            ("flux_nodes_offline", "Nodes offline.", |r| !r.online),
-            ("flux_nodes_drained", "Nodes drained.", |r| r.drained),
+            ("flux_nodes_online", "Nodes online.", |r| {
+                r.online == Some(true)
+            }),
+            ("flux_nodes_offline", "Nodes offline.", |r| {
+                r.online == Some(false)
+            }),
+            (
+                "flux_nodes_liveness_unknown",
+                "Nodes nothing said were online or offline (state read from a KVS resource eventlog alone).",
+                |r| r.online.is_none(),
+            ),
+            (
+                "flux_nodes_drained",
+                "Nodes drained and running no job (flux resource status: drained).",
+                |r| r.drained && !r.draining,
+            ),
+            (
+                "flux_nodes_draining",
+                "Nodes drained and still running a job (flux resource status: draining).",
+                |r| r.draining,
+            ),
             ("flux_nodes_torpid", "Nodes torpid.", |r| r.torpid),
         ];
         for (name, help, pred) in totals {
@@ -300,7 +318,10 @@ impl NodeBoard {
             header(&mut out, name, help);
             for (cluster, c) in board.iter() {
                 for r in c.ranks.values().map(|n| &n.state) {
-                    let v = if i == 0 { r.online } else { r.torpid };
+                    // No series for a node whose liveness is unknown.
+                    let Some(v) = (if i == 0 { r.online } else { Some(r.torpid) }) else {
+                        continue;
+                    };
                     let _ = writeln!(out, "{name}{{{}}} {}", node_labels(cluster, r), u8::from(v));
                 }
             }
@@ -308,15 +329,16 @@ impl NodeBoard {
         header(
             &mut out,
             "flux_node_drain_info",
-            "1 while the node is drained, with the reason.",
+            "1 while the node is drained, with the reason and state (drained, or draining while a job still runs on it).",
         );
         for (cluster, c) in board.iter() {
             for r in c.ranks.values().map(|n| &n.state).filter(|r| r.drained) {
                 let _ = writeln!(
                     out,
-                    "flux_node_drain_info{{{},reason=\"{}\"}} 1",
+                    "flux_node_drain_info{{{},reason=\"{}\",state=\"{}\"}} 1",
                     node_labels(cluster, r),
-                    escape(r.drain_reason.as_deref().unwrap_or(""))
+                    escape(r.drain_reason.as_deref().unwrap_or("")),
+                    if r.draining { "draining" } else { "drained" }
                 );
             }
         }
@@ -534,16 +556,39 @@ mod tests {
         let board = NodeBoard::default();
         let mut r = RankState::new(3);
         r.hostname = Some("node3".into());
-        r.online = true;
+        r.online = Some(true);
         r.drained = true;
         r.drain_reason = Some("bad \"DIMM\"".into());
         r.drain_timestamp = Some(1700000000.5);
         board.update("picl", 3, Some(&r), 1700000000.5);
         let text = board.render();
         assert!(text.contains(
-            "flux_node_drain_info{flux_cluster=\"picl\",node=\"node3\",rank=\"3\",reason=\"bad \\\"DIMM\\\"\"} 1"
+            "flux_node_drain_info{flux_cluster=\"picl\",node=\"node3\",rank=\"3\",reason=\"bad \\\"DIMM\\\"\",state=\"drained\"} 1"
         ), "{text}");
         assert!(text.contains("flux_nodes_drained{flux_cluster=\"picl\"} 1"));
+        assert!(text.contains("flux_nodes_draining{flux_cluster=\"picl\"} 0"));
+        // a job still runs on it: draining, not drained (flux resource status)
+        r.draining = true;
+        board.update("picl", 3, Some(&r), 1700000000.5);
+        let text = board.render();
+        assert!(
+            text.contains("flux_nodes_drained{flux_cluster=\"picl\"} 0"),
+            "{text}"
+        );
+        assert!(text.contains("flux_nodes_draining{flux_cluster=\"picl\"} 1"));
+        assert!(text.contains(",state=\"draining\"} 1"));
+        r.draining = false;
+        // a rank nothing said is up or down: no online series, counted apart
+        board.update("picl", 5, Some(&RankState::new(5)), 1700000000.5);
+        let text = board.render();
+        assert!(
+            text.contains("flux_nodes_liveness_unknown{flux_cluster=\"picl\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("flux_nodes_offline{flux_cluster=\"picl\"} 0"));
+        assert!(!text.contains("flux_node_online{flux_cluster=\"picl\",node=\"\",rank=\"5\"}"));
+        assert!(text.contains("flux_node_torpid{flux_cluster=\"picl\",node=\"\",rank=\"5\"} 0"));
+        board.update("picl", 5, None, 1700000000.5);
         assert!(text.contains("flux_node_drain_timestamp_seconds{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 1700000000.5"));
         // undrained: the drain series disappear, the count goes to 0
         r.drained = false;
@@ -555,10 +600,10 @@ mod tests {
             "flux_node_drained_seconds_total{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 100\n"
         ), "{text}");
         // offline from t+200: the open interval counts up to the newest event
-        r.online = false;
+        r.online = Some(false);
         board.update("picl", 3, Some(&r), 1700000200.5);
         let mut r4 = RankState::new(4);
-        r4.online = true;
+        r4.online = Some(true);
         board.update("picl", 4, Some(&r4), 1700000260.5);
         let text = board.render();
         assert!(text.contains(

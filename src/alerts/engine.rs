@@ -75,6 +75,10 @@ pub enum Detail {
 pub struct Drain {
     pub host: Option<String>,
     pub reason: Option<String>,
+    /// A job still ran on it (draining). Saved last, with a default: older
+    /// checkpoints read as before.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 impl Detail {
@@ -84,6 +88,14 @@ impl Detail {
             Detail::Host(h) => h.as_deref(),
             Detail::Drained(d) => d.host.as_deref(),
             Detail::State(_) => None,
+        }
+    }
+
+    /// Whether a drained node still ran a job (`None`: not a drain).
+    pub fn draining(&self) -> Option<bool> {
+        match self {
+            Detail::Drained(d) => Some(d.draining),
+            _ => None,
         }
     }
 
@@ -1152,6 +1164,7 @@ mod tests {
         let drained = Detail::Drained(Box::new(Drain {
             host: Some("n3".into()),
             reason: Some("bad dimm".into()),
+            draining: false,
         }));
         e.observe_node(&node, &[(1, Some((0.0, drained)))], 0.0, 0.0, &mut out);
         e.advance(|_| Some(120.0), 10, &mut out);

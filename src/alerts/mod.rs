@@ -140,6 +140,7 @@ pub fn observe_rank(
                 RuleKind::NodeDrained => Detail::Drained(Box::new(Drain {
                     host,
                     reason: rank.drain_reason.clone(),
+                    draining: rank.draining,
                 })),
                 _ => Detail::Host(host),
             };

@@ -278,7 +278,9 @@ pub fn job_view(entry: Option<&JobEntry>) -> Option<JobView> {
 pub fn node_condition(kind: RuleKind, rank: &RankState) -> Option<Option<f64>> {
     match kind {
         RuleKind::NodeDrained if rank.drained => Some(rank.drain_timestamp),
-        RuleKind::NodeOffline if !rank.online && !rank.drained && !rank.excluded => Some(None),
+        RuleKind::NodeOffline if rank.online == Some(false) && !rank.drained && !rank.excluded => {
+            Some(None)
+        }
         RuleKind::NodeTorpid if rank.torpid => Some(None),
         _ => None,
     }

@@ -369,8 +369,8 @@ fn print_table(
     writeln!(out)?;
     writeln!(
         out,
-        "{:<10} {:>6} {:<16} {:<8} {:<7} {:<20}  REASON",
-        "CLUSTER", "RANK", "HOSTNAME", "STATE", "TORPID", "DRAINED SINCE"
+        "{:<10} {:>6} {:<16} {:<8} {:<7} {:<9} {:<20}  REASON",
+        "CLUSTER", "RANK", "HOSTNAME", "STATE", "TORPID", "DRAIN", "DRAINED SINCE"
     )?;
     let mut nranks = 0;
     for (cluster, res) in state.clusters() {
@@ -378,12 +378,21 @@ fn print_table(
             nranks += 1;
             writeln!(
                 out,
-                "{:<10} {:>6} {:<16} {:<8} {:<7} {:<20}  {}",
+                "{:<10} {:>6} {:<16} {:<8} {:<7} {:<9} {:<20}  {}",
                 cluster,
                 r.rank,
                 r.hostname.as_deref().unwrap_or("-"),
-                if r.online { "online" } else { "offline" },
+                match r.online {
+                    Some(true) => "online",
+                    Some(false) => "offline",
+                    None => "unknown",
+                },
                 if r.torpid { "torpid" } else { "-" },
+                match (r.drained, r.draining) {
+                    (true, true) => "draining",
+                    (true, false) => "drained",
+                    _ => "-",
+                },
                 if r.drained {
                     clock(r.drain_timestamp)
                 } else {

@@ -4,8 +4,9 @@
 
 use super::anomaly::{Anomaly, AnomalyKind, Stream};
 use super::event::{ContextError, Event};
-use super::idset::Ranks;
+use super::idset::{IdSet, Ranks};
 use super::object::{self, JsonObject};
+use super::resource::bounded_idset;
 use super::stamp::Stamp;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -174,7 +175,14 @@ pub struct Job {
     pub unversioned: bool,
     /// Timestamps of applied events, to skip repeats (Flux timestamps are
     /// unique and increasing within one eventlog). Kept sorted.
-    applied: Vec<f64>,
+    /// Thin: one pointer in the entry (every job has a few).
+    applied: ThinVec<f64>,
+    /// The ranks R allocated to it (`execution.R_lite[].rank`), as the
+    /// ranges of an idset: what it holds from `alloc` to `free`. Thin: no
+    /// allocation for jobs without R. Saved last, with a default: older
+    /// checkpoints read as before.
+    #[serde(default)]
+    ranks: ThinVec<(u32, u32)>,
 }
 
 fn anomaly(kind: AnomalyKind, ev: &Event, message: impl Into<String>) -> Anomaly {
@@ -726,21 +734,44 @@ impl Job {
     }
 
     /// Take the expiration from the job's R (`execution.expiration`), as
-    /// job-list does when the job reaches RUN. 0 means none.
+    /// job-list does when the job reaches RUN (0 means none), and the
+    /// ranks it is allocated (`execution.R_lite[].rank`).
     pub fn apply_r(&mut self, r: &JsonObject) {
-        // Only this key of R is read: the rest is skipped unparsed, in one
-        // pass. A repeated key fails that pass; the lookups that keep the
-        // last of each, as a map would, decide then.
+        // Only these keys of R are read: the rest is skipped unparsed, in
+        // one pass. A repeated key fails that pass; the lookups that keep
+        // the last of each, as a map would, decide the expiration then.
         #[derive(serde::Deserialize)]
-        struct JobR {
-            execution: Option<Execution>,
+        struct JobR<'a> {
+            #[serde(borrow)]
+            execution: Option<Execution<'a>>,
         }
         #[derive(serde::Deserialize)]
-        struct Execution {
+        struct Execution<'a> {
             expiration: Option<serde_json::Value>,
+            #[serde(rename = "R_lite", borrow, default)]
+            r_lite: Vec<RLite<'a>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct RLite<'a> {
+            #[serde(borrow)]
+            rank: Option<std::borrow::Cow<'a, str>>,
         }
         let exp = match serde_json::from_str::<JobR>(r.raw().get()) {
-            Ok(parsed) => parsed.execution.and_then(|e| e.expiration),
+            Ok(parsed) => parsed.execution.and_then(|e| {
+                let mut ranks = IdSet::new();
+                for entry in &e.r_lite {
+                    // A rank idset that does not parse, or names more ranks
+                    // than an instance can have, is left out: R's own
+                    // checks belong to the resource stream.
+                    if let Some(set) = entry.rank.as_deref().and_then(|s| bounded_idset(s).ok()) {
+                        ranks.union_with(&set);
+                    }
+                }
+                if !ranks.is_empty() {
+                    self.ranks = ranks.ranges().iter().copied().collect();
+                }
+                e.expiration
+            }),
             Err(_) => r
                 .get("execution")
                 .and_then(|e| object::find(e, "expiration"))
@@ -752,6 +783,23 @@ impl Job {
         {
             self.expiration.set(exp);
         }
+    }
+
+    /// The ranks R allocated to the job (empty before R, or without one).
+    pub fn allocated_ranks(&self) -> IdSet {
+        let mut set = IdSet::new();
+        for &(lo, hi) in &self.ranks {
+            set.insert_range(lo, hi);
+        }
+        set
+    }
+
+    /// Whether the job holds its allocated ranks now: from `alloc` until
+    /// `free`, as the scheduler counts them allocated.
+    pub fn holds_ranks(&self) -> bool {
+        !self.ranks.is_empty()
+            && matches!(self.state, JobState::Run | JobState::Cleanup)
+            && !self.freed
     }
 
     /// The `flux jobs --json` view of the job.

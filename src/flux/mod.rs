@@ -1,6 +1,7 @@
 //! The Flux model: events, job ids, idsets, hostlists and the state
 //! machines of RFC 21, 32, 44 and 50. Pure Rust: no I/O, no async.
 
+pub mod allocation;
 pub mod anomaly;
 pub mod event;
 pub mod exec;

@@ -51,7 +51,11 @@ const PERSISTENT_EVENTS: [&str; 5] = [
 pub struct RankState {
     pub rank: u32,
     pub hostname: Option<String>,
-    pub online: bool,
+    /// `None` while nothing said whether it is up: the KVS resource
+    /// eventlog (a `flux dump`) keeps no `restart`, `online` or `offline`,
+    /// so ranks read from it alone are unknown, not offline. Older
+    /// checkpoints saved a plain bool, which reads as `Some`.
+    pub online: Option<bool>,
     /// Not heard from lately and not yet offline (RFC 44).
     pub torpid: bool,
     /// Excluded by configuration (only old `resource-init` events say so).
@@ -60,20 +64,28 @@ pub struct RankState {
     pub drain_reason: Option<String>,
     /// Set exactly when `drained` is.
     pub drain_timestamp: Option<f64>,
+    /// Drained while a job still holds it (`flux resource status` calls it
+    /// draining, and drained only once the jobs are gone). Not in any
+    /// resource event: the state keeping the jobs sets it
+    /// ([`ResourceState::set_draining`]). Saved last, with a default:
+    /// older checkpoints read as before.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 impl RankState {
-    /// A rank with nothing known about it: offline, not drained.
+    /// A rank with nothing known about it: liveness unknown, not drained.
     pub fn new(rank: u32) -> Self {
         RankState {
             rank,
             hostname: None,
-            online: false,
+            online: None,
             torpid: false,
             excluded: false,
             drained: false,
             drain_reason: None,
             drain_timestamp: None,
+            draining: false,
         }
     }
 }
@@ -117,6 +129,9 @@ impl RankChange {
         }
         if b.drain_timestamp != a.drain_timestamp {
             out.push("drain_timestamp");
+        }
+        if b.draining != a.draining {
+            out.push("draining");
         }
         out
     }
@@ -278,7 +293,7 @@ fn coalesce(changes: &mut Vec<RankChange>) {
 const MAX_RANKS: u64 = 1 << 17;
 
 /// An idset that names at most [`MAX_RANKS`] ranks.
-fn bounded_idset(s: &str) -> Result<IdSet, String> {
+pub(crate) fn bounded_idset(s: &str) -> Result<IdSet, String> {
     let set = IdSet::parse(s).map_err(|e| e.to_string())?;
     if set.len() > MAX_RANKS {
         return Err(format!("{} ranks, more than {MAX_RANKS}", set.len()));
@@ -358,7 +373,16 @@ impl ResourceState {
     pub fn online(&self) -> IdSet {
         self.ranks
             .values()
-            .filter(|s| s.online)
+            .filter(|s| s.online == Some(true))
+            .map(|s| s.rank)
+            .collect()
+    }
+
+    /// Ranks whose liveness nothing has told (read from a KVS eventlog).
+    pub fn unknown(&self) -> IdSet {
+        self.ranks
+            .values()
+            .filter(|s| s.online.is_none())
             .map(|s| s.rank)
             .collect()
     }
@@ -387,8 +411,10 @@ impl ResourceState {
             None => self.ranks.keys().copied().collect(),
         };
         let online = self.online();
+        let unknown = self.unknown();
         let mut offline = all;
         offline.subtract(&online);
+        offline.subtract(&unknown);
         let exclude: IdSet = self
             .ranks
             .values()
@@ -401,13 +427,19 @@ impl ResourceState {
             .filter(|s| s.torpid)
             .map(|s| s.rank)
             .collect();
-        json!({
+        let mut status = json!({
             "drain": drain,
             "online": online.to_string(),
             "offline": offline.to_string(),
             "exclude": exclude.to_string(),
             "torpid": torpid.to_string(),
-        })
+        });
+        // flux-core always knows; a state read from a KVS eventlog alone
+        // may not, and says so rather than call those ranks offline.
+        if !unknown.is_empty() {
+            status["unknown"] = json!(unknown.to_string());
+        }
+        status
     }
 
     /// Apply one event. Never panics; rule violations come back as
@@ -447,12 +479,12 @@ impl ResourceState {
         match ev.name.as_str() {
             "restart" => self.on_restart(&mut cx),
             "online" => self.on_flag(&mut cx, Some((false, "already online")), |s| {
-                s.online = true
+                s.online = Some(true)
             }),
             // RFC 44: torpid means "not yet marked offline", so going
             // offline ends torpidity.
             "offline" => self.on_flag(&mut cx, Some((true, "not online")), |s| {
-                s.online = false;
+                s.online = Some(false);
                 s.torpid = false;
             }),
             "torpid" => self.on_flag(&mut cx, None, |s| s.torpid = true),
@@ -573,6 +605,30 @@ impl ResourceState {
         }
         coalesce(&mut out.changes);
         out
+    }
+
+    /// Mark `ranks` draining where they are drained and `held` (a job
+    /// holds them), and not where not; the changes go to `changes`,
+    /// merged per rank with what is there.
+    pub fn set_draining(
+        &mut self,
+        ranks: impl IntoIterator<Item = u32>,
+        held: impl Fn(u32) -> bool,
+        changes: &mut Vec<RankChange>,
+    ) {
+        let before = changes.len();
+        for r in ranks {
+            let Some(s) = self.ranks.get(&r) else {
+                continue;
+            };
+            let want = s.drained && held(r);
+            if s.draining != want {
+                self.modify(r, changes, |s| s.draining = want);
+            }
+        }
+        if changes.len() != before {
+            coalesce(changes);
+        }
     }
 
     // ---- helpers -------------------------------------------------------
@@ -765,12 +821,12 @@ impl ResourceState {
         for r in all {
             let up = online.contains(r);
             self.modify(r, &mut cx.out.changes, |s| {
-                s.online = up;
+                s.online = Some(up);
                 s.torpid = false;
             });
         }
         for r in listed {
-            self.modify(r, &mut cx.out.changes, |s| s.online = true);
+            self.modify(r, &mut cx.out.changes, |s| s.online = Some(true));
         }
     }
 
@@ -788,7 +844,10 @@ impl ResourceState {
         for r in self.in_instance(set.iter(), cx) {
             if let Some((want, what)) = expect
                 && reliable
-                && self.ranks.get(&r).is_some_and(|s| s.online != want)
+                && self
+                    .ranks
+                    .get(&r)
+                    .is_some_and(|s| s.online.is_some_and(|o| o != want))
             {
                 cx.rank_anomaly(
                     AnomalyKind::UnexpectedEvent,
@@ -855,6 +914,7 @@ impl ResourceState {
         for r in self.in_instance(targets, cx) {
             self.modify(r, &mut cx.out.changes, |s| {
                 s.drained = false;
+                s.draining = false;
                 s.drain_reason = None;
                 s.drain_timestamp = None;
             });
@@ -973,13 +1033,14 @@ impl ResourceState {
             let up = online.contains(r);
             let ex = exclude.contains(r);
             self.modify(r, &mut cx.out.changes, |s| {
-                s.online = up;
+                s.online = Some(up);
                 s.torpid = false;
                 s.excluded = ex;
                 match drain {
                     None => {} // no valid summary: keep what we have
                     Some(None) => {
                         s.drained = false;
+                        s.draining = false;
                         s.drain_reason = None;
                         s.drain_timestamp = None;
                     }
@@ -1271,7 +1332,7 @@ mod tests {
         // offline ends torpidity
         st.apply(&ev(5.0, "offline", json!({"idset": "3"})));
         let s3 = st.rank(3).unwrap();
-        assert!(!s3.online && !s3.torpid);
+        assert!(s3.online == Some(false) && !s3.torpid);
         let status = st.status_json();
         assert_eq!(status["online"], "0-2");
         assert_eq!(status["offline"], "3");
@@ -1309,7 +1370,7 @@ mod tests {
             json!({"ranks": "0-3", "online": "", "nodelist": "node[0-3]"}),
         ));
         assert!(a.anomalies.is_empty());
-        assert!(st.ranks().all(|s| !s.online && !s.torpid));
+        assert!(st.ranks().all(|s| s.online == Some(false) && !s.torpid));
         assert_eq!(drain_of(&st, 2), (true, Some("keep me".into()), Some(3.0)));
         assert_eq!(st.restarts(), 2);
     }
@@ -1438,7 +1499,7 @@ mod tests {
         assert_eq!(drain_of(&st, 2), (true, Some("old".into()), Some(1.5)));
         assert_eq!(drain_of(&st, 4), (true, None, Some(1.7)));
         assert_eq!(drain_of(&st, 9), (false, None, None));
-        assert!(st.rank(0).unwrap().excluded && st.rank(0).unwrap().online);
+        assert!(st.rank(0).unwrap().excluded && st.rank(0).unwrap().online == Some(true));
         assert_eq!(st.status_json()["exclude"], "0");
         // broken resource-init: reported
         let a = st.apply(&ev(
@@ -1614,7 +1675,7 @@ mod tests {
         let a = st.apply(&ev(5.0, "online", json!({"idset": "3"})));
         assert!(!a.skipped_duplicate);
         assert_eq!(kinds(&a), [AnomalyKind::OutOfOrder]);
-        assert!(st.rank(3).unwrap().online);
+        assert_eq!(st.rank(3).unwrap().online, Some(true));
     }
 
     #[test]

@@ -195,6 +195,13 @@ impl Shard {
         self
     }
 
+    /// Share the ranks jobs hold with the other shards, so the one keeping
+    /// a cluster's resource state knows which drained ranks still run a job.
+    pub fn with_allocations(mut self, allocations: crate::state::SharedAllocations) -> Self {
+        self.state.share_allocations(allocations);
+        self
+    }
+
     /// Count active jobs per user too.
     pub fn with_user_jobs(mut self, users: UserJobs) -> Self {
         self.users = users;
@@ -328,7 +335,7 @@ impl Shard {
 
     /// A job is about to be dropped: its tombstone goes to the changelog.
     fn drop_job(&mut self, key: &JobKey) -> Option<Box<crate::state::JobEntry>> {
-        let entry = self.state.jobs.remove(key)?;
+        let entry = self.state.remove_job(key)?;
         if let Some(o) = &entry.owner
             && self.logged.contains(&o.source)
         {
@@ -351,7 +358,7 @@ impl Shard {
             .map(|(k, _)| k.clone())
             .collect();
         for key in &keys {
-            if let Some(entry) = self.state.jobs.remove(key) {
+            if let Some(entry) = self.state.remove_job(key) {
                 self.uncount(key, entry);
             }
             self.dirty.remove(&Dirty::Job(key.clone()));
@@ -417,13 +424,10 @@ impl Shard {
         for (cluster, owner) in saved.resource_owners {
             self.resource_owners.insert(cluster, owner);
         }
+        let restored_clusters: Vec<String> =
+            saved.resources.iter().map(|(c, _)| c.clone()).collect();
         for (cluster, res) in saved.resources {
             self.first_sight(&Arc::from(cluster.as_str()));
-            for rank in res.ranks() {
-                let at = rank.drain_timestamp.or(res.last_timestamp());
-                self.nodes
-                    .update(&cluster, rank.rank, Some(rank), at.unwrap_or(f64::NAN));
-            }
             self.state.resources.insert(cluster, res);
         }
         // Room for all at once, and the state-entry times sorted and added
@@ -485,14 +489,24 @@ impl Shard {
                 entered.push((cluster, job.state, job.t_state()));
             }
             // Held already (left from a checkpoint): the restored one wins.
-            match self.state.jobs.entry(key) {
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(entry);
-                }
-                std::collections::hash_map::Entry::Occupied(mut o) => {
-                    let key = o.key().clone();
-                    let old = std::mem::replace(o.get_mut(), entry);
+            if self.state.jobs.contains_key(&key) {
+                if let Some(old) = self.state.insert_job(key.clone(), entry) {
                     self.uncount(&key, old);
+                }
+            } else {
+                self.state.insert_job(key, entry);
+            }
+        }
+        // Draining as the jobs held now say (the shards restore side by
+        // side: holds of other shards' jobs come in as they do, and the
+        // next refresh looks at them), then the nodes as restored.
+        self.state.recompute_draining();
+        for cluster in &restored_clusters {
+            if let Some(res) = self.state.resources.get(cluster) {
+                for rank in res.ranks() {
+                    let at = rank.drain_timestamp.or(res.last_timestamp());
+                    self.nodes
+                        .update(cluster, rank.rank, Some(rank), at.unwrap_or(f64::NAN));
                 }
             }
         }
@@ -624,7 +638,9 @@ impl Shard {
             }
             self.flush().await;
         }
-        // Input is over: what is due fires before the shard ends.
+        // Input is over: what other shards' jobs did to drained ranks here
+        // (as far as they got), and what is due, go out before it ends.
+        self.refresh_draining().await;
         while self.alerts_due {
             self.fire_due().await;
         }
@@ -728,6 +744,10 @@ impl Shard {
                 }
                 None => {}
             }
+        }
+        // A job took or gave back drained ranks of a cluster kept here.
+        if key.is_some() && !fx.rank_changes.is_empty() {
+            self.touch_resource(&cluster, None);
         }
         if !fx.duplicate {
             self.alert_on(&cluster, key.as_ref(), view, event_ts, &fx)
@@ -1053,6 +1073,7 @@ impl Shard {
         self.emit_anomalies(&orphans).await;
         self.emit_alerts(&gone_alerts).await;
         self.report_tracked();
+        self.refresh_draining().await;
         // The event clock is shared for the alert rules and for the
         // node-seconds counters of the metrics.
         if self.clock == Clock::Event {
@@ -1060,6 +1081,36 @@ impl Shard {
         }
         if !self.alerts.rules().is_empty() {
             self.fire_due().await;
+        }
+    }
+
+    /// Jobs of other shards took or gave back ranks of clusters whose
+    /// resource state is kept here: drained ranks among them become
+    /// draining, or drained again. Emitted as rank records of no event.
+    async fn refresh_draining(&mut self) {
+        let changes = self.state.refresh_draining();
+        if changes.is_empty() {
+            return;
+        }
+        let mut out = Vec::new();
+        for (cluster, change) in changes {
+            self.touch_resource(&cluster, None);
+            let at = self
+                .event_clock
+                .now(&cluster)
+                .or_else(|| self.shared_clock.now(&cluster))
+                .unwrap_or_else(alerts::wall_now);
+            self.nodes
+                .update(&cluster, change.rank, change.after.as_ref(), at);
+            if !self.alerts.rules().is_empty() {
+                alerts::observe_rank(&mut self.alerts, &cluster, &change, at, 0.0, &mut out);
+            }
+            self.outputs
+                .emit(OutputRecord::rank_change_at(&cluster, change, at))
+                .await;
+        }
+        if !out.is_empty() {
+            self.emit_alerts(&out).await;
         }
     }
 

@@ -197,6 +197,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         .collect();
     // Each shard encodes its state at a barrier on its share of the cores.
     let encode_threads = checkpoint::encode_threads(restored.len());
+    // The ranks jobs hold, over every shard's jobs: for draining.
+    let allocations = crate::state::SharedAllocations::default();
     let mut shards: Vec<Shard> = (0..restored.len())
         .map(|index| {
             Shard::new(
@@ -208,6 +210,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             )
             .with_changelog(changelog_sources(&config))
             .with_user_jobs(sink_ctx.users.clone())
+            .with_allocations(allocations.clone())
             .with_sources(&source_table)
             .with_spill(config.data_dir.clone(), index, encode_threads)
         })

@@ -318,14 +318,16 @@ def workload_a(inst: Instance) -> dict[str, str]:
     return ids
 
 
-def workload_b(inst: Instance, ids: dict[str, str]) -> None:
+def workload_b(inst: Instance, ids: dict[str, str]) -> set[int]:
     """After the instance's restart: more jobs, a drain while a job runs
-    (draining), drains and undrains, the held job released."""
+    (draining), drains and undrains, the held job released. Returns the
+    ranks flux showed draining after that drain."""
     ids["b_ok"] = inst.submit("-N1", "true")
     ids["b_long"] = inst.submit("-N1", "sleep", "4")
     inst.wait_state(ids["b_long"], {"RUN"})
     ranks = inst.run("jobs", "-n", "-o", "{ranks}", ids["b_long"])
     inst.run("resource", "drain", "--force", ranks, "drained while running")
+    draining = idset(inst.run("resource", "status", "-s", "draining", "-n", "-o", "{ranks}"))
     inst.run("resource", "drain", "--force", "3", "maintenance")
     inst.run("resource", "undrain", "3")
     inst.run("job", "urgency", ids["held2"], "16")
@@ -333,6 +335,7 @@ def workload_b(inst: Instance, ids: dict[str, str]) -> None:
         ids[f"b_batch{i}"] = inst.submit("-N1", "sh", "-c", f"exit {i % 2}")
     ids["b_hold_cancel"] = inst.submit("-N1", "--urgency=0", "true")
     inst.run("cancel", ids["b_hold_cancel"])
+    return draining
 
 
 def wait_quiet(inst: Instance, timeout: float = 90) -> None:
@@ -504,7 +507,9 @@ def main() -> int:
         kill_pipe_soon()
         inst.start()
         log("instance started again")
-        workload_b(inst, ids)
+        draining = workload_b(inst, ids)
+        if not draining:
+            problems.append("flux showed no rank draining under the running job")
         kill_pipe_soon()
         wait_quiet(inst)
         # Everything forwarded and acknowledged: the forwarder's state has
@@ -528,10 +533,11 @@ def main() -> int:
 
         flux_jobs = inst.jobs()
         status = inst.resource_status()
+        status["draining"] = inst.run("resource", "status", "-s", "draining", "-n", "-o", "{ranks}")
         journal = dump_journal(fwd_args, inst, work)
         records = pipe.records()
         compare(args.fluxpipe, work, flux_jobs, status, records, journal, problems,
-                exactly_once_exempt=kafka is not None)
+                exactly_once_exempt=kafka is not None, draining_seen=draining)
         log(f"{len(flux_jobs)} jobs, {pipe.starts - 1} SIGKILLs of fluxpipe run, "
             f"forwarder started {fwd.starts} times")
     finally:
@@ -550,7 +556,8 @@ def main() -> int:
 
 
 def compare(binary: str, work: Path, flux_jobs: list[dict], status: dict, records: list[dict],
-            journal: Path, problems: list[str], exactly_once_exempt: bool = False) -> None:
+            journal: Path, problems: list[str], exactly_once_exempt: bool = False,
+            draining_seen: set[int] = frozenset()) -> None:
     torn = [r for r in records if r.get("kind") == "torn"]
     if torn:
         problems.append(f"{len(torn)} torn lines in the file sink")
@@ -601,6 +608,13 @@ def compare(binary: str, work: Path, flux_jobs: list[dict], status: dict, record
         if r.get("kind") == "rank" and not r.get("removed"):
             ranks[r["rank"]] = r
     online, torpid = idset(status.get("online", "")), idset(status.get("torpid", ""))
+    draining_now = idset(status.get("draining", ""))
+    # What flux showed draining while the job ran, fluxpipe said too (the
+    # job's rank is drained, and the job holds it until its free).
+    for rank in sorted(draining_seen):
+        if not any(r.get("kind") == "rank" and r.get("rank") == rank and r.get("draining")
+                   for r in records):
+            problems.append(f"rank {rank}: flux showed it draining, fluxpipe never did")
     drain = status.get("drain", {})
     all_ranks = idset(",".join(x["rank"] for x in status["R"]["execution"]["R_lite"]))
     for rank in sorted(all_ranks):
@@ -609,7 +623,8 @@ def compare(binary: str, work: Path, flux_jobs: list[dict], status: dict, record
             problems.append(f"rank {rank}: no rank record")
             continue
         d = drain.get(str(rank))
-        want = {"online": rank in online, "torpid": rank in torpid, "drained": d is not None}
+        want = {"online": rank in online, "torpid": rank in torpid, "drained": d is not None,
+                "draining": rank in draining_now}
         diff = [f"{k} flux {v} fluxpipe {got_r.get(k)}" for k, v in want.items()
                 if got_r.get(k) != v]
         if d and got_r.get("drain_reason") != d.get("reason"):

@@ -1,0 +1,188 @@
+//! Which ranks jobs hold, per cluster: the scheduler's allocated set as the
+//! job eventlogs tell it (a job holds the ranks of its R from `alloc` until
+//! `free`). `flux resource status` shows a drained rank that a job still
+//! holds as *draining*, and as *drained* once no job does.
+//!
+//! Not seen here: ranks that flux-core's housekeeping keeps after a job's
+//! `free` (housekeeping is not in the job eventlog), so with housekeeping
+//! configured a rank reads drained while flux still says draining.
+
+use super::idset::IdSet;
+use foldhash::HashMap;
+
+/// Jobs holding each rank, per cluster, and the ranks whose held-ness
+/// changed since the owner of the cluster's resource state last looked.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Allocations {
+    clusters: HashMap<String, ClusterHolds>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct ClusterHolds {
+    /// How many jobs hold each rank (no entry: none).
+    jobs: HashMap<u32, u32>,
+    /// Ranks that became held or free since [`Allocations::take_flipped`].
+    /// At most every rank once: bounded by the instance's size.
+    flipped: IdSet,
+}
+
+impl Allocations {
+    pub fn new() -> Self {
+        Allocations::default()
+    }
+
+    /// A job of `cluster` took `ranks`.
+    pub fn hold(&mut self, cluster: &str, ranks: &IdSet) {
+        if ranks.is_empty() {
+            return;
+        }
+        let c = match self.clusters.get_mut(cluster) {
+            Some(c) => c,
+            None => self.clusters.entry(cluster.to_string()).or_default(),
+        };
+        for r in ranks.iter() {
+            let n = c.jobs.entry(r).or_insert(0);
+            if *n == 0 {
+                c.flipped.insert(r);
+            }
+            *n = n.saturating_add(1);
+        }
+    }
+
+    /// A job of `cluster` gave `ranks` back. Ranks no job holds are left
+    /// alone (a release is never counted twice into the negative).
+    pub fn release(&mut self, cluster: &str, ranks: &IdSet) {
+        let Some(c) = self.clusters.get_mut(cluster) else {
+            return;
+        };
+        for r in ranks.iter() {
+            if let Some(n) = c.jobs.get_mut(&r) {
+                *n -= 1;
+                if *n == 0 {
+                    c.jobs.remove(&r);
+                    c.flipped.insert(r);
+                }
+            }
+        }
+        if c.jobs.is_empty() && c.flipped.is_empty() {
+            self.clusters.remove(cluster);
+        }
+    }
+
+    /// Whether any job of `cluster` holds `rank`.
+    pub fn is_held(&self, cluster: &str, rank: u32) -> bool {
+        self.clusters
+            .get(cluster)
+            .is_some_and(|c| c.jobs.contains_key(&rank))
+    }
+
+    /// The ranks of `cluster` some job holds.
+    pub fn held(&self, cluster: &str) -> IdSet {
+        self.clusters
+            .get(cluster)
+            .map(|c| c.jobs.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// The ranks of `cluster` that became held or free since the last call,
+    /// for whoever keeps its resource state to look at again.
+    pub fn take_flipped(&mut self, cluster: &str) -> IdSet {
+        let Some(c) = self.clusters.get_mut(cluster) else {
+            return IdSet::new();
+        };
+        let flipped = std::mem::take(&mut c.flipped);
+        if c.jobs.is_empty() {
+            self.clusters.remove(cluster);
+        }
+        flipped
+    }
+
+    /// Whether ranks of `cluster` flipped and were not yet looked at.
+    pub fn is_flipped(&self, cluster: &str) -> bool {
+        self.clusters
+            .get(cluster)
+            .is_some_and(|c| !c.flipped.is_empty())
+    }
+
+    /// Clusters with ranks flipped and not yet looked at.
+    pub fn clusters_flipped(&self) -> Vec<String> {
+        self.clusters
+            .iter()
+            .filter(|(_, c)| !c.flipped.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn set(s: &str) -> IdSet {
+        IdSet::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_rank_is_held_while_any_job_holds_it() {
+        let mut a = Allocations::new();
+        a.hold("c", &set("0-1"));
+        a.hold("c", &set("1-2"));
+        assert_eq!(a.held("c"), set("0-2"));
+        assert_eq!(a.take_flipped("c"), set("0-2"));
+        a.release("c", &set("0-1"));
+        assert_eq!(a.held("c"), set("1-2"));
+        assert_eq!(a.take_flipped("c"), set("0"));
+        assert!(a.is_held("c", 1) && !a.is_held("c", 0) && !a.is_held("d", 1));
+        a.release("c", &set("1-2"));
+        assert_eq!(a.take_flipped("c"), set("1-2"));
+        assert_eq!(a, Allocations::new(), "nothing is left behind");
+    }
+
+    #[test]
+    fn releasing_what_is_not_held_changes_nothing() {
+        let mut a = Allocations::new();
+        a.release("c", &set("0-3"));
+        a.hold("c", &set("2"));
+        a.release("c", &set("0-1"));
+        assert_eq!(a.held("c"), set("2"));
+        assert_eq!(a.take_flipped("c"), set("2"));
+    }
+
+    proptest! {
+        /// Held is exactly the union of the ranks of the jobs holding, and
+        /// a rank flips whenever it went from no job to some or back.
+        #[test]
+        fn held_is_the_union_of_the_holders(ops in prop::collection::vec((0usize..6, any::<bool>(), 0u32..8, 0u32..4), 0..60)) {
+            let mut a = Allocations::new();
+            let mut holding: Vec<Option<IdSet>> = vec![None; 6];
+            for (job, take, lo, len) in ops {
+                let before = a.held("c");
+                match (&holding[job], take) {
+                    (None, true) => {
+                        let ranks = IdSet::from_range(lo, lo + len);
+                        a.hold("c", &ranks);
+                        holding[job] = Some(ranks);
+                    }
+                    (Some(ranks), false) => {
+                        a.release("c", ranks);
+                        holding[job] = None;
+                    }
+                    _ => continue,
+                }
+                let mut want = IdSet::new();
+                for r in holding.iter().flatten() {
+                    want.union_with(r);
+                }
+                let after = a.held("c");
+                prop_assert_eq!(&after, &want);
+                let mut changed = before.clone();
+                changed.subtract(&after);
+                let mut added = after.clone();
+                added.subtract(&before);
+                changed.union_with(&added);
+                prop_assert_eq!(a.take_flipped("c"), changed);
+            }
+        }
+    }
+}
