@@ -196,6 +196,8 @@ impl Lost {
 struct ClusterNodes {
     ranks: BTreeMap<u32, Node>,
     latest: f64,
+    /// The whole instance is down (`instance-down`, until a `restart`).
+    down: bool,
 }
 
 /// Rank state per cluster, as the operator shards last saw it, for the
@@ -260,6 +262,13 @@ impl NodeBoard {
         now.max(latest)
     }
 
+    /// Whether the cluster's whole instance is down.
+    pub fn set_instance_down(&self, cluster: &str, down: bool) {
+        if let Ok(mut board) = self.0.write() {
+            board.entry(cluster.to_string()).or_default().down = down;
+        }
+    }
+
     /// Forget a cluster's nodes (its state moved to another member).
     pub fn forget(&self, cluster: &str) {
         if let Ok(mut board) = self.0.write() {
@@ -277,6 +286,19 @@ impl NodeBoard {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} gauge");
         };
+        header(
+            &mut out,
+            "flux_instance_up",
+            "0 once the forwarder lost the instance (instance-down) until it restarts, else 1.",
+        );
+        for (cluster, c) in board.iter() {
+            let _ = writeln!(
+                out,
+                "flux_instance_up{{flux_cluster=\"{}\"}} {}",
+                escape(cluster),
+                u8::from(!c.down)
+            );
+        }
         type Count = (&'static str, &'static str, fn(&RankState) -> bool);
         let totals: [Count; 7] = [
             ("flux_nodes", "Nodes (broker ranks) known.", |_| true),
@@ -589,6 +611,14 @@ mod tests {
         assert!(!text.contains("flux_node_online{flux_cluster=\"picl\",node=\"\",rank=\"5\"}"));
         assert!(text.contains("flux_node_torpid{flux_cluster=\"picl\",node=\"\",rank=\"5\"} 0"));
         board.update("picl", 5, None, 1700000000.5);
+        assert!(text.contains("flux_instance_up{flux_cluster=\"picl\"} 1"));
+        board.set_instance_down("picl", true);
+        assert!(
+            board
+                .render()
+                .contains("flux_instance_up{flux_cluster=\"picl\"} 0")
+        );
+        board.set_instance_down("picl", false);
         assert!(text.contains("flux_node_drain_timestamp_seconds{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 1700000000.5"));
         // undrained: the drain series disappear, the count goes to 0
         r.drained = false;

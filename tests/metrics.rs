@@ -265,7 +265,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
     assert_eq!(get("flux_nodes_drained{flux_cluster=\"A\"}"), 1.0);
     assert_eq!(
         get(
-            "flux_node_drain_info{flux_cluster=\"A\",node=\"node1\",rank=\"1\",reason=\"forced reason and timestamp\"}"
+            "flux_node_drain_info{flux_cluster=\"A\",node=\"node1\",rank=\"1\",reason=\"forced reason and timestamp\",state=\"drained\"}"
         ),
         1.0
     );

@@ -840,8 +840,22 @@ fn check_cluster_metrics(s: &[Sample], cluster: &str, replayed: &[Value]) -> Res
         ),
         ("flux_nodes", None, nodes(&|_| true)),
         ("flux_nodes_online", None, nodes(&|r| r["online"] == true)),
-        ("flux_nodes_offline", None, nodes(&|r| r["online"] != true)),
-        ("flux_nodes_drained", None, nodes(&|r| r["drained"] == true)),
+        ("flux_nodes_offline", None, nodes(&|r| r["online"] == false)),
+        (
+            "flux_nodes_liveness_unknown",
+            None,
+            nodes(&|r| r["online"].is_null()),
+        ),
+        (
+            "flux_nodes_drained",
+            None,
+            nodes(&|r| r["drained"] == true && r["draining"] == false),
+        ),
+        (
+            "flux_nodes_draining",
+            None,
+            nodes(&|r| r["draining"] == true),
+        ),
         ("flux_nodes_torpid", None, nodes(&|r| r["torpid"] == true)),
     ];
     for (_, l, _) in samples(s, "flux_jobs_inactive_total", &[("flux_cluster", cluster)]) {

@@ -337,6 +337,16 @@ class Forwarder:
             return
         self._send(RESOURCE, resource_message(event, R), event)
 
+    def instance_gone(self, why: str, now: float) -> None:
+        """Tell fluxpipe the whole instance went away: Flux posts nothing
+        when it shuts down (some ranks go offline, rank 0 never does), so
+        this one resource line of fluxpipe's own (`instance-down`) says
+        that its ranks' state is unknown until the next `restart`. It
+        moves no resume point."""
+        msg = resource_message({"timestamp": now, "name": "instance-down",
+                                "context": {"reason": why}})
+        self.output.send(encode(msg), None)
+
     def end_of_backlog(self, stream: str) -> None:
         # A sentinel's timestamp (if any) is no event's: the state keeps
         # the newest real event.
@@ -1072,6 +1082,8 @@ def run_flux(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str]
             log("connected to the Flux instance again")
         first = False
         outcome = run_once(args, forwarder, log, flux_module, handle)
+        if outcome == GONE and RESOURCE in args.streams:
+            forwarder.instance_gone("the forwarder lost the instance", time.time())
         forwarder.checkpoint()
         if outcome == STOPPED:
             break

@@ -1043,6 +1043,10 @@ class InstanceGoneTest(unittest.TestCase):
                              flux_module=fake)
         self.assertEqual(status, 1)
         self.assertTrue(any("went away" in m for m in logs), logs)
+        # fluxpipe is told, last: the instance is down, its ranks unknown.
+        last = out.decoded()[-1]
+        self.assertEqual(last["events"][0]["name"], "instance-down", last)
+        self.assertNotIn("id", last)
 
     def test_reconnect_goes_on_from_the_acknowledged_position(self):
         fake = self.fake(errno.ECONNRESET)

@@ -292,6 +292,16 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn a_node_of_unknown_liveness_is_not_offline() {
+        let mut r = RankState::new(1);
+        assert_eq!(node_condition(RuleKind::NodeOffline, &r), None);
+        r.online = Some(false);
+        assert_eq!(node_condition(RuleKind::NodeOffline, &r), Some(None));
+        r.online = None; // the instance went down
+        assert_eq!(node_condition(RuleKind::NodeOffline, &r), None);
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("90s"), Ok(90.0));
         assert_eq!(parse_duration("10m"), Ok(600.0));

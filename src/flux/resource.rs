@@ -176,6 +176,11 @@ pub struct ResourceState {
     /// read as before.
     #[serde(default)]
     broker_hosts: BTreeMap<u32, String>,
+    /// Since when the whole instance is down (`instance-down`, which the
+    /// forwarder sends when it loses the instance: Flux itself posts
+    /// nothing), until the next `restart`. Saved last, with a default.
+    #[serde(default)]
+    down_since: Option<f64>,
 }
 
 /// Per-event scratch: the event plus what applying it produced.
@@ -355,6 +360,11 @@ impl ResourceState {
         self.restarts
     }
 
+    /// Since when the whole instance is down, if it is.
+    pub fn down_since(&self) -> Option<f64> {
+        self.down_since
+    }
+
     /// Number of events applied (duplicates not counted).
     pub fn applied_count(&self) -> u64 {
         self.applied
@@ -495,6 +505,7 @@ impl ResourceState {
             "resource-update" => self.on_update(&mut cx),
             "truncate" => self.on_truncate(&mut cx),
             "resource-init" => self.on_resource_init(&mut cx),
+            "instance-down" => self.on_instance_down(&mut cx),
             other => cx.anomaly(
                 AnomalyKind::UnknownEvent,
                 format!("`{other}` is not an RFC 44 event"),
@@ -769,6 +780,7 @@ impl ResourceState {
 
     /// A new life begins: its volatile events start over.
     fn new_life(&mut self) {
+        self.down_since = None;
         self.seen_life.clear();
         self.life_horizon = self.last_timestamp;
         self.restarts += 1;
@@ -827,6 +839,23 @@ impl ResourceState {
         }
         for r in listed {
             self.modify(r, &mut cx.out.changes, |s| s.online = Some(true));
+        }
+    }
+
+    /// The whole instance went away (fluxpipe's own event, from the
+    /// forwarder): nothing can say whether its nodes are up until it
+    /// restarts, so every rank's liveness becomes unknown. One event for
+    /// the instance, rather than an offline page per node for what a
+    /// shutdown leaves behind (some ranks offline, rank 0 never).
+    fn on_instance_down(&mut self, cx: &mut Ctx) {
+        let _ = cx.opt_string("reason"); // only type-checked
+        self.down_since = Some(cx.ev.timestamp);
+        let all: Vec<u32> = self.ranks.keys().copied().collect();
+        for r in all {
+            self.modify(r, &mut cx.out.changes, |s| {
+                s.online = None;
+                s.torpid = false;
+            });
         }
     }
 
@@ -1596,6 +1625,31 @@ mod tests {
         let a = st.apply(&drain(3.0, "7", Some("x"), Some(0)));
         assert_eq!(kinds(&a), [AnomalyKind::UnknownRank]);
         assert!(st.rank(7).is_none());
+    }
+
+    #[test]
+    fn an_instance_down_makes_every_rank_unknown_until_the_restart() {
+        let mut st = instance();
+        // a shutdown as flux-core 0.88 posts it: the leaves go offline
+        st.apply(&ev(5.0, "offline", json!({"idset": "2-3"})));
+        let a = st.apply(&ev(6.0, "instance-down", json!({"reason": "gone"})));
+        assert_eq!(anomalies(std::slice::from_ref(&a)), []);
+        assert_eq!(a.changes.len(), 4);
+        assert!(st.ranks().all(|s| s.online.is_none() && !s.torpid));
+        assert_eq!(st.down_since(), Some(6.0));
+        assert_eq!(st.status_json()["unknown"], "0-3");
+        // drains outlive it, and the next life knows again
+        st.apply(&drain(7.0, "1", Some("x"), None));
+        let a = st.apply(&ev(
+            10.0,
+            "restart",
+            json!({"ranks": "0-3", "online": "0", "nodelist": "node[0-3]"}),
+        ));
+        assert_eq!(anomalies(std::slice::from_ref(&a)), []);
+        assert_eq!(st.down_since(), None);
+        assert_eq!(st.rank(0).unwrap().online, Some(true));
+        assert_eq!(st.rank(3).unwrap().online, Some(false));
+        assert!(st.rank(1).unwrap().drained);
     }
 
     #[test]

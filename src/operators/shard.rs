@@ -503,6 +503,8 @@ impl Shard {
         self.state.recompute_draining();
         for cluster in &restored_clusters {
             if let Some(res) = self.state.resources.get(cluster) {
+                self.nodes
+                    .set_instance_down(cluster, res.down_since().is_some());
                 for rank in res.ranks() {
                     let at = rank.drain_timestamp.or(res.last_timestamp());
                     self.nodes
@@ -744,6 +746,13 @@ impl Shard {
                 }
                 None => {}
             }
+        }
+        if let Some((name, _)) = fx.event.as_ref().filter(|_| key.is_none())
+            && matches!(name.as_str(), "instance-down" | "restart" | "resource-init")
+            && let Some(res) = self.state.resources.get(&*cluster)
+        {
+            self.nodes
+                .set_instance_down(&cluster, res.down_since().is_some());
         }
         // A job took or gave back drained ranks of a cluster kept here.
         if key.is_some() && !fx.rank_changes.is_empty() {

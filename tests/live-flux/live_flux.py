@@ -555,6 +555,10 @@ def main() -> int:
     return 1 if problems else 0
 
 
+def all_ranks_of(status: dict) -> set[int]:
+    return idset(",".join(x["rank"] for x in status["R"]["execution"]["R_lite"]))
+
+
 def compare(binary: str, work: Path, flux_jobs: list[dict], status: dict, records: list[dict],
             journal: Path, problems: list[str], exactly_once_exempt: bool = False,
             draining_seen: set[int] = frozenset()) -> None:
@@ -609,6 +613,12 @@ def compare(binary: str, work: Path, flux_jobs: list[dict], status: dict, record
             ranks[r["rank"]] = r
     online, torpid = idset(status.get("online", "")), idset(status.get("torpid", ""))
     draining_now = idset(status.get("draining", ""))
+    # The shutdown: the forwarder said the instance went down, and every
+    # rank's liveness became unknown then (not a page per node).
+    down = {r["rank"] for r in records if r.get("kind") == "rank"
+            and r.get("event") == "instance-down" and r.get("online") is None}
+    if down != all_ranks_of(status):
+        problems.append(f"ranks made unknown by the instance-down: {sorted(down)}")
     # What flux showed draining while the job ran, fluxpipe said too (the
     # job's rank is drained, and the job holds it until its free).
     for rank in sorted(draining_seen):
@@ -616,7 +626,7 @@ def compare(binary: str, work: Path, flux_jobs: list[dict], status: dict, record
                    for r in records):
             problems.append(f"rank {rank}: flux showed it draining, fluxpipe never did")
     drain = status.get("drain", {})
-    all_ranks = idset(",".join(x["rank"] for x in status["R"]["execution"]["R_lite"]))
+    all_ranks = all_ranks_of(status)
     for rank in sorted(all_ranks):
         got_r = ranks.get(rank)
         if got_r is None:
