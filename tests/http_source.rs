@@ -3,7 +3,9 @@
 //! holds it; a batch sent again is skipped as repeats; bad lines, encodings,
 //! sizes, tokens and connections beyond the limit get their answers; and
 //! nothing acknowledged is lost when `fluxpipe run` is killed with SIGKILL
-//! over and over while a client posts instance B's journals.
+//! over and over while a client posts instance B's journals. With `tls`,
+//! the same over HTTPS with certificates made at test time: plain HTTP,
+//! and without a client certificate when `ca_file` asks for one, refused.
 
 mod common;
 use common::{
@@ -128,6 +130,8 @@ struct Run {
     dir: tempfile::TempDir,
     port: u16,
     proc: Reaper,
+    /// `http`, or `https` for a source with `tls`.
+    scheme: &'static str,
 }
 
 impl Run {
@@ -158,7 +162,12 @@ inputs = ["transitions", "jobs"]
         )
         .unwrap();
         let proc = Run::spawn(dir.path());
-        let run = Run { dir, port, proc };
+        let run = Run {
+            dir,
+            port,
+            proc,
+            scheme: "http",
+        };
         run.wait_listening();
         run
     }
@@ -223,7 +232,7 @@ inputs = ["transitions", "jobs"]
         headers: &[(&str, &str)],
     ) -> reqwest::Result<(u16, String)> {
         let mut req = client
-            .post(format!("http://127.0.0.1:{}/", self.port))
+            .post(format!("{}://127.0.0.1:{}/", self.scheme, self.port))
             .body(body);
         for (k, v) in headers {
             req = req.header(*k, *v);
@@ -628,4 +637,237 @@ fn sigterm_does_not_wait_for_a_stalled_request() {
     wait_until("fluxpipe to stop", 10, || {
         run.proc.0.try_wait().unwrap().is_some()
     });
+}
+
+/// Certificates made for one test, as PEM files in a folder of their own:
+/// a CA (`ca.pem`), a server certificate for 127.0.0.1 and localhost
+/// signed by it (`server.pem`, `server.key`), a client certificate signed
+/// by it (`client.pem`: certificate and key), and a client certificate
+/// signed by nobody the server knows (`stranger.pem`).
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, KeyUsagePurpose,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.distinguished_name
+            .push(DnType::CommonName, "fluxpipe test CA");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let leaf = |names: &[&str], usage: ExtendedKeyUsagePurpose| {
+            let key = KeyPair::generate().unwrap();
+            let mut params =
+                CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                    .unwrap();
+            params.extended_key_usages = vec![usage];
+            (params, key)
+        };
+        let (server, server_key) = leaf(
+            &["127.0.0.1", "localhost"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let server = server.signed_by(&server_key, &issuer).unwrap();
+        let (client, client_key) = leaf(&["client.test"], ExtendedKeyUsagePurpose::ClientAuth);
+        let client = client.signed_by(&client_key, &issuer).unwrap();
+        let (stranger, stranger_key) =
+            leaf(&["stranger.test"], ExtendedKeyUsagePurpose::ClientAuth);
+        let stranger = stranger.self_signed(&stranger_key).unwrap();
+        let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
+        write("ca.pem", ca_cert.pem());
+        write("server.pem", server.pem());
+        write("server.key", server_key.serialize_pem());
+        write("client.pem", client.pem() + &client_key.serialize_pem());
+        write(
+            "stranger.pem",
+            stranger.pem() + &stranger_key.serialize_pem(),
+        );
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The source's `tls` table; with `ca_file` when `client_certificates`.
+    fn table(&self, client_certificates: bool) -> String {
+        let mut t = format!(
+            "[sources.in.tls]\ncrt_file = {:?}\nkey_file = {:?}\n",
+            self.path("server.pem"),
+            self.path("server.key")
+        );
+        if client_certificates {
+            t += &format!("ca_file = {:?}\n", self.path("ca.pem"));
+        }
+        t
+    }
+
+    /// A client that trusts only the test CA; presenting `identity` (a
+    /// file of certificate and key) if given.
+    fn client(&self, identity: Option<&str>) -> reqwest::blocking::Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let ca = std::fs::read(self.path("ca.pem")).unwrap();
+        let mut b = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()]);
+        if let Some(name) = identity {
+            let pem = std::fs::read(self.path(name)).unwrap();
+            b = b.identity(reqwest::Identity::from_pem(&pem).unwrap());
+        }
+        b.build().unwrap()
+    }
+}
+
+/// The count of failed TLS handshakes on `/metrics` (none yet: 0).
+fn handshake_failures(metrics: u16) -> Option<f64> {
+    let (_, text) = http_get(metrics, "/metrics")?;
+    Some(
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(r#"fluxpipe_http_tls_handshake_failures_total{source="in"} "#)?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0.0),
+    )
+}
+
+#[test]
+fn a_batch_is_posted_over_https_and_plain_http_is_refused() {
+    let pki = Pki::new();
+    let metrics = free_port();
+    let mut run = Run::start(
+        "request_timeout_secs = 4",
+        &format!(
+            "{}\n[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{metrics}\"\n\n[log]\nlevel = \"info\"\n",
+            pki.table(false)
+        ),
+    );
+    run.scheme = "https";
+    // The probes that found the source listening are gone (each a failed
+    // handshake).
+    wait_until("no connection open", 10, || {
+        metric(metrics, r#"fluxpipe_socket_connections{source="in"}"#) == Some(0.0)
+    });
+    let failed_before = handshake_failures(metrics).unwrap();
+
+    // A client that opens a connection and says nothing holds neither the
+    // accept loop nor anyone else: the handshake waits in its own task.
+    let mut silent = TcpStream::connect(("127.0.0.1", run.port)).unwrap();
+    let since = Instant::now();
+    let files = [journal(INC1)];
+    let body = text_of(&files);
+    let answer = run.post_ok(&pki.client(None), &body);
+    // Had the accept loop waited for the silent handshake, this answer
+    // would have come after its timeout at the earliest.
+    assert!(
+        since.elapsed() < Duration::from_secs(3),
+        "answered after {:?}",
+        since.elapsed()
+    );
+    assert_eq!(n(&answer, "lines"), body.lines().count() as u64, "{answer}");
+    assert_eq!(n(&answer, "applied"), n(&answer, "records"), "{answer}");
+    assert_output(&run.out(), &files);
+    // ... and is let go after request_timeout_secs.
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0; 64];
+    match silent.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the silent connection was not closed: {other:?}"),
+    }
+    wait_until("the silent handshake counted", 5, || {
+        handshake_failures(metrics) == Some(failed_before + 1.0)
+    });
+
+    // Plain HTTP to the TLS port: no answer, nothing applied, counted.
+    let other = [journal(INC2)];
+    let plain = client()
+        .post(format!("http://127.0.0.1:{}/", run.port))
+        .body(text_of(&other))
+        .send();
+    assert!(plain.is_err(), "plain HTTP was answered: {plain:?}");
+    wait_until("the plain HTTP handshake counted", 5, || {
+        handshake_failures(metrics) == Some(failed_before + 2.0)
+    });
+    let log = run.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("TLS handshake failed") && l.contains("peer=127.0.0.1:")),
+        "no log line of the failed handshake with its peer: {log}"
+    );
+    assert_output(&run.out(), &files);
+    run.stop();
+}
+
+#[test]
+fn max_connections_holds_for_tls_connections() {
+    let pki = Pki::new();
+    let metrics = free_port();
+    let mut run = Run::start(
+        "max_connections = 1",
+        &format!(
+            "{}\n[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{metrics}\"\n",
+            pki.table(false)
+        ),
+    );
+    run.scheme = "https";
+    let open = r#"fluxpipe_socket_connections{source="in"}"#;
+    let refused = r#"fluxpipe_source_connections_refused_total{source="in"}"#;
+    wait_until("no connection open", 10, || {
+        metric(metrics, open) == Some(0.0)
+    });
+    // The first client keeps its connection (HTTP keep-alive).
+    let first = pki.client(None);
+    assert_eq!(n(&run.post_ok(&first, ""), "lines"), 0);
+    assert_eq!(metric(metrics, open), Some(1.0));
+    let second = pki.client(None);
+    let refused_answer = run.post(&second, "", &[]);
+    assert!(refused_answer.is_err(), "{refused_answer:?}");
+    wait_until("the refused connection counted", 5, || {
+        metric(metrics, refused) == Some(1.0)
+    });
+    drop(first);
+    wait_until("no connection open", 5, || {
+        metric(metrics, open) == Some(0.0)
+    });
+    assert_eq!(n(&run.post_ok(&second, ""), "lines"), 0);
+    run.stop();
+}
+
+#[test]
+fn with_ca_file_only_clients_with_a_certificate_of_that_ca_are_served() {
+    let pki = Pki::new();
+    let mut run = Run::start("", &pki.table(true));
+    run.scheme = "https";
+    let files = [journal(INC2)];
+    let body = text_of(&files);
+    for (who, client) in [
+        ("no certificate", pki.client(None)),
+        (
+            "a certificate of another CA",
+            pki.client(Some("stranger.pem")),
+        ),
+    ] {
+        let refused = run.post(&client, body.clone(), &[]);
+        assert!(refused.is_err(), "{who}: {refused:?}");
+    }
+    assert!(
+        read_records(&run.out()).is_empty(),
+        "a refused batch was applied"
+    );
+    let answer = run.post_ok(&pki.client(Some("client.pem")), &body);
+    assert_eq!(n(&answer, "lines"), body.lines().count() as u64, "{answer}");
+    assert_output(&run.out(), &files);
+    run.stop();
 }

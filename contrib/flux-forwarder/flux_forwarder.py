@@ -491,17 +491,20 @@ def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
 
 
 def http_post(url: str, body: bytes, token: Optional[str], timeout: float,
-              conn_cache: dict) -> tuple[int, dict, bytes]:
+              conn_cache: dict, context: Optional[ssl.SSLContext] = None
+              ) -> tuple[int, dict, bytes]:
     """POST one batch (gzip) on a kept-alive connection; returns (status,
-    headers, body). Raises OSError (and http.client errors) when the
+    headers, body). `context`: the TLS settings of https:// (default: the
+    system's trust store). Raises OSError (and http.client errors) when the
     connection fails."""
     parts = urllib.parse.urlsplit(url)
     conn = conn_cache.get("conn")
     if conn is None:
         if parts.scheme == "https":
+            if context is None:
+                context = ssl.create_default_context()
             conn = http.client.HTTPSConnection(parts.hostname, parts.port or 443,
-                                               timeout=timeout,
-                                               context=ssl.create_default_context())
+                                               timeout=timeout, context=context)
         else:
             conn = http.client.HTTPConnection(parts.hostname, parts.port or 80,
                                               timeout=timeout)
@@ -539,8 +542,10 @@ class HttpSender:
                  max_pending: int = 100_000, batch_lines: int = 20_000,
                  batch_bytes: int = 4 << 20, timeout: float = 120.0,
                  sleep: Optional[Callable[[float], None]] = None,
-                 post: Callable[..., tuple[int, dict, bytes]] = http_post) -> None:
+                 post: Callable[..., tuple[int, dict, bytes]] = http_post,
+                 context: Optional[ssl.SSLContext] = None) -> None:
         self.url = url
+        self.context = context
         self.log = log
         self.token = token
         self.max_pending = max_pending
@@ -641,7 +646,7 @@ class HttpSender:
                 return False
             try:
                 status, headers, answer = self.post(self.url, body, self.token, self.timeout,
-                                                    self.conn)
+                                                    self.conn, context=self.context)
             except (OSError, http.client.HTTPException) as e:
                 self._failed(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, delay)
                 continue
@@ -1140,7 +1145,7 @@ def check(args: argparse.Namespace, log: Callable[[str], None], flux_module: Any
             ok = False
     if kind == "http":
         try:
-            status, _, body = http_post(address, b"", args.token, 30.0, {})
+            status, _, body = http_post(address, b"", args.token, 30.0, {}, context=args.tls)
             if status == 200:
                 log(f"ok: fluxpipe at {address} ({body.decode().strip()})")
             else:
@@ -1172,12 +1177,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "(and, with --exec-eventlogs, the jobs' exec eventlogs) "
                     "to fluxpipe as JSON Lines.")
     p.add_argument("--connect", default="-", metavar="ADDRESS",
-                   help="http://HOST:PORT[/PATH] (a fluxpipe http source: acknowledged, "
-                        "nothing lost), kafka://HOST:PORT[,...]/TOPIC (a topic fluxpipe's kafka "
-                        "source reads: acknowledged), HOST:PORT (tcp), unix:PATH, or - for "
-                        "stdout (default)")
+                   help="http://HOST:PORT[/PATH] or https://... (a fluxpipe http source: "
+                        "acknowledged, nothing lost), kafka://HOST:PORT[,...]/TOPIC (a topic "
+                        "fluxpipe's kafka source reads: acknowledged), HOST:PORT (tcp), "
+                        "unix:PATH, or - for stdout (default)")
     p.add_argument("--token-file", metavar="FILE",
                    help="bearer token for the fluxpipe http source (its auth.token_file)")
+    p.add_argument("--cacert", metavar="FILE",
+                   help="for https://: trust the CA certificates (PEM) in FILE instead of "
+                        "the system's")
+    p.add_argument("--client-cert", metavar="FILE",
+                   help="for https://: a client certificate (PEM, with its key unless "
+                        "--client-key), for a source whose tls.ca_file asks for one")
+    p.add_argument("--client-key", metavar="FILE",
+                   help="the private key (PEM) of --client-cert")
     p.add_argument("--state", metavar="FILE",
                    help="state file: the newest timestamp acknowledged of each journal; "
                         "without it every start sends the whole backlog")
@@ -1228,6 +1241,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.output = parse_address(args.connect)
     except ValueError as e:
         p.error(str(e))
+    args.tls = tls_context(p, args)
     args.kafka_options = {}
     for opt in args.kafka_option:
         key, sep, value = opt.partition("=")
@@ -1246,6 +1260,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def tls_context(p: argparse.ArgumentParser,
+                args: argparse.Namespace) -> Optional[ssl.SSLContext]:
+    """The TLS settings of an https:// address (None for other addresses),
+    made once: a bad file is an error at start, not at every retry."""
+    if urllib.parse.urlsplit(args.connect).scheme != "https":
+        for option, value in (("--cacert", args.cacert), ("--client-cert", args.client_cert),
+                              ("--client-key", args.client_key)):
+            if value:
+                p.error(f"{option} is for https:// addresses")
+        return None
+    if args.client_key and not args.client_cert:
+        p.error("--client-key needs --client-cert")
+    try:
+        # With a cafile, only its CAs are trusted (as curl's --cacert).
+        context = ssl.create_default_context(cafile=args.cacert)
+    except OSError as e:  # ssl.SSLError is one
+        p.error(f"--cacert {args.cacert}: {e}")
+    if args.client_cert:
+        try:
+            context.load_cert_chain(args.client_cert, args.client_key)
+        except OSError as e:
+            p.error(f"--client-cert {args.client_cert}: {e}")
+    return context
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
 
@@ -1261,7 +1300,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     kind, address = args.output
     if kind == "http":
-        output: Any = HttpSender(address, log, token=args.token, max_pending=args.max_pending)
+        output: Any = HttpSender(address, log, token=args.token, max_pending=args.max_pending,
+                                 context=args.tls)
     elif kind == "kafka":
         output = KafkaSender(address[0], address[1], log, args.kafka_options,
                              max_pending=args.max_pending)

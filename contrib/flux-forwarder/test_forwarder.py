@@ -771,9 +771,10 @@ class FakeFluxpipe:
     source, scripted per request: "ok" (200 with counts), "drop" (read the
     batch, close the connection unanswered: fluxpipe killed mid-batch),
     "503" / "429" (with Retry-After), "413", "hold" (answer 200 only once
-    `release` is set: a late acknowledgement). Past the script, "ok"."""
+    `release` is set: a late acknowledgement). Past the script, "ok".
+    With `tls` (a server-side SSLContext), HTTPS."""
 
-    def __init__(self, script: list[str]):
+    def __init__(self, script: list[str], tls=None):
         import http.server
         import gzip as _gzip
         self.script = list(script)
@@ -819,7 +820,11 @@ class FakeFluxpipe:
                 self.wfile.write(text)
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        scheme = "http"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}/"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
@@ -1170,3 +1175,118 @@ class KafkaSenderTest(unittest.TestCase):
         self.assertTrue(out.wait_empty(30))
         self.assertEqual(fw.state[ff.JOB], max(e["timestamp"] for _, e in events))
         out.stop()
+
+
+def openssl(*args: str, cwd: str) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+class HttpsTest(unittest.TestCase):
+    """https:// to a fake fluxpipe with certificates made by the openssl
+    command: --cacert trusts a private CA, the system's trust store does
+    not, and --client-cert answers a source that asks for one."""
+
+    @classmethod
+    def setUpClass(cls):
+        if shutil.which("openssl") is None:
+            raise unittest.SkipTest("no openssl command to make certificates with")
+        cls.tmp = tempfile.TemporaryDirectory()
+        d = cls.tmp.name
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+                "-subj", "/CN=flux-forwarder test CA", cwd=d)
+        for name, usage, san in (("server", "serverAuth", "subjectAltName=IP:127.0.0.1\n"),
+                                 ("client", "clientAuth", "")):
+            with open(os.path.join(d, f"{name}.ext"), "w", encoding="utf-8") as f:
+                f.write(f"{san}basicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n"
+                        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n")
+            openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                    "-subj", f"/CN={name}", cwd=d)
+            openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                    "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
+                    "-out", f"{name}.pem", cwd=d)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.tmp.name, name)
+
+    def server(self, client_certificates: bool = False):
+        import ssl
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(self.path("server.pem"), self.path("server.key"))
+        if client_certificates:
+            tls.verify_mode = ssl.CERT_REQUIRED
+            tls.load_verify_locations(self.path("ca.pem"))
+        return FakeFluxpipe([], tls=tls)
+
+    def send(self, fake: FakeFluxpipe, *options: str, wait: float = 10):
+        """Five journal lines through an HttpSender made as `main` makes
+        it: (lines sent, lines acknowledged, whether all were, logs)."""
+        logs: list[str] = []
+        args = ff.parse_args(["--connect", fake.url, *options])
+        out = ff.HttpSender(fake.url, logs.append, sleep=lambda s: time.sleep(0.01),
+                            context=args.tls)
+        fw = ff.Forwarder(out, ff.empty_state())
+        events = journal_lines()[:5]
+        for jobid, ev in events:
+            fw.job_event(jobid, dict(ev))
+        done = out.wait_empty(wait)
+        out.stop()
+        sent = [ff.encode(ff.job_message(j, e)) for j, e in events]
+        return sent, fake.acknowledged_lines(), done, logs
+
+    def test_https_with_cacert_is_acknowledged(self):
+        fake = self.server()
+        try:
+            self.assertTrue(fake.url.startswith("https://"))
+            sent, acknowledged, done, logs = self.send(fake, "--cacert", self.path("ca.pem"))
+            self.assertTrue(done, logs)
+            self.assertEqual(acknowledged, sent)
+        finally:
+            fake.close()
+
+    def test_a_private_ca_is_not_trusted_without_cacert(self):
+        fake = self.server()
+        try:
+            _, acknowledged, done, logs = self.send(fake, wait=0.5)
+            self.assertFalse(done)
+            self.assertEqual(acknowledged, [])
+            self.assertTrue(any("CERTIFICATE_VERIFY_FAILED" in m for m in logs), logs)
+        finally:
+            fake.close()
+
+    def test_a_client_certificate_is_presented_when_given(self):
+        fake = self.server(client_certificates=True)
+        try:
+            _, acknowledged, done, _ = self.send(fake, "--cacert", self.path("ca.pem"),
+                                                 wait=0.5)
+            self.assertFalse(done)
+            self.assertEqual(acknowledged, [])
+            sent, acknowledged, done, logs = self.send(
+                fake, "--cacert", self.path("ca.pem"), "--client-cert", self.path("client.pem"),
+                "--client-key", self.path("client.key"))
+            self.assertTrue(done, logs)
+            self.assertEqual(acknowledged, sent)
+        finally:
+            fake.close()
+
+    def test_tls_option_errors_are_one_line(self):
+        for argv, words in [
+            (["--connect", "http://h:1/", "--cacert", self.path("ca.pem")],
+             "--cacert is for https://"),
+            (["--connect", "https://h:1/", "--cacert", "/nonexistent/ca.pem"], "--cacert"),
+            (["--connect", "https://h:1/", "--cacert", self.path("server.ext")], "--cacert"),
+            (["--connect", "https://h:1/", "--client-key", self.path("client.key")],
+             "--client-key needs --client-cert"),
+            (["--connect", "https://h:1/", "--client-cert", self.path("ca.pem")],
+             "--client-cert"),
+        ]:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit):
+                ff.parse_args(argv)
+            self.assertIn(words, err.getvalue(), argv)
+        self.assertIsNone(ff.parse_args(["--connect", "http://h:1/"]).tls)
+        self.assertIsNotNone(ff.parse_args(["--connect", "https://h:1/"]).tls)

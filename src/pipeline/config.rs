@@ -958,7 +958,12 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
             }
             SourceConfig::Http(h) => {
                 for (k, message) in h.problems() {
-                    errors.push(loc.error(&key(k), None, format!("sources.{name}.{k}: {message}")));
+                    // A key of a sub-table (`tls.crt_file`) is found by its parts.
+                    let path: Vec<&str> = ["sources", name.as_str()]
+                        .into_iter()
+                        .chain(k.split('.'))
+                        .collect();
+                    errors.push(loc.error(&path, None, format!("sources.{name}.{k}: {message}")));
                 }
                 if let Some(other) =
                     listeners.insert(format!("tcp:{}", h.address), format!("sources.{name}"))

@@ -31,6 +31,14 @@
 //!
 //! Connections beyond `max_connections` are closed at once and counted,
 //! not queued.
+//!
+//! TLS is optional (`[sources.NAME.tls]`: `crt_file`, `key_file`, and
+//! `ca_file` to require client certificates signed by that CA): rustls
+//! with the `ring` provider. The handshake runs in the connection's own
+//! task, on its first read or write, so a slow or silent client holds only
+//! its own place among `max_connections`, never the accept loop; one that
+//! fails or takes longer than `request_timeout_secs` is logged with its
+//! peer and counted in `fluxpipe_http_tls_handshake_failures_total`.
 
 use super::SourceContext;
 use super::lines::split_bounded;
@@ -46,11 +54,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -90,6 +98,178 @@ pub struct HttpAuth {
     pub token_file: PathBuf,
 }
 
+/// `[sources.NAME.tls]`: HTTPS instead of plain HTTP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpTls {
+    /// The server's certificate chain (PEM), its own certificate first.
+    pub crt_file: PathBuf,
+    /// The private key of that certificate (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// CA certificates (PEM): when set, a client must present a
+    /// certificate signed by one of them (mutual TLS).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Why a `tls` table cannot make a server: the key at fault and what is
+/// wrong with its file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{problem}", at(path.as_deref()))]
+pub struct TlsError {
+    /// `tls.crt_file`, `tls.key_file`, `tls.ca_file`, or `tls`.
+    pub key: &'static str,
+    path: Option<PathBuf>,
+    problem: TlsProblem,
+}
+
+fn at(path: Option<&Path>) -> String {
+    path.map(|p| format!("{}: ", p.display()))
+        .unwrap_or_default()
+}
+
+#[derive(Debug, thiserror::Error)]
+enum TlsProblem {
+    #[error("cannot read it: {0}")]
+    Read(std::io::Error),
+    #[error("not valid PEM: {0}")]
+    Pem(String),
+    #[error("holds no PEM {0}")]
+    Missing(&'static str),
+    #[error("the private key does not match the certificate of crt_file")]
+    Mismatch,
+    #[error("a certificate in it is not valid X.509 ({0:?})")]
+    Certificate(rustls::CertificateError),
+    #[error("{0}")]
+    Rustls(rustls::Error),
+    #[error("{0}")]
+    Verifier(rustls::server::VerifierBuilderError),
+}
+
+impl TlsError {
+    fn of(key: &'static str, path: &Path, problem: TlsProblem) -> Self {
+        TlsError {
+            key,
+            path: Some(path.to_path_buf()),
+            problem,
+        }
+    }
+}
+
+impl HttpTls {
+    /// The rustls server this table describes: every file read and parsed,
+    /// so that a mistake shows when the config is loaded, named by its key.
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        use rustls::pki_types::PrivateKeyDer;
+        use rustls::pki_types::pem::{self, PemObject};
+        // Named rather than the process-wide default, which
+        // `ServerConfig::builder` panics without when the crate features
+        // do not single one out.
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certs = read_certificates("tls.crt_file", &self.crt_file)?;
+        for cert in &certs {
+            // Parsed now, so that a bad certificate is blamed on crt_file
+            // rather than on the key it is compared with below.
+            rustls::server::ParsedCertificate::try_from(cert).map_err(|e| {
+                TlsError::of("tls.crt_file", &self.crt_file, certificate_problem(e))
+            })?;
+        }
+        let key_pem = read_file("tls.key_file", &self.key_file)?;
+        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+            let problem = match e {
+                pem::Error::NoItemsFound => TlsProblem::Missing("PRIVATE KEY"),
+                e => TlsProblem::Pem(pem_error(e)),
+            };
+            TlsError::of("tls.key_file", &self.key_file, problem)
+        })?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError {
+                key: "tls",
+                path: None,
+                problem: TlsProblem::Rustls(e),
+            })?;
+        let builder = match &self.ca_file {
+            None => builder.with_no_client_auth(),
+            Some(ca_file) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in read_certificates("tls.ca_file", ca_file)? {
+                    roots.add(cert).map_err(|e| {
+                        TlsError::of("tls.ca_file", ca_file, certificate_problem(e))
+                    })?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| TlsError::of("tls.ca_file", ca_file, TlsProblem::Verifier(e)))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder.with_single_cert(certs, key).map_err(|e| {
+            let problem = match e {
+                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+                    TlsProblem::Mismatch
+                }
+                e => TlsProblem::Rustls(e),
+            };
+            TlsError::of("tls.key_file", &self.key_file, problem)
+        })?;
+        // Only HTTP/1.1 is served; saying so spares a client that offers h2
+        // a wrong guess.
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+}
+
+/// rustls says "invalid peer certificate" of any certificate it cannot
+/// parse; here the certificate is the operator's own.
+fn certificate_problem(e: rustls::Error) -> TlsProblem {
+    match e {
+        rustls::Error::InvalidCertificate(e) => TlsProblem::Certificate(e),
+        e => TlsProblem::Rustls(e),
+    }
+}
+
+fn read_file(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError::of(key, path, TlsProblem::Read(e)))
+}
+
+/// Every certificate of a PEM file; at least one.
+fn read_certificates(
+    key: &'static str,
+    path: &Path,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, TlsError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let pem = read_file(key, path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::of(key, path, TlsProblem::Pem(pem_error(e))))?;
+    if certs.is_empty() {
+        return Err(TlsError::of(key, path, TlsProblem::Missing("CERTIFICATE")));
+    }
+    Ok(certs)
+}
+
+/// A PEM error on one line (its own `Display` shows some lines as bytes).
+fn pem_error(e: rustls::pki_types::pem::Error) -> String {
+    use rustls::pki_types::pem::Error;
+    match e {
+        Error::MissingSectionEnd { end_marker } => {
+            format!(
+                "a `{}` section has no END line",
+                String::from_utf8_lossy(&end_marker).trim()
+            )
+        }
+        Error::IllegalSectionStart { line } => {
+            format!("bad BEGIN line `{}`", String::from_utf8_lossy(&line).trim())
+        }
+        e => e.to_string(),
+    }
+}
+
 source_config! {
     /// `type = "http"`: batches of lines by `POST`, acknowledged when safe.
     HttpSourceConfig {
@@ -112,6 +292,9 @@ source_config! {
         request_timeout_secs: f64,
         #[serde(default)]
         auth: Option<HttpAuth>,
+        /// HTTPS: certificate, key and, for client certificates, a CA.
+        #[serde(default)]
+        tls: Option<HttpTls>,
     }
 }
 
@@ -160,6 +343,11 @@ impl HttpSourceConfig {
             && let Err(e) = read_token(&auth.token_file)
         {
             out.push(("auth", e));
+        }
+        if let Some(tls) = &self.tls
+            && let Err(e) = tls.server_config()
+        {
+            out.push((e.key, e.to_string()));
         }
         out
     }
@@ -232,6 +420,15 @@ pub async fn run(config: HttpSourceConfig, ctx: SourceContext) -> anyhow::Result
         Some(auth) => Some(read_token(&auth.token_file).map_err(anyhow::Error::msg)?),
         None => None,
     };
+    let tls = match &config.tls {
+        Some(tls) => {
+            let server = tls
+                .server_config()
+                .map_err(|e| anyhow::anyhow!("sources.{}.{}: {e}", ctx.name, e.key))?;
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(server)))
+        }
+        None => None,
+    };
     let listener = TcpListener::bind(&config.address)
         .await
         .with_context(|| format!("cannot listen on {}", config.address))?;
@@ -240,6 +437,8 @@ pub async fn run(config: HttpSourceConfig, ctx: SourceContext) -> anyhow::Result
         address = %config.address,
         path = %config.path,
         acknowledgements = ?config.acknowledgements,
+        tls = tls.is_some(),
+        client_certificates = config.tls.as_ref().is_some_and(|t| t.ca_file.is_some()),
         "listening (http)"
     );
     let shared = Arc::new(Shared {
@@ -264,6 +463,7 @@ pub async fn run(config: HttpSourceConfig, ctx: SourceContext) -> anyhow::Result
         .with_state(shared.clone());
     let listener = Limited {
         inner: listener,
+        tls,
         permits: Arc::new(Semaphore::new(config.max_connections.max(1))),
         shared: shared.clone(),
     };
@@ -541,6 +741,8 @@ fn too_large(max: usize) -> Response {
 /// counted) rather than left waiting in the backlog.
 struct Limited {
     inner: TcpListener,
+    /// Set: every connection starts with a TLS handshake.
+    tls: Option<tokio_rustls::TlsAcceptor>,
     permits: Arc<Semaphore>,
     shared: Arc<Shared>,
 }
@@ -573,8 +775,17 @@ impl axum::serve::Listener for Limited {
                 peers.insert(peer, 0);
             }
             let shutdown = self.shared.ctx.shutdown.clone();
+            let link = match &self.tls {
+                None => Link::Plain(stream),
+                // Only set up here: the handshake's reads and writes happen
+                // in the connection's task (see `Connection::poll_io`).
+                Some(acceptor) => Link::Handshake {
+                    accept: Box::new(acceptor.accept(stream)),
+                    deadline: Box::pin(tokio::time::sleep(self.shared.config.timeout())),
+                },
+            };
             let conn = Connection {
-                stream,
+                link,
                 closing: Box::pin(async move {
                     shutdown.cancelled().await;
                     tokio::time::sleep(SHUTDOWN_GRACE).await;
@@ -603,9 +814,27 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Limi
     }
 }
 
+/// What an accepted connection carries its bytes over.
+enum Link {
+    Plain(TcpStream),
+    /// A TLS handshake under way, until `deadline`.
+    Handshake {
+        accept: Box<tokio_rustls::Accept<TcpStream>>,
+        deadline: Pin<Box<tokio::time::Sleep>>,
+    },
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// The handshake failed (or was cut short): nothing more is read or
+    /// written.
+    Failed,
+}
+
+/// Plain and TLS streams alike, once a connection carries data.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
 /// An accepted connection, holding its place among `max_connections`.
 struct Connection {
-    stream: TcpStream,
+    link: Link,
     /// Ready a grace after the stop began: from then on the connection
     /// reads as closed, so a client that never finishes a request cannot
     /// keep the server's task (and the pipeline's queues) alive.
@@ -629,6 +858,45 @@ impl Drop for Connection {
     }
 }
 
+impl Connection {
+    /// The stream to read or write, once any TLS handshake is done. The
+    /// handshake is driven here, so in this connection's task.
+    fn poll_io(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<&mut dyn Io>> {
+        if let Link::Handshake { accept, deadline } = &mut self.link {
+            let done = match Pin::new(accept.as_mut()).poll(cx) {
+                Poll::Ready(done) => done,
+                Poll::Pending => match deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no handshake within request_timeout_secs",
+                    )),
+                    Poll::Pending => return Poll::Pending,
+                },
+            };
+            self.link = match done {
+                Ok(tls) => Link::Tls(Box::new(tls)),
+                Err(e) => {
+                    let name = &self.shared.ctx.name;
+                    // A client's mistake (or a port scan), not the
+                    // source's: info, not a warning.
+                    tracing::info!(source = %name, peer = %self.peer, "TLS handshake failed: {e}");
+                    metrics::counter!("fluxpipe_http_tls_handshake_failures_total", "source" => name.to_string())
+                        .increment(1);
+                    Link::Failed
+                }
+            };
+        }
+        Poll::Ready(match &mut self.link {
+            Link::Plain(stream) => Ok(stream),
+            Link::Tls(stream) => Ok(stream.as_mut()),
+            Link::Handshake { .. } | Link::Failed => Err(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the TLS handshake failed",
+            )),
+        })
+    }
+}
+
 impl AsyncRead for Connection {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -638,7 +906,8 @@ impl AsyncRead for Connection {
         if self.closing.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let io = ready!(self.poll_io(cx))?;
+        Pin::new(io).poll_read(cx, buf)
     }
 }
 
@@ -648,15 +917,24 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let io = ready!(self.poll_io(cx))?;
+        Pin::new(io).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let io = ready!(self.poll_io(cx))?;
+        Pin::new(io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        // Closing a connection still in its handshake (a stop, say) must
+        // not wait for the client: drop it.
+        if matches!(self.link, Link::Handshake { .. } | Link::Failed) {
+            self.link = Link::Failed;
+            return Poll::Ready(Ok(()));
+        }
+        let io = ready!(self.poll_io(cx))?;
+        Pin::new(io).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -664,17 +942,199 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let io = ready!(self.poll_io(cx))?;
+        Pin::new(io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        match &self.link {
+            Link::Plain(stream) => stream.is_write_vectored(),
+            Link::Tls(stream) => stream.is_write_vectored(),
+            Link::Handshake { .. } | Link::Failed => false,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CA, and a server certificate for localhost signed by it, in `dir`:
+    /// ca.pem, server.pem, server.key.
+    fn write_pki(dir: &Path) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+        std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+    }
+
+    fn tls(dir: &Path, crt: &str, key: &str, ca: Option<&str>) -> HttpTls {
+        HttpTls {
+            crt_file: dir.join(crt),
+            key_file: dir.join(key),
+            ca_file: ca.map(|c| dir.join(c)),
+        }
+    }
+
+    /// The key blamed and the message, of a `tls` table that must fail.
+    fn refused(t: &HttpTls) -> (&'static str, String) {
+        let e = t.server_config().map(|_| ()).unwrap_err();
+        let message = e.to_string();
+        assert!(!message.contains('\n'), "not one line: {message}");
+        (e.key, message)
+    }
+
+    #[test]
+    fn tls_files_are_read_and_parsed_when_the_config_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write_pki(d);
+        std::fs::write(
+            d.join("bad.pem"),
+            "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        std::fs::write(d.join("cut.pem"), "-----BEGIN CERTIFICATE-----\nMIIB\n").unwrap();
+        std::fs::write(d.join("text.pem"), "nothing here\n").unwrap();
+        // Valid PEM and base64, not a certificate.
+        std::fs::write(
+            d.join("junk.pem"),
+            "-----BEGIN CERTIFICATE-----\naGVsbG8gd29ybGQ=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        // Another key: not the certificate's.
+        std::fs::write(
+            d.join("other.key"),
+            rcgen::KeyPair::generate().unwrap().serialize_pem(),
+        )
+        .unwrap();
+
+        assert!(
+            tls(d, "server.pem", "server.key", None)
+                .server_config()
+                .is_ok()
+        );
+        assert!(
+            tls(d, "server.pem", "server.key", Some("ca.pem"))
+                .server_config()
+                .is_ok()
+        );
+
+        let cases: [(HttpTls, &str, &str); 10] = [
+            (
+                tls(d, "missing.pem", "server.key", None),
+                "tls.crt_file",
+                "cannot read it",
+            ),
+            (
+                tls(d, "bad.pem", "server.key", None),
+                "tls.crt_file",
+                "not valid PEM",
+            ),
+            (
+                tls(d, "cut.pem", "server.key", None),
+                "tls.crt_file",
+                "not valid PEM: a `CERTIFICATE` section has no END line",
+            ),
+            (
+                tls(d, "text.pem", "server.key", None),
+                "tls.crt_file",
+                "holds no PEM CERTIFICATE",
+            ),
+            // A key where the certificate should be.
+            (
+                tls(d, "server.key", "server.key", None),
+                "tls.crt_file",
+                "holds no PEM CERTIFICATE",
+            ),
+            (
+                tls(d, "junk.pem", "server.key", None),
+                "tls.crt_file",
+                "not valid X.509 (BadEncoding)",
+            ),
+            (
+                tls(d, "server.pem", "missing.key", None),
+                "tls.key_file",
+                "cannot read it",
+            ),
+            (
+                tls(d, "server.pem", "server.pem", None),
+                "tls.key_file",
+                "holds no PEM PRIVATE KEY",
+            ),
+            (
+                tls(d, "server.pem", "other.key", None),
+                "tls.key_file",
+                "does not match",
+            ),
+            (
+                tls(d, "server.pem", "server.key", Some("missing.pem")),
+                "tls.ca_file",
+                "cannot read it",
+            ),
+        ];
+        for (t, want_key, want) in cases {
+            let (key, message) = refused(&t);
+            assert_eq!(key, want_key, "{t:?}: {message}");
+            assert!(message.contains(want), "{t:?}: `{message}` lacks `{want}`");
+        }
+        let (key, message) = refused(&tls(d, "server.pem", "server.key", Some("junk.pem")));
+        assert_eq!(key, "tls.ca_file", "{message}");
+    }
+
+    #[test]
+    fn a_tls_problem_is_reported_under_its_key_when_the_config_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write_pki(d);
+        let config = |tls: &str| {
+            format!(
+                "[sources.in]\ntype = \"http\"\naddress = \"127.0.0.1:0\"\n\n[sources.in.tls]\n{tls}\n\n\
+                 [sinks.out]\ntype = \"stdout\"\ninputs = [\"jobs\"]\n"
+            )
+        };
+        let errors = |tls: &str| -> Vec<String> {
+            match crate::pipeline::config::parse(&config(tls)) {
+                Ok(_) => Vec::new(),
+                Err(errors) => errors.iter().map(|e| e.to_string()).collect(),
+            }
+        };
+        let good = format!(
+            "crt_file = {:?}\nkey_file = {:?}\nca_file = {:?}",
+            d.join("server.pem"),
+            d.join("server.key"),
+            d.join("ca.pem")
+        );
+        assert_eq!(errors(&good), Vec::<String>::new());
+
+        let missing = format!(
+            "crt_file = {:?}\nkey_file = {:?}",
+            d.join("nope.pem"),
+            d.join("server.key")
+        );
+        let got = errors(&missing);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].starts_with("line 6: sources.in.tls.crt_file: ")
+                && got[0].contains("nope.pem: cannot read it"),
+            "{got:?}"
+        );
+
+        let unknown = good.clone() + "\ncert_file = \"x\"";
+        let got = errors(&unknown);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].contains("cert_file"), "{got:?}");
+    }
 
     #[test]
     fn a_bearer_token_is_matched_whole() {
