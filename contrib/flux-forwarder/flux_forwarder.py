@@ -959,7 +959,8 @@ def import_flux() -> Any:
     except ImportError as e:
         raise SystemExit(
             f"flux-forwarder: cannot import flux-core's Python bindings ({e}); run it with "
-            "`flux python -m flux_forwarder ...`, install it into flux-core's Python "
+            "`flux python -m flux_forwarder ...` (or `flux env VENV/bin/flux-forwarder` when "
+            "installed in a venv), install it into flux-core's Python "
             "(`flux python -m pip install ./contrib/flux-forwarder`), or set PYTHONPATH "
             "to flux-core's python3.X folder (PREFIX/lib/flux/python3.X)") from None
     return flux
