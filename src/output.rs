@@ -302,15 +302,20 @@ pub fn rank_change(cluster: &str, change: &RankChange, event: Option<&Event>) ->
     }
     map.insert(
         "record_id".into(),
-        json!(record_id(&[
-            b"rank",
-            cluster.as_bytes(),
-            &change.rank.to_le_bytes(),
-            name.as_bytes(),
-            &ts.to_bits().to_le_bytes()
-        ])),
+        json!(rank_record_id(cluster, change.rank, name, ts)),
     );
     Value::Object(map)
+}
+
+/// A rank record's id: the rank, and what changed it when.
+fn rank_record_id(cluster: &str, rank: u32, what: &str, ts: f64) -> String {
+    record_id(&[
+        b"rank",
+        cluster.as_bytes(),
+        &rank.to_le_bytes(),
+        what.as_bytes(),
+        &ts.to_bits().to_le_bytes(),
+    ])
 }
 
 /// A rank's change that no resource event made (its jobs did: draining),
@@ -325,13 +330,7 @@ pub fn rank_change_at(cluster: &str, change: &RankChange, at: f64) -> Value {
         map.insert("timestamp".into(), json!(at));
         map.insert(
             "record_id".into(),
-            json!(record_id(&[
-                b"rank",
-                cluster.as_bytes(),
-                &change.rank.to_le_bytes(),
-                became.as_bytes(),
-                &at.to_bits().to_le_bytes()
-            ])),
+            json!(rank_record_id(cluster, change.rank, became, at)),
         );
     }
     v
