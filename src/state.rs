@@ -241,6 +241,18 @@ impl SharedAllocations {
         let mut a = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         f(&mut a)
     }
+
+    /// The ranks `job` was allocated count as held (`take`), or free again.
+    fn count(&self, cluster: &str, job: &Job, take: bool) {
+        let ranks = job.allocated_ranges();
+        self.with(|a| {
+            if take {
+                a.hold(cluster, ranks);
+            } else {
+                a.release(cluster, ranks);
+            }
+        });
+    }
 }
 
 /// All jobs and ranks.
@@ -291,13 +303,12 @@ impl State {
     /// replaced and returned. The ranks it holds count as held.
     pub fn insert_job(&mut self, key: JobKey, entry: Box<JobEntry>) -> Option<Box<JobEntry>> {
         if entry.job.holds_ranks() {
-            let ranks = entry.job.allocated_ranks();
-            self.allocations.with(|a| a.hold(&key.cluster, &ranks));
+            self.allocations.count(&key.cluster, &entry.job, true);
         }
         let cluster = key.cluster.clone();
         let old = self.jobs.insert(key, entry);
-        if let Some(old) = &old {
-            self.unhold(&cluster, &old.job);
+        if let Some(old) = old.as_ref().filter(|o| o.job.holds_ranks()) {
+            self.allocations.count(&cluster, &old.job, false);
         }
         old
     }
@@ -306,15 +317,10 @@ impl State {
     /// held are free, as far as this state can tell.
     pub fn remove_job(&mut self, key: &JobKey) -> Option<Box<JobEntry>> {
         let entry = self.jobs.remove(key)?;
-        self.unhold(&key.cluster, &entry.job);
-        Some(entry)
-    }
-
-    fn unhold(&self, cluster: &str, job: &Job) {
-        if job.holds_ranks() {
-            let ranks = job.allocated_ranks();
-            self.allocations.with(|a| a.release(cluster, &ranks));
+        if entry.job.holds_ranks() {
+            self.allocations.count(&key.cluster, &entry.job, false);
         }
+        Some(entry)
     }
 
     /// Look again at the ranks whose holders changed, for every cluster
@@ -342,17 +348,15 @@ impl State {
         let Some(res) = self.resources.get_mut(cluster) else {
             return;
         };
-        let allocations = &self.allocations;
-        allocations.with(|a| {
-            let mut ranks: Vec<u32> = a.take_flipped(cluster).iter().collect();
-            let mut changes = Vec::new();
-            if let Some(also) = also {
-                ranks.extend(also.iter().map(|c| c.rank));
-                changes = std::mem::take(also);
-            }
+        let mut changes = also.map(std::mem::take).unwrap_or_default();
+        // Ranks a resource event changed (rare): nothing allocated for none.
+        let changed: Vec<u32> = changes.iter().map(|c| c.rank).collect();
+        self.allocations.with(|a| {
+            let ranks = a.flipped(cluster).chain(changed);
             res.set_draining(ranks, |r| a.is_held(cluster, r), &mut changes);
-            out.extend(changes.into_iter().map(|c| (cluster.to_string(), c)));
+            a.clear_flipped(cluster);
         });
+        out.extend(changes.into_iter().map(|c| (cluster.to_string(), c)));
     }
 
     /// The shared copy of a cluster name: a million job keys of one
@@ -457,13 +461,14 @@ impl State {
     fn apply_job(&mut self, key: JobKey, stream: EventStream, body: Body, fx: &mut Effects) {
         let entry = self.jobs.entry(key.clone()).or_default();
         let mut anomalies = Vec::new();
-        let held = entry.job.holds_ranks();
-        // A new R may name other ranks: the old ones are given back first.
-        if held && matches!(body, Body::R(_)) {
-            let ranks = entry.job.allocated_ranks();
-            self.allocations.with(|a| a.release(&key.cluster, &ranks));
+        // Whether the job's ranks are counted held: a new R may name other
+        // ranks, so the old ones are given back first.
+        let mut counted = entry.job.holds_ranks();
+        let mut recounted = false;
+        if counted && matches!(body, Body::R(_)) {
+            self.allocations.count(&key.cluster, &entry.job, false);
+            (counted, recounted) = (false, true);
         }
-        let r_applied = matches!(body, Body::R(_));
         match (stream, body) {
             (EventStream::Job, Body::Event(ev)) => {
                 let applied = entry.job.apply(&ev);
@@ -490,18 +495,12 @@ impl State {
         }
         entry.cross_check(&mut anomalies);
         let holds = entry.job.holds_ranks();
-        if holds != held || (holds && r_applied) {
-            let ranks = entry.job.allocated_ranks();
-            self.allocations.with(|a| {
-                if holds {
-                    a.hold(&key.cluster, &ranks);
-                } else if !r_applied {
-                    a.release(&key.cluster, &ranks);
-                }
-            });
-            if self.resources.contains_key(&*key.cluster) {
-                self.refresh_cluster(&key.cluster, None, &mut fx.rank_changes);
-            }
+        if holds != counted {
+            self.allocations.count(&key.cluster, &entry.job, holds);
+            recounted = true;
+        }
+        if recounted && self.resources.contains_key(&*key.cluster) {
+            self.refresh_cluster(&key.cluster, None, &mut fx.rank_changes);
         }
         // Most records have none.
         if !anomalies.is_empty() {

@@ -31,8 +31,8 @@ impl Allocations {
         Allocations::default()
     }
 
-    /// A job of `cluster` took `ranks`.
-    pub fn hold(&mut self, cluster: &str, ranks: &IdSet) {
+    /// A job of `cluster` took `ranks` (an idset's ranges).
+    pub fn hold(&mut self, cluster: &str, ranks: &[(u32, u32)]) {
         if ranks.is_empty() {
             return;
         }
@@ -40,7 +40,7 @@ impl Allocations {
             Some(c) => c,
             None => self.clusters.entry(cluster.to_string()).or_default(),
         };
-        for r in ranks.iter() {
+        for r in ranks.iter().flat_map(|&(lo, hi)| lo..=hi) {
             let n = c.jobs.entry(r).or_insert(0);
             if *n == 0 {
                 c.flipped.insert(r);
@@ -51,11 +51,11 @@ impl Allocations {
 
     /// A job of `cluster` gave `ranks` back. Ranks no job holds are left
     /// alone (a release is never counted twice into the negative).
-    pub fn release(&mut self, cluster: &str, ranks: &IdSet) {
+    pub fn release(&mut self, cluster: &str, ranks: &[(u32, u32)]) {
         let Some(c) = self.clusters.get_mut(cluster) else {
             return;
         };
-        for r in ranks.iter() {
+        for r in ranks.iter().flat_map(|&(lo, hi)| lo..=hi) {
             if let Some(n) = c.jobs.get_mut(&r) {
                 *n -= 1;
                 if *n == 0 {
@@ -84,16 +84,32 @@ impl Allocations {
             .unwrap_or_default()
     }
 
-    /// The ranks of `cluster` that became held or free since the last call,
-    /// for whoever keeps its resource state to look at again.
-    pub fn take_flipped(&mut self, cluster: &str) -> IdSet {
+    /// The ranks of `cluster` that became held or free since they were
+    /// last cleared, for whoever keeps its resource state to look at again.
+    pub fn flipped(&self, cluster: &str) -> impl Iterator<Item = u32> + '_ {
+        self.clusters
+            .get(cluster)
+            .into_iter()
+            .flat_map(|c| c.flipped.iter())
+    }
+
+    /// Those ranks were looked at.
+    pub fn clear_flipped(&mut self, cluster: &str) {
         let Some(c) = self.clusters.get_mut(cluster) else {
-            return IdSet::new();
+            return;
         };
-        let flipped = std::mem::take(&mut c.flipped);
+        // Cleared in place: its room serves the next flips.
+        c.flipped.clear();
         if c.jobs.is_empty() {
             self.clusters.remove(cluster);
         }
+    }
+
+    /// [`Allocations::flipped`], then cleared.
+    #[cfg(test)]
+    pub fn take_flipped(&mut self, cluster: &str) -> IdSet {
+        let flipped = self.flipped(cluster).collect();
+        self.clear_flipped(cluster);
         flipped
     }
 
@@ -126,15 +142,15 @@ mod tests {
     #[test]
     fn a_rank_is_held_while_any_job_holds_it() {
         let mut a = Allocations::new();
-        a.hold("c", &set("0-1"));
-        a.hold("c", &set("1-2"));
+        a.hold("c", set("0-1").ranges());
+        a.hold("c", set("1-2").ranges());
         assert_eq!(a.held("c"), set("0-2"));
         assert_eq!(a.take_flipped("c"), set("0-2"));
-        a.release("c", &set("0-1"));
+        a.release("c", set("0-1").ranges());
         assert_eq!(a.held("c"), set("1-2"));
         assert_eq!(a.take_flipped("c"), set("0"));
         assert!(a.is_held("c", 1) && !a.is_held("c", 0) && !a.is_held("d", 1));
-        a.release("c", &set("1-2"));
+        a.release("c", set("1-2").ranges());
         assert_eq!(a.take_flipped("c"), set("1-2"));
         assert_eq!(a, Allocations::new(), "nothing is left behind");
     }
@@ -142,9 +158,9 @@ mod tests {
     #[test]
     fn releasing_what_is_not_held_changes_nothing() {
         let mut a = Allocations::new();
-        a.release("c", &set("0-3"));
-        a.hold("c", &set("2"));
-        a.release("c", &set("0-1"));
+        a.release("c", set("0-3").ranges());
+        a.hold("c", set("2").ranges());
+        a.release("c", set("0-1").ranges());
         assert_eq!(a.held("c"), set("2"));
         assert_eq!(a.take_flipped("c"), set("2"));
     }
@@ -161,11 +177,11 @@ mod tests {
                 match (&holding[job], take) {
                     (None, true) => {
                         let ranks = IdSet::from_range(lo, lo + len);
-                        a.hold("c", &ranks);
+                        a.hold("c", ranks.ranges());
                         holding[job] = Some(ranks);
                     }
                     (Some(ranks), false) => {
-                        a.release("c", ranks);
+                        a.release("c", ranks.ranges());
                         holding[job] = None;
                     }
                     _ => continue,

@@ -210,6 +210,11 @@ impl IdSet {
             .sum()
     }
 
+    /// Empties it, keeping its room.
+    pub fn clear(&mut self) {
+        self.ranges.clear();
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }

@@ -785,13 +785,10 @@ impl Job {
         }
     }
 
-    /// The ranks R allocated to the job (empty before R, or without one).
-    pub fn allocated_ranks(&self) -> IdSet {
-        let mut set = IdSet::new();
-        for &(lo, hi) in &self.ranks {
-            set.insert_range(lo, hi);
-        }
-        set
+    /// The ranks R allocated to the job, as an idset's ranges (none
+    /// before R, or without one).
+    pub fn allocated_ranges(&self) -> &[(u32, u32)] {
+        &self.ranks
     }
 
     /// Whether the job holds its allocated ranks now: from `alloc` until
