@@ -10,7 +10,7 @@
 //! holds is recognized as repeats.
 
 mod common;
-use common::{free_port, job_summaries, sigterm};
+use common::{XorShift, free_port, job_summaries, sigterm};
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -117,18 +117,6 @@ fn run_to_the_end(
     sigterm(&child);
     let status = child.wait().expect("wait");
     assert!(status.success(), "fluxpipe exited with {status}");
-}
-
-/// A small deterministic generator for the kill times.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 #[test]

@@ -9,7 +9,7 @@
 
 mod common;
 use common::{
-    Reaper, corpus, free_port, http_get, job_summaries, read_records, sigterm, wait_until,
+    Reaper, XorShift, corpus, free_port, http_get, job_summaries, read_records, sigterm, wait_until,
 };
 
 use serde_json::Value;
@@ -504,18 +504,6 @@ fn connections_beyond_max_connections_are_closed_at_once_and_counted() {
     assert_eq!(n(&answer, "lines"), 0, "{answer}");
     drop(second);
     run.stop();
-}
-
-/// A small deterministic generator for the kill times.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 /// Post `batches` in order, each until it gets a `200` (after a connection

@@ -275,3 +275,15 @@ pub fn http_client() -> reqwest::blocking::Client {
         .build()
         .expect("an HTTP client")
 }
+
+/// A small deterministic generator (xorshift64), for kill times.
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
