@@ -2,15 +2,16 @@
 //! `fluxpipe replay --format json` and every sink of the pipeline so both
 //! use the same field names.
 
-use crate::alerts::engine::{AlertEvent, Detail, Subject};
-use crate::alerts::rule::{Rule, RuleKind};
 use crate::decode::EventStream;
 use crate::flux::event::Event;
 use crate::flux::job::{JobResult, JobState, Transition};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::{RankChange, RankState};
+use crate::keyed::JobKey;
+use crate::keyed::alerts::engine::{AlertEvent, Detail, Subject};
+use crate::keyed::alerts::rule::{Rule, RuleKind};
+use crate::keyed::state::{JobEntry, KeyedAnomaly, KeyedTransition};
 use crate::pipeline::config::OutputStream;
-use crate::state::{JobEntry, JobKey, KeyedAnomaly, KeyedTransition};
 use compact_str::CompactString;
 use serde::Serialize;
 use serde_json::{Map, Value, json};

@@ -206,7 +206,14 @@ struct ClusterNodes {
 #[derive(Debug, Default, Clone)]
 pub struct NodeBoard(
     Arc<RwLock<BTreeMap<String, ClusterNodes>>>,
-    Arc<RwLock<Option<(crate::alerts::Clock, crate::alerts::SharedEventClock)>>>,
+    Arc<
+        RwLock<
+            Option<(
+                crate::keyed::alerts::Clock,
+                crate::keyed::alerts::SharedEventClock,
+            )>,
+        >,
+    >,
 );
 
 impl NodeBoard {
@@ -244,7 +251,11 @@ impl NodeBoard {
     /// each cluster's event clock (its newest event of any stream), as
     /// the alert rules use. Unset (tests, tools): the cluster's newest
     /// resource event.
-    pub fn set_clock(&self, clock: crate::alerts::Clock, shared: crate::alerts::SharedEventClock) {
+    pub fn set_clock(
+        &self,
+        clock: crate::keyed::alerts::Clock,
+        shared: crate::keyed::alerts::SharedEventClock,
+    ) {
         if let Ok(mut c) = self.1.write() {
             *c = Some((clock, shared));
         }
@@ -255,8 +266,10 @@ impl NodeBoard {
     fn now(&self, cluster: &str, latest: f64) -> f64 {
         let clock = self.1.read().ok().and_then(|c| c.clone());
         let now = match clock {
-            Some((crate::alerts::Clock::Wall, _)) => crate::alerts::wall_now(),
-            Some((crate::alerts::Clock::Event, shared)) => shared.now(cluster).unwrap_or(latest),
+            Some((crate::keyed::alerts::Clock::Wall, _)) => crate::keyed::alerts::wall_now(),
+            Some((crate::keyed::alerts::Clock::Event, shared)) => {
+                shared.now(cluster).unwrap_or(latest)
+            }
             None => latest,
         };
         now.max(latest)
@@ -661,15 +674,15 @@ mod tests {
         // Without a clock: up to the newest resource event.
         assert_eq!(series(&board.render()), Some(0.0));
         // The event clock: job events of the cluster moved it on.
-        let shared = crate::alerts::SharedEventClock::default();
-        let mut local = crate::alerts::EventClock::default();
+        let shared = crate::keyed::alerts::SharedEventClock::default();
+        let mut local = crate::keyed::alerts::EventClock::default();
         local.advance("c", 1060.0);
         shared.sync(&mut local);
-        board.set_clock(crate::alerts::Clock::Event, shared.clone());
+        board.set_clock(crate::keyed::alerts::Clock::Event, shared.clone());
         assert_eq!(series(&board.render()), Some(60.0));
         // The wall clock: up to now.
-        board.set_clock(crate::alerts::Clock::Wall, shared);
-        assert!(series(&board.render()).unwrap() > crate::alerts::wall_now() - 1000.0 - 5.0);
+        board.set_clock(crate::keyed::alerts::Clock::Wall, shared);
+        assert!(series(&board.render()).unwrap() > crate::keyed::alerts::wall_now() - 1000.0 - 5.0);
     }
 
     #[test]

@@ -845,7 +845,7 @@ pub fn write_kvs(spec: Spec, root: &Path) -> io::Result<u64> {
 mod tests {
     use super::*;
     use crate::decode::{self, Format, Origin};
-    use crate::state::State;
+    use crate::keyed::state::State;
 
     fn spec(jobs: u64, active: bool) -> Spec {
         Spec {

@@ -4,7 +4,7 @@
 #![no_main]
 
 use fluxpipe::pipeline::changelog::{FORMAT, Restorer};
-use fluxpipe::state::Owner;
+use fluxpipe::keyed::Owner;
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
 

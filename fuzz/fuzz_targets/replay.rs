@@ -4,7 +4,7 @@
 
 use fluxpipe::decode::{EventStream, Format, Origin, decode_line};
 use fluxpipe::flux::jobid::JobId;
-use fluxpipe::state::State;
+use fluxpipe::keyed::state::State;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,4 +1,6 @@
-//! `fluxpipe bench`: the figures of issue 7 on one generated workload.
+//! `fluxpipe bench`: throughput, memory and latency of the real pipeline
+//! on one generated workload, so that a change to the hot path is judged
+//! by numbers against a baseline (BENCHMARKS.md keeps them).
 //!
 //! Every figure is measured in this process or on a `fluxpipe run` child
 //! (this same executable) fed the workload, so the pipeline measured is the
@@ -276,7 +278,7 @@ fn checkpoint_times(
         .build()?;
     let folder = dir.join(format!("checkpoint-{n}"));
     std::fs::create_dir_all(&folder)?;
-    let rules = crate::alerts::rule::default_rules();
+    let rules = crate::keyed::alerts::rule::default_rules();
     let new_shards = || -> Vec<Shard> {
         (0..n)
             .map(|index| {

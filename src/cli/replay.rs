@@ -1,15 +1,16 @@
 //! `fluxpipe replay`: read eventlogs and journals from files and folders,
 //! replay them through the Flux model and print jobs, ranks and anomalies.
 
-use crate::alerts::engine::{AlertEvent, Engine};
-use crate::alerts::rule::default_rules;
-use crate::alerts::{self, EventClock};
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::flux::object::JsonObject;
+use crate::keyed::alerts::Clock;
+use crate::keyed::alerts::engine::AlertEvent;
+use crate::keyed::alerts::rule::default_rules;
+use crate::keyed::processor::Processor;
+use crate::keyed::state::{KeyedAnomaly, State};
 use crate::output;
-use crate::state::{Effects, JobKey, KeyedAnomaly, State};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::Value;
@@ -58,14 +59,13 @@ fn parse_format(s: &str) -> Result<Format> {
 
 /// Replay state plus what went wrong while reading.
 struct Replay {
-    state: State,
+    /// The same per-record core as the pipeline's shards, its alerts
+    /// measured against event time.
+    processor: Processor,
     cluster: String,
     format: Format,
     anomalies: Vec<KeyedAnomaly>,
     lines: u64,
-    alerts: Engine,
-    /// Newest event time per cluster: the alerts' clock.
-    clock: EventClock,
     fired: Vec<AlertEvent>,
 }
 
@@ -85,39 +85,33 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         }
     };
     let mut replay = Replay {
-        state: State::new(),
+        processor: Processor::new(rules, Clock::Event),
         cluster: args.cluster.clone(),
         format: args.input_format,
         anomalies: Vec::new(),
         lines: 0,
-        alerts: Engine::new(rules),
-        clock: EventClock::default(),
         fired: Vec::new(),
     };
     for path in &args.paths {
         replay.path(path)?;
     }
-    let clock = &replay.clock;
-    replay
-        .alerts
-        .flush(|c| clock.now(c), &mut replay.state.jobs, &mut replay.fired);
+    replay.processor.finish(&mut replay.fired);
     let alerts: Vec<Value> = replay
         .fired
         .iter()
         .filter_map(|a| {
-            let rule = replay.alerts.rules().get(a.rule)?;
+            let rule = replay.processor.alerts.rules().get(a.rule)?;
             Some(output::alert(rule, a))
         })
         .collect();
     let mut anomalies = replay.anomalies;
-    anomalies.extend(replay.state.finish());
+    anomalies.extend(replay.processor.state.finish());
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
+    let state = &replay.processor.state;
     match args.format {
-        OutputFormat::Json => print_json(&mut out, &replay.state, &anomalies, &alerts)?,
-        OutputFormat::Table => {
-            print_table(&mut out, &replay.state, &anomalies, &alerts, replay.lines)?
-        }
+        OutputFormat::Json => print_json(&mut out, state, &anomalies, &alerts)?,
+        OutputFormat::Table => print_table(&mut out, state, &anomalies, &alerts, replay.lines)?,
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
@@ -214,46 +208,11 @@ impl Replay {
         Ok(())
     }
 
-    fn apply(&mut self, rec: Record) {
-        let cluster: String = rec.cluster.as_deref().unwrap_or(&self.cluster).to_string();
-        let key = rec.id.map(|id| JobKey {
-            cluster: self.state.intern(&cluster),
-            id,
-        });
-        let at = match &rec.body {
-            Body::Event(ev) if ev.timestamp.is_finite() => Some(ev.timestamp),
-            _ => None,
-        };
-        let fx = self.state.apply(&self.cluster, rec);
-        if !self.alerts.rules().is_empty() && !fx.duplicate {
-            self.alert_on(&cluster, key.as_ref(), at, &fx);
-        }
-        self.anomalies.extend(fx.anomalies);
-    }
-
-    /// Alerts measured against event time: the newest event per cluster.
-    fn alert_on(&mut self, cluster: &str, key: Option<&JobKey>, at: Option<f64>, fx: &Effects) {
-        let now = self.clock.now(cluster);
-        let lag = at.map_or(0.0, |t| self.clock.advance(cluster, t));
-        // What came due before this record goes first, in time order.
-        let clock = &self.clock;
-        self.alerts.advance(
-            |c| clock.now(c),
-            usize::MAX,
-            &mut self.state.jobs,
-            &mut self.fired,
-        );
-        let Some(at) = at.or(now) else {
-            return;
-        };
-        if let Some(key) = key
-            && let Some(entry) = self.state.jobs.get_mut(key)
-        {
-            alerts::observe_job(&mut self.alerts, entry, key, at, lag, &mut self.fired);
-        }
-        for (c, change) in &fx.rank_changes {
-            alerts::observe_rank(&mut self.alerts, c, change, at, lag, &mut self.fired);
-        }
+    fn apply(&mut self, mut rec: Record) {
+        let own = rec.cluster.take();
+        let cluster = own.as_deref().unwrap_or(&self.cluster);
+        let (_, done) = self.processor.process(cluster, rec, &mut self.fired);
+        self.anomalies.extend(done.fx.anomalies);
     }
 
     fn input_anomaly(&mut self, path: &Path, lineno: u64, message: String) {

@@ -1,7 +1,7 @@
 //! The keyed operators. Records are routed by a hash of their key
 //! (cluster, job id; cluster alone for resource records) to one of N shard
 //! tasks, so each job's events stay in order and shards share no state.
-//! Each shard applies records to the Flux model ([`crate::state::State`])
+//! Each shard applies records to the Flux model ([`crate::keyed::state::State`])
 //! and emits output records.
 
 pub mod ages;
@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// How much room a source waits for when its shard's queue is full.
 const WAKE_BATCH: usize = 64;
 
-pub use crate::state::Owner;
+pub use crate::keyed::Owner;
 
 /// A source as shards know it. Records carry their source's index in the
 /// pipeline's list of these rather than its names: a name shared by
@@ -87,16 +87,7 @@ pub enum ShardMsg {
     Adopt(Box<ShardState>),
 }
 
-/// What became of one record in its shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Applied to the state (anomalies included).
-    Applied,
-    /// It repeated something already applied and was skipped.
-    Repeat,
-    /// Refused: `operators.max_jobs` was reached.
-    Refused,
-}
+pub use crate::keyed::processor::Outcome;
 
 /// What became of a sender's records, counted by the shards as they apply
 /// them: final once a barrier behind them has passed.

@@ -9,18 +9,20 @@
 use super::ages::OldestEntries;
 use super::job_metrics::ClusterMetrics;
 use super::{BarrierReply, Outcome, Owner, Routed, ShardMsg, ShardSnapshot, SourceInfo};
-use crate::alerts::engine::{AlertEvent, Engine, SavedCondition, Status, Subject};
-use crate::alerts::rule::Rule;
-use crate::alerts::{self, Clock, EventClock};
-use crate::decode::Body;
+use crate::decode::{Body, EventStream};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::{Job, JobState};
+use crate::keyed::JobKey;
+use crate::keyed::alerts::Clock;
+use crate::keyed::alerts::engine::{AlertEvent, SavedCondition, Status, Subject};
+use crate::keyed::alerts::rule::Rule;
+use crate::keyed::processor::{Processed, Processor};
+use crate::keyed::state::{JobEntry, KeyedAnomaly};
 use crate::output::{self, JobRecord, OutputRecord};
 use crate::pipeline::changelog::{self, Change, EntryRef};
 use crate::pipeline::checkpoint::{ShardState, ShardStateRef, spill_path};
 use crate::pipeline::config::OutputStream;
 use crate::sinks::{HeldOutputs, Outputs};
-use crate::state::{JobEntry, JobKey, KeyedAnomaly, State};
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use foldhash::{HashMap, HashSet};
 use std::collections::{BTreeSet, VecDeque};
@@ -51,7 +53,7 @@ pub struct AlertSetup {
 /// The newest event timestamp per cluster over all shards, for
 /// `alerts.clock = "event"`. Shards keep their own view and merge it there
 /// on every tick, so the hot path takes no lock.
-pub use crate::alerts::SharedEventClock;
+pub use crate::keyed::alerts::SharedEventClock;
 
 /// Most alerts fired in one go; more wait for the next turn of the loop,
 /// so input keeps flowing while a million timers come due.
@@ -62,14 +64,11 @@ const FIRE_BATCH: usize = 1024;
 const DRAIN_BATCH: usize = 256;
 
 pub struct Shard {
-    state: State,
-    alerts: Engine,
-    clock: Clock,
+    /// The per-record core, shared with `fluxpipe replay`.
+    processor: Processor,
+    /// Alerts fired by the record in hand (kept: no allocation per record).
+    fired: Vec<AlertEvent>,
     shared_clock: SharedEventClock,
-    /// Newest event timestamp per cluster, as this shard knows it.
-    event_clock: EventClock,
-    /// More alerts are due than the last batch fired.
-    alerts_due: bool,
     /// Outputs of the records in hand, for the sinks once they are applied.
     outputs: HeldOutputs,
     retention: Retention,
@@ -160,12 +159,11 @@ impl Shard {
         alerts: AlertSetup,
     ) -> Self {
         Shard {
-            state: State::new(),
-            alerts: Engine::new(alerts.rules),
-            clock: alerts.clock,
+            processor: Processor::new(alerts.rules, alerts.clock)
+                .with_fire_batch(FIRE_BATCH)
+                .with_max_jobs(retention.max_jobs),
+            fired: Vec::new(),
             shared_clock: alerts.shared,
-            event_clock: EventClock::default(),
-            alerts_due: false,
             outputs: HeldOutputs::new(outputs),
             retention,
             inactive: VecDeque::new(),
@@ -197,8 +195,8 @@ impl Shard {
 
     /// Share the ranks jobs hold with the other shards, so the one keeping
     /// a cluster's resource state knows which drained ranks still run a job.
-    pub fn with_allocations(mut self, allocations: crate::state::SharedAllocations) -> Self {
-        self.state.share_allocations(allocations);
+    pub fn with_allocations(mut self, allocations: crate::keyed::state::SharedAllocations) -> Self {
+        self.processor.state.share_allocations(allocations);
         self
     }
 
@@ -216,7 +214,7 @@ impl Shard {
             .map(|s| SourceInfo {
                 name: Arc::from(&*s.name),
                 // The state's own copy, which its job keys share.
-                cluster: self.state.intern(&s.cluster),
+                cluster: self.processor.state.intern(&s.cluster),
             })
             .collect();
         self
@@ -232,10 +230,10 @@ impl Shard {
     /// the last one for the changelog.
     pub fn snapshot(&mut self) -> ShardSnapshot {
         let saved = ShardStateRef {
-            jobs: &self.state.jobs,
-            resources: &self.state.resources,
-            alerts: &self.alerts,
-            clock: &self.event_clock,
+            jobs: &self.processor.state.jobs,
+            resources: &self.processor.state.resources,
+            alerts: &self.processor.alerts,
+            clock: &self.processor.event_clock,
             resource_owners: &self.resource_owners,
         };
         let state = match &mut self.spill {
@@ -257,24 +255,24 @@ impl Shard {
         for (dirty, owner) in std::mem::take(&mut self.dirty) {
             let (key, value) = match &dirty {
                 Dirty::Job(key) => {
-                    let value = self.state.jobs.get(key).map(|entry| {
+                    let value = self.processor.state.jobs.get(key).map(|entry| {
                         EntryRef::Job {
                             key,
                             entry,
-                            alerts: self.alerts.saved_job(key, &entry.alerts),
-                            clock: self.event_clock.now(&key.cluster),
+                            alerts: self.processor.alerts.saved_job(key, &entry.alerts),
+                            clock: self.processor.event_clock.now(&key.cluster),
                         }
                         .encode()
                     });
                     (changelog::job_key(key), value)
                 }
                 Dirty::Resource(cluster) => {
-                    let value = self.state.resources.get(cluster).map(|state| {
+                    let value = self.processor.state.resources.get(cluster).map(|state| {
                         EntryRef::Resource {
                             cluster,
                             state,
-                            alerts: self.alerts.saved_for_nodes(cluster),
-                            clock: self.event_clock.now(cluster),
+                            alerts: self.processor.alerts.saved_for_nodes(cluster),
+                            clock: self.processor.event_clock.now(cluster),
                         }
                         .encode()
                     });
@@ -302,7 +300,7 @@ impl Shard {
         if owner.is_none() && self.logged.is_empty() {
             return;
         }
-        let Some(entry) = self.state.jobs.get_mut(key) else {
+        let Some(entry) = self.processor.state.jobs.get_mut(key) else {
             return;
         };
         if entry.owner.is_none() {
@@ -317,7 +315,7 @@ impl Shard {
 
     /// The same for a cluster's resource state.
     fn touch_resource(&mut self, cluster: &str, owner: Option<&Owner>) {
-        if !self.state.resources.contains_key(cluster) {
+        if !self.processor.state.resources.contains_key(cluster) {
             return;
         }
         if let Some(o) = owner {
@@ -334,8 +332,8 @@ impl Shard {
     }
 
     /// A job is about to be dropped: its tombstone goes to the changelog.
-    fn drop_job(&mut self, key: &JobKey) -> Option<Box<crate::state::JobEntry>> {
-        let entry = self.state.remove_job(key)?;
+    fn drop_job(&mut self, key: &JobKey) -> Option<Box<crate::keyed::state::JobEntry>> {
+        let entry = self.processor.state.remove_job(key)?;
         if let Some(o) = &entry.owner
             && self.logged.contains(&o.source)
         {
@@ -351,6 +349,7 @@ impl Shard {
             o.is_some_and(|o| &*o.source == source && partitions.contains(&o.partition))
         };
         let keys: Vec<JobKey> = self
+            .processor
             .state
             .jobs
             .iter()
@@ -358,7 +357,7 @@ impl Shard {
             .map(|(k, _)| k.clone())
             .collect();
         for key in &keys {
-            if let Some(entry) = self.state.remove_job(key) {
+            if let Some(entry) = self.processor.state.remove_job(key) {
                 self.uncount(key, entry);
             }
             self.dirty.remove(&Dirty::Job(key.clone()));
@@ -371,10 +370,10 @@ impl Shard {
             .collect();
         for cluster in &clusters {
             self.resource_owners.remove(cluster);
-            self.state.resources.remove(cluster);
+            self.processor.state.resources.remove(cluster);
             self.nodes.forget(cluster);
-            for node in self.alerts.node_subjects(cluster) {
-                self.alerts.release_node(&node);
+            for node in self.processor.alerts.node_subjects(cluster) {
+                self.processor.alerts.release_node(&node);
             }
             self.dirty.remove(&Dirty::Resource(cluster.clone()));
         }
@@ -391,8 +390,8 @@ impl Shard {
             self.count_job(&key.cluster, job, -1);
         }
         let conditions = std::mem::take(&mut entry.alerts);
-        for rule in self.alerts.release_job(conditions, &key.cluster) {
-            if let Some(rule) = self.alerts.rules().get(rule) {
+        for rule in self.processor.alerts.release_job(conditions, &key.cluster) {
+            if let Some(rule) = self.processor.alerts.rules().get(rule) {
                 metrics::gauge!("flux_jobs_stuck", "flux_cluster" => key.cluster.clone(), "rule" => rule.name.clone())
                     .decrement(1.0);
             }
@@ -419,7 +418,7 @@ impl Shard {
     fn take_over(&mut self, saved: ShardState) -> Vec<AlertEvent> {
         let now = Instant::now();
         for (cluster, t) in saved.clock.clusters() {
-            self.event_clock.advance(cluster, t);
+            self.processor.event_clock.advance(cluster, t);
         }
         for (cluster, owner) in saved.resource_owners {
             self.resource_owners.insert(cluster, owner);
@@ -428,14 +427,14 @@ impl Shard {
             saved.resources.iter().map(|(c, _)| c.clone()).collect();
         for (cluster, res) in saved.resources {
             self.first_sight(&Arc::from(cluster.as_str()));
-            self.state.resources.insert(cluster, res);
+            self.processor.state.resources.insert(cluster, res);
         }
         // Room for all at once, and the state-entry times sorted and added
         // in one go: a million restored jobs, one table growth and one
         // ordered build instead of a million of each. Nothing in this loop
         // touches a reference count or a metric per job: each is an atomic
         // operation, which waits for the table's pending cache misses.
-        self.state.jobs.reserve(saved.jobs.len());
+        self.processor.state.jobs.reserve(saved.jobs.len());
         // The clusters met, and each active job's (cluster, state, entered).
         let mut clusters: Vec<Arc<str>> = Vec::new();
         let mut entered: Vec<(u32, JobState, Option<f64>)> = Vec::with_capacity(saved.jobs.len());
@@ -456,7 +455,8 @@ impl Shard {
                 out_of_order.extend(conditions.next());
             }
             let mine = std::iter::from_fn(|| conditions.next_if(own));
-            self.alerts
+            self.processor
+                .alerts
                 .restore_job(mine, &mut entry.alerts, &mut firing);
             // Decoded keys share a copy of their cluster's name per decoding
             // thread: the shard takes the first it meets as its own and
@@ -467,7 +467,7 @@ impl Shard {
                     let i = match clusters.iter().position(|c| *c == key.cluster) {
                         Some(i) => i,
                         None => {
-                            clusters.push(self.state.adopt(&key.cluster));
+                            clusters.push(self.processor.state.adopt(&key.cluster));
                             self.first_sight(&key.cluster);
                             clusters.len() - 1
                         }
@@ -489,20 +489,20 @@ impl Shard {
                 entered.push((cluster, job.state, job.t_state()));
             }
             // Held already (left from a checkpoint): the restored one wins.
-            if self.state.jobs.contains_key(&key) {
-                if let Some(old) = self.state.insert_job(key.clone(), entry) {
+            if self.processor.state.jobs.contains_key(&key) {
+                if let Some(old) = self.processor.state.insert_job(key.clone(), entry) {
                     self.uncount(&key, old);
                 }
             } else {
-                self.state.insert_job(key, entry);
+                self.processor.state.insert_job(key, entry);
             }
         }
         // Draining as the jobs held now say (the shards restore side by
         // side: holds of other shards' jobs come in as they do, and the
         // next refresh looks at them), then the nodes as restored.
-        self.state.recompute_draining();
+        self.processor.state.recompute_draining();
         for cluster in &restored_clusters {
-            if let Some(res) = self.state.resources.get(cluster) {
+            if let Some(res) = self.processor.state.resources.get(cluster) {
                 self.nodes
                     .set_instance_down(cluster, res.down_since().is_some());
                 for rank in res.ranks() {
@@ -519,7 +519,11 @@ impl Shard {
         self.ages
             .add_all(entered.into_iter().map(|(c, state, t)| (name(c), state, t)));
         out_of_order.extend(conditions);
-        firing.extend(self.alerts.restore(out_of_order, &mut self.state.jobs));
+        firing.extend(
+            self.processor
+                .alerts
+                .restore(out_of_order, &mut self.processor.state.jobs),
+        );
         let alerts = firing;
         self.report_tracked();
         alerts
@@ -561,7 +565,7 @@ impl Shard {
         self.series
             .insert(cluster.to_string(), ClusterMetrics::new(cluster));
         let c = cluster.to_string();
-        for (_, rule) in self.alerts.rules_for(true) {
+        for (_, rule) in self.processor.alerts.rules_for(true) {
             metrics::gauge!("flux_jobs_stuck", "flux_cluster" => c.clone(), "rule" => rule.name.clone())
                 .increment(0.0);
         }
@@ -569,7 +573,7 @@ impl Shard {
 
     /// Shards share one gauge: each adds the change in its own count.
     fn report_tracked(&mut self) {
-        let now = self.state.jobs.len();
+        let now = self.processor.state.jobs.len();
         // Most records neither add nor drop a job: no shared counter written.
         if now == self.reported {
             return;
@@ -636,14 +640,14 @@ impl Shard {
                     }
                 }
                 _ = tick.tick() => self.expire(Instant::now()).await,
-                _ = std::future::ready(()), if self.alerts_due => self.fire_due().await,
+                _ = std::future::ready(()), if self.processor.alerts_due() => self.fire_due().await,
             }
             self.flush().await;
         }
         // Input is over: what other shards' jobs did to drained ranks here
         // (as far as they got), and what is due, go out before it ends.
         self.refresh_draining().await;
-        while self.alerts_due {
+        while self.processor.alerts_due() {
             self.fire_due().await;
         }
         self.flush().await;
@@ -677,28 +681,6 @@ impl Shard {
         };
         let stream = record.stream;
         let id = record.id;
-        // The shard's own copy of the name: no reference count shared
-        // with the source's thread in a million long-lived keys.
-        let key = id.map(|id| JobKey {
-            cluster: self.state.intern(&cluster),
-            id,
-        });
-        // The job as it was, for the metrics of what this record changes.
-        let prior = key.as_ref().and_then(|k| self.state.jobs.get(k));
-        let new_key = key.clone().filter(|_| prior.is_none());
-        if new_key.is_some() && self.state.jobs.len() >= self.retention.max_jobs {
-            self.refused += 1;
-            metrics::counter!("fluxpipe_jobs_refused_total", "reason" => "max_jobs").increment(1);
-            // The first, then every power of two: a flood stays readable.
-            if self.refused.is_power_of_two() {
-                tracing::warn!(
-                    held = self.state.jobs.len(),
-                    refused = self.refused,
-                    "operators.max_jobs reached: records of jobs not yet held are refused"
-                );
-            }
-            return Outcome::Refused;
-        }
         // The event as it came, for the `events` feed, built only if wanted.
         let event_out = match &record.body {
             Body::Event(ev) if self.outputs.wants(OutputStream::Events) => {
@@ -713,17 +695,8 @@ impl Shard {
             )),
             _ => None,
         };
-        let before = prior
-            .filter(|e| e.job.submitted && !e.job.invalidated)
-            .map(|e| (e.job.state, e.job.t_state()));
-        // What the job rules see of the job, to skip the engine when this
-        // record changes none of it.
-        let view = (key.is_some() && !self.alerts.rules().is_empty())
-            .then(|| alerts::job_view(prior.map(|e| &**e)));
         let exception = match &record.body {
-            Body::Event(ev)
-                if stream == crate::decode::EventStream::Job && ev.name == "exception" =>
-            {
+            Body::Event(ev) if stream == EventStream::Job && ev.name == "exception" => {
                 let values = ev.values(["type", "severity"]);
                 match (values.str("type"), values.int("severity")) {
                     (Ok(t), Ok(sev)) => Some((t.to_string(), sev)),
@@ -732,16 +705,33 @@ impl Shard {
             }
             _ => None,
         };
+        let mut fired = std::mem::take(&mut self.fired);
+        let (outcome, done) = self.processor.process(&cluster, record, &mut fired);
+        if outcome == Outcome::Refused {
+            self.fired = fired;
+            self.refused += 1;
+            metrics::counter!("fluxpipe_jobs_refused_total", "reason" => "max_jobs").increment(1);
+            // The first, then every power of two: a flood stays readable.
+            if self.refused.is_power_of_two() {
+                tracing::warn!(
+                    held = self.jobs_tracked(),
+                    refused = self.refused,
+                    "operators.max_jobs reached: records of jobs not yet held are refused"
+                );
+            }
+            return outcome;
+        }
         self.first_sight(&cluster);
-        let event_ts = match &record.body {
-            Body::Event(ev) => Some(ev.timestamp),
-            _ => None,
-        };
-        let fx = self.state.apply(&cluster, record);
+        let Processed {
+            key,
+            before,
+            new_job,
+            fx,
+        } = done;
         if !fx.duplicate {
             match &key {
                 Some(key) => self.touch_job(key, owner.as_ref()),
-                None if stream == crate::decode::EventStream::Resource => {
+                None if stream == EventStream::Resource => {
                     self.touch_resource(&cluster, owner.as_ref());
                 }
                 None => {}
@@ -749,7 +739,7 @@ impl Shard {
         }
         if let Some((name, _)) = fx.event.as_ref().filter(|_| key.is_none())
             && matches!(name.as_str(), "instance-down" | "restart" | "resource-init")
-            && let Some(res) = self.state.resources.get(&*cluster)
+            && let Some(res) = self.processor.state.resources.get(&*cluster)
         {
             self.nodes
                 .set_instance_down(&cluster, res.down_since().is_some());
@@ -758,10 +748,12 @@ impl Shard {
         if key.is_some() && !fx.rank_changes.is_empty() {
             self.touch_resource(&cluster, None);
         }
-        if !fx.duplicate {
-            self.alert_on(&cluster, key.as_ref(), view, event_ts, &fx)
-                .await;
+        // Most records fire nothing: no future made and polled for nothing.
+        if !fired.is_empty() {
+            self.emit_alerts(&fired).await;
+            fired.clear();
         }
+        self.fired = fired;
         if !fx.duplicate {
             self.job_metrics(&cluster, key.as_ref(), before, &fx);
             if let Some((kind, severity)) = exception {
@@ -770,13 +762,19 @@ impl Shard {
             if let Some((name, _)) = fx
                 .event
                 .as_ref()
-                .filter(|_| stream == crate::decode::EventStream::Resource)
+                .filter(|_| stream == EventStream::Resource)
             {
                 metrics::counter!("flux_resource_events_total", "flux_cluster" => cluster.to_string(), "event" => name.to_string()).increment(1);
             }
         }
-        if let Some(key) = new_key
-            && self.state.jobs.get(&key).is_some_and(|e| !e.job.submitted)
+        if new_job
+            && let Some(key) = key
+            && self
+                .processor
+                .state
+                .jobs
+                .get(&key)
+                .is_some_and(|e| !e.job.submitted)
         {
             self.unsubmitted
                 .push_back((Instant::now() + self.retention.orphan_ttl, key));
@@ -803,7 +801,7 @@ impl Shard {
                 self.outputs.emit(OutputRecord::transition(t, name)).await;
             }
             if t.transition.to == JobState::Inactive {
-                if let Some(entry) = self.state.jobs.get(&t.key).filter(|_| jobs) {
+                if let Some(entry) = self.processor.state.jobs.get(&t.key).filter(|_| jobs) {
                     self.outputs
                         .emit(OutputRecord::job(JobRecord::new(&t.key, entry)))
                         .await;
@@ -832,72 +830,18 @@ impl Shard {
         if !fx.anomalies.is_empty() {
             self.emit_anomalies(&fx.anomalies).await;
         }
-        if fx.duplicate {
-            Outcome::Repeat
-        } else {
-            Outcome::Applied
-        }
-    }
-
-    /// Feed the alert engine what this record changed, then fire what is
-    /// due.
-    async fn alert_on(
-        &mut self,
-        cluster: &str,
-        key: Option<&JobKey>,
-        view: Option<Option<alerts::JobView>>,
-        event_ts: Option<f64>,
-        fx: &crate::state::Effects,
-    ) {
-        if self.alerts.rules().is_empty() {
-            return;
-        }
-        // How far this record runs behind the cluster's event clock.
-        let lag = match (self.clock, event_ts) {
-            (Clock::Event, Some(ts)) => self.event_clock.advance(cluster, ts),
-            _ => 0.0,
-        };
-        // What came due before this record goes first, in time order.
-        if self.clock == Clock::Event {
-            self.fire_due().await;
-        }
-        let at = event_ts
-            .or_else(|| self.event_clock.now(cluster))
-            .unwrap_or_else(alerts::wall_now);
-        let mut out = Vec::new();
-        if let Some(key) = key
-            && let Some(entry) = self.state.jobs.get_mut(key)
-            && view != Some(alerts::job_view(Some(entry)))
-        {
-            alerts::observe_job(&mut self.alerts, entry, key, at, lag, &mut out);
-        }
-        for (c, change) in &fx.rank_changes {
-            alerts::observe_rank(&mut self.alerts, c, change, at, lag, &mut out);
-        }
-        if !out.is_empty() {
-            self.emit_alerts(&out).await;
-        }
+        outcome
     }
 
     /// Fire a batch of the alerts that are due.
     async fn fire_due(&mut self) {
-        let mut out = Vec::new();
-        self.alerts_due = match self.clock {
-            Clock::Wall => {
-                let now = alerts::wall_now();
-                self.alerts
-                    .advance(|_| Some(now), FIRE_BATCH, &mut self.state.jobs, &mut out)
-            }
-            Clock::Event => {
-                let clocks = &self.event_clock;
-                let jobs = &mut self.state.jobs;
-                self.alerts
-                    .advance(|c| clocks.now(c), FIRE_BATCH, jobs, &mut out)
-            }
-        };
+        let mut out = std::mem::take(&mut self.fired);
+        self.processor.fire_due(&mut out);
         if !out.is_empty() {
             self.emit_alerts(&out).await;
+            out.clear();
         }
+        self.fired = out;
     }
 
     async fn emit_alerts(&mut self, events: &[AlertEvent]) {
@@ -907,7 +851,7 @@ impl Shard {
                 Subject::Job(k) => self.touch_job(k, None),
                 Subject::Node(n) => self.touch_resource(&n.cluster, None),
             }
-            let Some(rule) = self.alerts.rules().get(a.rule) else {
+            let Some(rule) = self.processor.alerts.rules().get(a.rule) else {
                 continue;
             };
             if rule.kind.is_job() {
@@ -934,9 +878,9 @@ impl Shard {
         cluster: &str,
         key: Option<&JobKey>,
         before: Option<(JobState, Option<f64>)>,
-        fx: &crate::state::Effects,
+        fx: &crate::keyed::state::Effects,
     ) {
-        let Some(entry) = key.and_then(|k| self.state.jobs.get(k)) else {
+        let Some(entry) = key.and_then(|k| self.processor.state.jobs.get(k)) else {
             return;
         };
         let job = &entry.job;
@@ -1033,6 +977,7 @@ impl Shard {
         {
             if let Some((_, key)) = self.inactive.pop_front()
                 && self
+                    .processor
                     .state
                     .jobs
                     .get(&key)
@@ -1043,7 +988,8 @@ impl Shard {
                 if let Some(mut entry) = self.drop_job(&key) {
                     let at = entry.job.last_timestamp().unwrap_or(0.0);
                     let conditions = std::mem::take(&mut entry.alerts);
-                    self.alerts
+                    self.processor
+                        .alerts
                         .forget_job(conditions, &key, at, &mut gone_alerts);
                 }
                 metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "inactive")
@@ -1055,16 +1001,23 @@ impl Shard {
             && *at <= now
         {
             if let Some((_, key)) = self.unsubmitted.pop_front()
-                && self.state.jobs.get(&key).is_some_and(|e| !e.job.submitted)
+                && self
+                    .processor
+                    .state
+                    .jobs
+                    .get(&key)
+                    .is_some_and(|e| !e.job.submitted)
             {
                 let at = self
+                    .processor
                     .state
                     .jobs
                     .get(&key)
                     .map_or(0.0, |e| e.job.last_timestamp().unwrap_or(0.0));
                 if let Some(mut entry) = self.drop_job(&key) {
                     let conditions = std::mem::take(&mut entry.alerts);
-                    self.alerts
+                    self.processor
+                        .alerts
                         .forget_job(conditions, &key, at, &mut gone_alerts);
                 }
                 metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "orphan").increment(1);
@@ -1085,10 +1038,10 @@ impl Shard {
         self.refresh_draining().await;
         // The event clock is shared for the alert rules and for the
         // node-seconds counters of the metrics.
-        if self.clock == Clock::Event {
-            self.shared_clock.sync(&mut self.event_clock);
+        if self.processor.clock() == Clock::Event {
+            self.shared_clock.sync(&mut self.processor.event_clock);
         }
-        if !self.alerts.rules().is_empty() {
+        if !self.processor.alerts.rules().is_empty() {
             self.fire_due().await;
         }
     }
@@ -1097,25 +1050,23 @@ impl Shard {
     /// resource state is kept here: drained ranks among them become
     /// draining, or drained again. Emitted as rank records of no event.
     async fn refresh_draining(&mut self) {
-        let changes = self.state.refresh_draining();
-        if changes.is_empty() {
-            return;
-        }
         let mut out = Vec::new();
-        for (cluster, change) in changes {
-            self.touch_resource(&cluster, None);
-            let at = self
-                .event_clock
-                .now(&cluster)
-                .or_else(|| self.shared_clock.now(&cluster))
-                .unwrap_or_else(alerts::wall_now);
-            self.nodes
-                .update(&cluster, change.rank, change.after.as_ref(), at);
-            if !self.alerts.rules().is_empty() {
-                alerts::observe_rank(&mut self.alerts, &cluster, &change, at, 0.0, &mut out);
-            }
+        let shared = &self.shared_clock;
+        let flips = self.processor.refresh_draining(|c| shared.now(c), &mut out);
+        for flip in flips {
+            self.touch_resource(&flip.cluster, None);
+            self.nodes.update(
+                &flip.cluster,
+                flip.change.rank,
+                flip.change.after.as_ref(),
+                flip.at,
+            );
             self.outputs
-                .emit(OutputRecord::rank_change_at(&cluster, change, at))
+                .emit(OutputRecord::rank_change_at(
+                    &flip.cluster,
+                    flip.change,
+                    flip.at,
+                ))
                 .await;
         }
         if !out.is_empty() {
@@ -1125,22 +1076,25 @@ impl Shard {
 
     /// Alert conditions holding now, fired or waiting.
     pub fn alert_conditions(&self) -> usize {
-        self.alerts.saved(&self.state.jobs).len()
+        self.processor
+            .alerts
+            .saved(&self.processor.state.jobs)
+            .len()
     }
 
     /// Jobs currently held.
     pub fn jobs_tracked(&self) -> usize {
-        self.state.jobs.len()
+        self.processor.state.jobs.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alerts::rule::RuleKind;
     use crate::decode::{EventStream, Record};
     use crate::flux::Event;
     use crate::flux::jobid::JobId;
+    use crate::keyed::alerts::rule::RuleKind;
     use crate::pipeline::checkpoint::{self, ShardBytes};
     use crate::pipeline::config;
     use crate::pipeline::config::OutputStream;
@@ -1203,7 +1157,7 @@ mod tests {
             rules: vec![
                 Rule::new(
                     "sched",
-                    crate::alerts::rule::RuleKind::JobState(JobState::Sched),
+                    crate::keyed::alerts::rule::RuleKind::JobState(JobState::Sched),
                     hold,
                     "warning",
                 )
@@ -1339,8 +1293,8 @@ mod tests {
         b.adopt(restored.state).await;
         assert_eq!(b.jobs_tracked(), 1);
         assert_eq!(
-            b.state.jobs[&key(7)].summary(),
-            a.state.jobs[&key(7)].summary()
+            b.processor.state.jobs[&key(7)].summary(),
+            a.processor.state.jobs[&key(7)].summary()
         );
         // The rest of job 7 goes on in b as it would have in a.
         for ev in evs.iter().skip(4) {
@@ -1350,16 +1304,16 @@ mod tests {
                 .await;
         }
         assert_eq!(
-            b.state.jobs[&key(7)].summary(),
-            a.state.jobs[&key(7)].summary()
+            b.processor.state.jobs[&key(7)].summary(),
+            a.processor.state.jobs[&key(7)].summary()
         );
-        assert_eq!(b.state.jobs[&key(7)].job.state, JobState::Inactive);
+        assert_eq!(b.processor.state.jobs[&key(7)].job.state, JobState::Inactive);
 
         // a gives partition 2 up: job 7 goes, silently; 8 and 9 stay.
         a.snapshot().unwrap();
         a.release("k", &BTreeSet::from([2]));
         assert_eq!(a.jobs_tracked(), 2);
-        assert!(!a.state.jobs.contains_key(&key(7)));
+        assert!(!a.processor.state.jobs.contains_key(&key(7)));
         assert!(a.snapshot().unwrap().changes.is_empty());
 
         // Dropped after the grace: a tombstone for the owned job only.
@@ -1501,7 +1455,7 @@ mod tests {
             a.apply(r).await;
         }
         let conditions = |s: &Shard| {
-            let bytes = rmp_serde::to_vec(&s.alerts.saved(&s.state.jobs)).unwrap();
+            let bytes = rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
             let v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
             v.into_iter()
                 .map(|c| (c.fired, c.since))
@@ -1541,7 +1495,7 @@ mod tests {
         // a new job moves the clock
         a.apply(to_sched(21, 1200.0).swap_remove(0)).await;
         let saved = |s: &Shard| {
-            let bytes = rmp_serde::to_vec(&s.alerts.saved(&s.state.jobs)).unwrap();
+            let bytes = rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
             let mut v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
             v.sort_by_key(|c| format!("{c:?}"));
             v
@@ -1571,8 +1525,8 @@ mod tests {
             assert_eq!(saved(&b), before, "{order}");
             assert_eq!(b.restored_alerts.len(), 10, "{order}: fired ones announced");
             let mut out = Vec::new();
-            b.alerts
-                .advance(|_| Some(1300.0), usize::MAX, &mut b.state.jobs, &mut out);
+            b.processor.alerts
+                .advance(|_| Some(1300.0), usize::MAX, &mut b.processor.state.jobs, &mut out);
             assert_eq!(out.len(), 10, "{order}: the waiting ones fire when due");
         }
     }
@@ -1591,7 +1545,7 @@ mod tests {
             }
         }
         let conditions = |s: &Shard| {
-            let bytes = rmp_serde::to_vec(&s.alerts.saved(&s.state.jobs)).unwrap();
+            let bytes = rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
             let v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
             let mut v: Vec<(String, f64, bool)> = v
                 .into_iter()

@@ -15,12 +15,13 @@
 //! half applied. Values start with a format byte, then MessagePack. Pure:
 //! no I/O (the Kafka side is `sources::kafka::changelog`).
 
-use crate::alerts::EventClock;
-use crate::alerts::engine::SavedCondition;
 use crate::flux::resource::ResourceState;
+use crate::keyed::JobKey;
+use crate::keyed::alerts::EventClock;
+use crate::keyed::alerts::engine::SavedCondition;
+use crate::keyed::state::JobEntry;
 use crate::operators::Owner;
 use crate::pipeline::checkpoint::ShardState;
-use crate::state::{JobEntry, JobKey};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use thiserror::Error;

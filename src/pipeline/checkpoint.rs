@@ -19,11 +19,12 @@
 //! catches what the disk itself garbles; a file that fails any check is an
 //! error, never read as empty.
 
-use crate::alerts::EventClock;
-use crate::alerts::engine::{Engine, SavedCondition, Subject};
 use crate::flux::resource::ResourceState;
+use crate::keyed::JobKey;
+use crate::keyed::alerts::EventClock;
+use crate::keyed::alerts::engine::{Engine, SavedCondition, Subject};
+use crate::keyed::state::JobEntry;
 use crate::operators::Owner;
-use crate::state::{JobEntry, JobKey};
 use foldhash::HashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -899,11 +900,11 @@ mod tests {
     use crate::decode::{Body, EventStream, Record};
     use crate::flux::Event;
     use crate::flux::jobid::JobId;
-    use crate::state::State;
+    use crate::keyed::state::State;
     use proptest::prelude::*;
 
     /// An engine with no conditions, for states without alerts.
-    static NO_ALERTS: std::sync::LazyLock<crate::alerts::engine::Engine> =
+    static NO_ALERTS: std::sync::LazyLock<crate::keyed::alerts::engine::Engine> =
         std::sync::LazyLock::new(Default::default);
 
     fn state_with(n: u64) -> State {

@@ -6,10 +6,10 @@
 //! listeners share an address, paths can be read or written. Every error
 //! names the key and the line.
 
-use crate::alerts::Clock;
-use crate::alerts::rule::{Rule, RuleError, RuleKind, default_rules};
 use crate::decode::{EventStream, Format};
 use crate::flux::jobid::JobId;
+use crate::keyed::alerts::Clock;
+use crate::keyed::alerts::rule::{Rule, RuleError, RuleKind, default_rules};
 use serde::{Deserialize, Deserializer};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

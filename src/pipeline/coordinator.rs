@@ -3,8 +3,9 @@
 //! positions saved.
 //!
 //! One round, every `checkpoint.interval_secs`:
-//! 1. Every source that has positions (files; Kafka later) is asked, stops
-//!    between two records, reports its positions and waits.
+//! 1. Every source that has positions (files, Kafka, and `http` sources
+//!    that acknowledge at checkpoints) is asked, stops between two records,
+//!    reports its positions and waits.
 //! 2. With every such source at rest, a barrier goes into every shard's
 //!    queue, behind everything those sources sent; then the sources go on.
 //! 3. Each shard, reaching the barrier, has applied exactly the records
@@ -25,8 +26,9 @@
 //!
 //! A round that takes longer than `checkpoint.timeout_secs` at any step is
 //! abandoned (logged, counted) and the previous checkpoint stays. Sources
-//! without positions (stdin, sockets) take no part: what they sent is in
-//! the state or not, and cannot be asked for again either way.
+//! without positions (stdin, sockets, `http` sources that acknowledge on
+//! receipt) take no part: what they sent is in the state or not, and
+//! cannot be asked for again either way.
 //!
 //! At shutdown no barrier is needed: once the sources have stopped and the
 //! shards and sinks have drained, the final state is saved with the
@@ -328,7 +330,7 @@ impl Coordinator {
                                 .record(took.as_secs_f64());
                             metrics::gauge!("fluxpipe_checkpoint_bytes").set(bytes as f64);
                             metrics::gauge!("fluxpipe_checkpoint_last_success_timestamp_seconds")
-                                .set(crate::alerts::wall_now());
+                                .set(crate::keyed::alerts::wall_now());
                             tracing::debug!(seq = self.seq, bytes, ?took, "checkpoint written");
                             self.written.send_replace(self.seq);
                         }
@@ -466,7 +468,7 @@ impl Coordinator {
         }
         let head = Head {
             seq: self.seq,
-            written_at: crate::alerts::wall_now(),
+            written_at: crate::keyed::alerts::wall_now(),
             sources: self.positions.clone(),
             sinks: sink_cuts,
         };

@@ -198,7 +198,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     // Each shard encodes its state at a barrier on its share of the cores.
     let encode_threads = checkpoint::encode_threads(restored.len());
     // The ranks jobs hold, over every shard's jobs: for draining.
-    let allocations = crate::state::SharedAllocations::default();
+    let allocations = crate::keyed::state::SharedAllocations::default();
     let mut shards: Vec<Shard> = (0..restored.len())
         .map(|index| {
             Shard::new(
@@ -322,7 +322,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         // Every sink has finished: its place is the end of what it wrote.
         let head = Head {
             seq: seq + 1,
-            written_at: crate::alerts::wall_now(),
+            written_at: crate::keyed::alerts::wall_now(),
             sources: positions,
             sinks: sink_ctx.offsets.ends(),
         };

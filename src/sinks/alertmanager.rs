@@ -45,7 +45,7 @@ impl Tracked {
     fn payload(&self, ahead: Duration) -> Value {
         let ends_at = match &self.resolved {
             Some((ends, _)) => ends.clone(),
-            None => rfc3339(crate::alerts::wall_now() + ahead.as_secs_f64()),
+            None => rfc3339(crate::keyed::alerts::wall_now() + ahead.as_secs_f64()),
         };
         json!({
             "labels": self.labels,
@@ -86,10 +86,10 @@ impl Book {
             .get("starts_at")
             .and_then(Value::as_str)
             .map(str::to_string)
-            .unwrap_or_else(|| rfc3339(crate::alerts::wall_now()));
+            .unwrap_or_else(|| rfc3339(crate::keyed::alerts::wall_now()));
         let resolved = match (status, v.get("ends_at").and_then(Value::as_str)) {
             ("resolved", Some(ends)) => Some((ends.to_string(), Instant::now())),
-            ("resolved", None) => Some((rfc3339(crate::alerts::wall_now()), Instant::now())),
+            ("resolved", None) => Some((rfc3339(crate::keyed::alerts::wall_now()), Instant::now())),
             _ => None,
         };
         self.alerts.insert(

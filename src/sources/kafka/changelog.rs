@@ -9,10 +9,10 @@
 //! lets the partition go, and writes skip partitions no longer owned.
 
 use super::Offsets;
+use crate::keyed::Owner;
 use crate::pipeline::changelog::{self, Change, Restored, Restorer};
 use crate::pipeline::config::KafkaSourceConfig;
 use crate::pipeline::coordinator::ChangelogRx;
-use crate::state::Owner;
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};

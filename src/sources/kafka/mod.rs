@@ -43,9 +43,9 @@ use super::SourceContext;
 use super::lines::Line;
 use crate::decode::{EventStream, Origin};
 use crate::flux::jobid::JobId;
+use crate::keyed::Owner;
 use crate::operators::Closed;
 use crate::pipeline::config::KafkaSourceConfig;
-use crate::state::Owner;
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{

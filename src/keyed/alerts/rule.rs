@@ -1,9 +1,9 @@
 //! Alert rules: what condition, held for how long, and when a condition
 //! began for a given job or node. Pure: reads the model, never changes it.
 
-use crate::flux::job::JobState;
+use crate::flux::exec::ExecLog;
+use crate::flux::job::{Job, JobState};
 use crate::flux::resource::RankState;
-use crate::state::JobEntry;
 use thiserror::Error;
 
 /// What a rule watches.
@@ -214,8 +214,7 @@ pub fn default_rules() -> Vec<Rule> {
 }
 
 /// When `kind`'s condition began for this job, if it holds now.
-pub fn job_condition(kind: RuleKind, entry: &JobEntry) -> Option<f64> {
-    let job = &entry.job;
+pub fn job_condition(kind: RuleKind, job: &Job, exec: Option<&ExecLog>) -> Option<f64> {
     if !job.submitted || job.invalidated || job.state == JobState::Inactive {
         return None;
     }
@@ -230,8 +229,7 @@ pub fn job_condition(kind: RuleKind, entry: &JobEntry) -> Option<f64> {
         // The condition "running past the expiration" begins at the
         // expiration; the rule's duration is the grace after it.
         RuleKind::Overrun if job.state == JobState::Run => job.expiration.get(),
-        RuleKind::ExecIncomplete => entry
-            .exec_log()
+        RuleKind::ExecIncomplete => exec
             .filter(|x| !x.done())
             .and_then(|x| x.complete_timestamp()),
         _ => None,
@@ -252,10 +250,8 @@ pub struct JobView {
 }
 
 /// The view of a job the rules can hold for; `None` for one they cannot
-/// (absent, not submitted, invalid or INACTIVE).
-pub fn job_view(entry: Option<&JobEntry>) -> Option<JobView> {
-    let entry = entry?;
-    let job = &entry.job;
+/// (not submitted, invalid or INACTIVE).
+pub fn job_view(job: &Job, exec: Option<&ExecLog>) -> Option<JobView> {
     if !job.submitted || job.invalidated || job.state == JobState::Inactive {
         return None;
     }
@@ -265,8 +261,7 @@ pub fn job_view(entry: Option<&JobEntry>) -> Option<JobView> {
         prolog: job.prolog_since.get(),
         epilog: job.epilog_since.get(),
         expiration: job.expiration.get(),
-        exec_complete: entry
-            .exec_log()
+        exec_complete: exec
             .filter(|x| !x.done())
             .and_then(|x| x.complete_timestamp()),
     })
@@ -331,7 +326,7 @@ mod tests {
         let kinds: Vec<RuleKind> = kinds.collect();
         let mut held = 0;
         for state in JobState::ALL {
-            let mut entry = JobEntry::default();
+            let mut entry = crate::keyed::state::JobEntry::default();
             let job = &mut entry.job;
             job.submitted = true;
             job.state = state;
@@ -353,7 +348,7 @@ mod tests {
                 .with_context(serde_json::json!({"status": 0}));
             entry.exec.get_or_insert_default().apply(&complete);
             for &kind in &kinds {
-                let holds = job_condition(kind, &entry).is_some();
+                let holds = job_condition(kind, &entry.job, entry.exec_log()).is_some();
                 assert!(!holds || kind.can_hold_in(state), "{kind:?} in {state:?}");
                 held += usize::from(holds);
             }
@@ -489,7 +484,8 @@ mod tests {
         /// is a function of the view.
         #[test]
         fn job_rules_read_nothing_beyond_the_view(records in job_records()) {
-            use crate::state::{JobKey, State};
+            use crate::keyed::JobKey;
+            use crate::keyed::state::State;
             use crate::flux::jobid::JobId;
             let key = JobKey { cluster: "c".into(), id: JobId(7) };
             let kinds: Vec<RuleKind> = JobState::ALL
@@ -498,15 +494,15 @@ mod tests {
                 .chain([RuleKind::Prolog, RuleKind::Epilog, RuleKind::Overrun, RuleKind::ExecIncomplete])
                 .collect();
             let conditions = |st: &State| -> Vec<Option<f64>> {
-                kinds.iter().map(|k| st.jobs.get(&key).and_then(|e| job_condition(*k, e))).collect()
+                kinds.iter().map(|k| st.jobs.get(&key).and_then(|e| job_condition(*k, &e.job, e.exec_log()))).collect()
             };
             let mut st = State::new();
             for r in records {
-                let view = job_view(st.jobs.get(&key).map(|e| &**e));
+                let view = st.jobs.get(&key).and_then(|e| job_view(&e.job, e.exec_log()));
                 let before = conditions(&st);
                 let state_before = st.jobs.get(&key).map(|e| e.job.state);
                 st.apply("c", r);
-                if job_view(st.jobs.get(&key).map(|e| &**e)) == view {
+                if st.jobs.get(&key).and_then(|e| job_view(&e.job, e.exec_log())) == view {
                     prop_assert_eq!(conditions(&st), before);
                     if view.is_some() {
                         prop_assert_eq!(st.jobs.get(&key).map(|e| e.job.state), state_before);

@@ -1,18 +1,14 @@
-//! Alerts on stuck jobs and sick nodes: the rules ([`rule`]), the engine
-//! that times them ([`engine`]), and the glue that feeds the engine from
-//! the keyed state after each record. Pure: no I/O; the caller owns the
-//! clock (wall time, or the newest event time per cluster).
+//! Alerts on stuck jobs and sick nodes: the rules ([`rule`]) and the
+//! engine that times them ([`engine`]); the processor
+//! ([`crate::keyed::processor`]) shows the engine what each record changed.
+//! Pure: no I/O; the caller owns the clock (wall time, or the newest event
+//! time per cluster).
 
 pub mod engine;
 pub mod rule;
 pub mod timers;
 pub use rule::{JobView, job_view};
 
-use crate::flux::resource::RankChange;
-use crate::state::{JobEntry, JobKey};
-use engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsLent, NodeKey};
-use rule::{RuleKind, job_condition, node_condition};
-use smallvec::SmallVec;
 use std::collections::HashMap;
 
 /// Which clock alert durations are measured against.
@@ -88,66 +84,6 @@ impl SharedEventClock {
     pub fn now(&self, cluster: &str) -> Option<f64> {
         self.0.lock().ok().and_then(|c| c.now(cluster))
     }
-}
-
-/// Tell the engine where a job stands now, from its entry (which keeps
-/// its conditions). `at` is the time of the record just applied.
-pub fn observe_job(
-    engine: &mut Engine,
-    entry: &mut JobEntry,
-    key: &JobKey,
-    at: f64,
-    lag: f64,
-    out: &mut Vec<AlertEvent>,
-) {
-    // One detail for every rule of the job, lent rather than copied into
-    // each: this runs for every change of a job's state.
-    let detail = Detail::State(entry.job.state);
-    // Only the rules that hold (one or two at a time): the others clear.
-    // Those about other states cannot, and are not looked at.
-    let holds: SmallVec<[(usize, HoldsLent); 2]> = engine
-        .job_rules_in(entry.job.state)
-        .filter_map(|(i, rule)| {
-            job_condition(rule.kind, entry).map(|since| (i, Some((since, &detail))))
-        })
-        .collect();
-    engine.observe_job(&mut entry.alerts, key, &holds, at, lag, out);
-}
-
-/// Tell the engine where a changed rank stands now.
-pub fn observe_rank(
-    engine: &mut Engine,
-    cluster: &str,
-    change: &RankChange,
-    at: f64,
-    lag: f64,
-    out: &mut Vec<AlertEvent>,
-) {
-    let key = NodeKey {
-        cluster: cluster.to_string(),
-        rank: change.rank,
-    };
-    let Some(rank) = &change.after else {
-        engine.forget_node(&key, at, out);
-        return;
-    };
-    let holds: SmallVec<[(usize, Holds); 4]> = engine
-        .rules_for(false)
-        .filter_map(|(i, rule)| {
-            let since = node_condition(rule.kind, rank)?;
-            let host = rank.hostname.clone();
-            let detail = match rule.kind {
-                RuleKind::NodeDrained => Detail::Drained(Box::new(Drain {
-                    host,
-                    reason: rank.drain_reason.clone(),
-                    draining: rank.draining,
-                })),
-                _ => Detail::Host(host),
-            };
-            Some((i, Some((since.unwrap_or(at), detail))))
-        })
-        .collect();
-    engine.observe_node(&key, &holds, at, lag, out);
 }
 
 /// Wall-clock time in seconds since the epoch.

@@ -22,7 +22,7 @@ use super::rule::Rule;
 use super::timers::{TimerId, TimerQueue};
 use crate::flux::job::JobState;
 use crate::flux::jobid::JobId;
-use crate::state::JobKey;
+use crate::keyed::JobKey;
 use foldhash::HashMap;
 use smallvec::SmallVec;
 use std::borrow::Borrow;
@@ -948,8 +948,8 @@ impl Parts<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alerts::rule::RuleKind;
     use crate::flux::jobid::JobId;
+    use crate::keyed::alerts::rule::RuleKind;
     use proptest::prelude::*;
 
     /// A job table as the engine sees it: each job's conditions by key.

@@ -1,0 +1,12 @@
+//! Keyed state and the processor that drives it, with no I/O and no async:
+//! the keys ([`key`]), the state of every job and rank ([`state`]), the
+//! alert rules and the engine that times them ([`alerts`]), and the
+//! per-record core both `fluxpipe replay` and the pipeline's shards drive
+//! ([`processor`]).
+
+pub mod alerts;
+pub mod key;
+pub mod processor;
+pub mod state;
+
+pub use key::{JobKey, Owner};
