@@ -58,6 +58,13 @@ fn bench_short_prints_every_figure() {
         pipelines.iter().all(|l| l.contains("x typed baseline")),
         "{text}"
     );
+    // Replay drives the same processor: its speed beside the pipeline's.
+    assert!(
+        text.lines().any(|l| l.starts_with("fluxpipe replay (")
+            && first_number(l).is_some_and(|n| n > 0.0)
+            && l.contains("x typed baseline")),
+        "no replay figure in:\n{text}"
+    );
     for timed in ["checkpoint time", "restore time"] {
         assert!(
             text.lines()

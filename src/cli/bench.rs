@@ -164,10 +164,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         .flat_map(|sink| worker_counts.iter().map(move |&w| (sink, w)))
         .collect();
     let mut times = vec![Vec::new(); configs.len()];
+    let mut replays = Vec::new();
     for _ in 0..PIPELINE_RUNS {
         for (i, &(sink, workers)) in configs.iter().enumerate() {
             times[i].push(pipeline(&exe, &dir.0, &input, workers, sink)?);
         }
+        replays.push(replay(&exe, &input)?);
     }
     for (&(sink, workers), secs) in configs.iter().zip(&times) {
         let best = secs.iter().copied().fold(f64::INFINITY, f64::min);
@@ -182,6 +184,15 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             rate_line(slowest).0,
         )?;
     }
+    let best = replays.iter().copied().fold(f64::INFINITY, f64::min);
+    let slowest = replays.iter().copied().fold(0.0, f64::max);
+    let (eps, mibs) = rate_line(best);
+    writeln!(
+        out,
+        "fluxpipe replay (file -> processor -> JSON): {eps:.0} events/s, {mibs:.1} MiB/s, {:.3}x typed baseline (best of {PIPELINE_RUNS} runs; slowest {:.0} events/s)",
+        eps / typed_eps,
+        rate_line(slowest).0,
+    )?;
     out.flush()?;
 
     let mem = memory(&exe, &dir.0, active, args.seed, args.nodes.max(1))?;
@@ -522,6 +533,24 @@ fn pipeline(exe: &Path, dir: &Path, input: &Path, workers: usize, sink: SinkKind
         );
     }
     let _ = std::fs::remove_file(&records);
+    Ok(secs.max(1e-9))
+}
+
+/// `fluxpipe replay` of the workload with the built-in rules, its JSON
+/// to nowhere: the time it takes, seconds.
+fn replay(exe: &Path, input: &Path) -> Result<f64> {
+    let start = Instant::now();
+    let out = Command::new(exe)
+        .args(["replay", "--format", "json", "--cluster", "bench"])
+        .arg(input)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .context("cannot run replay")?;
+    let secs = start.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!("replay failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
     Ok(secs.max(1e-9))
 }
 

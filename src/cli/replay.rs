@@ -57,15 +57,33 @@ fn parse_format(s: &str) -> Result<Format> {
     Format::parse(s).with_context(|| format!("unknown input format `{s}`"))
 }
 
-/// Replay state plus what went wrong while reading.
+/// Records and bad lines a batch carries from the reading thread.
+const READ_BATCH: usize = 512;
+
+/// What the reading thread hands the processor, in input order.
+enum Item {
+    Record(Record),
+    /// A line that could not be read or decoded.
+    Bad(KeyedAnomaly),
+}
+
+/// Reads and decodes the input on a thread of its own, as the pipeline's
+/// sources do, while the processor applies what was read before.
+struct Reader {
+    cluster: String,
+    format: Format,
+    lines: u64,
+    batch: Vec<Item>,
+    tx: std::sync::mpsc::SyncSender<Vec<Item>>,
+}
+
+/// The processor's side.
 struct Replay {
     /// The same per-record core as the pipeline's shards, its alerts
     /// measured against event time.
     processor: Processor,
     cluster: String,
-    format: Format,
     anomalies: Vec<KeyedAnomaly>,
-    lines: u64,
     fired: Vec<AlertEvent>,
 }
 
@@ -87,14 +105,38 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let mut replay = Replay {
         processor: Processor::new(rules, Clock::Event),
         cluster: args.cluster.clone(),
-        format: args.input_format,
         anomalies: Vec::new(),
-        lines: 0,
         fired: Vec::new(),
     };
-    for path in &args.paths {
-        replay.path(path)?;
-    }
+    // A few batches in flight: the reader runs ahead, never far.
+    let (tx, rx) = std::sync::mpsc::sync_channel(16);
+    let mut reader = Reader {
+        cluster: args.cluster.clone(),
+        format: args.input_format,
+        lines: 0,
+        batch: Vec::with_capacity(READ_BATCH),
+        tx,
+    };
+    let lines = std::thread::scope(|scope| {
+        let reading = scope.spawn(move || -> Result<u64> {
+            for path in &args.paths {
+                reader.path(path)?;
+            }
+            reader.flush();
+            Ok(reader.lines)
+        });
+        for batch in rx {
+            for item in batch {
+                match item {
+                    Item::Record(rec) => replay.apply(rec),
+                    Item::Bad(anomaly) => replay.anomalies.push(anomaly),
+                }
+            }
+        }
+        reading
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the reading thread failed")))
+    })?;
     replay.processor.finish(&mut replay.fired);
     let alerts: Vec<Value> = replay
         .fired
@@ -111,13 +153,43 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let state = &replay.processor.state;
     match args.format {
         OutputFormat::Json => print_json(&mut out, state, &anomalies, &alerts)?,
-        OutputFormat::Table => print_table(&mut out, state, &anomalies, &alerts, replay.lines)?,
+        OutputFormat::Table => print_table(&mut out, state, &anomalies, &alerts, lines)?,
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
 impl Replay {
+    fn apply(&mut self, mut rec: Record) {
+        let own = rec.cluster.take();
+        let cluster = own.as_deref().unwrap_or(&self.cluster);
+        let (_, done) = self.processor.process(cluster, rec, &mut self.fired);
+        self.anomalies.extend(done.fx.anomalies);
+    }
+}
+
+impl Reader {
+    /// Hand a record or bad line on, in batches.
+    fn send(&mut self, item: Item) {
+        self.batch.push(item);
+        if self.batch.len() >= READ_BATCH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.batch.is_empty() {
+            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(READ_BATCH));
+            // The processor's side is gone only if it failed: nothing more
+            // to hand it.
+            let _ = self.tx.send(batch);
+        }
+    }
+
+    fn apply(&mut self, rec: Record) {
+        self.send(Item::Record(rec));
+    }
+
     fn path(&mut self, path: &Path) -> Result<()> {
         let meta =
             std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -208,15 +280,8 @@ impl Replay {
         Ok(())
     }
 
-    fn apply(&mut self, mut rec: Record) {
-        let own = rec.cluster.take();
-        let cluster = own.as_deref().unwrap_or(&self.cluster);
-        let (_, done) = self.processor.process(cluster, rec, &mut self.fired);
-        self.anomalies.extend(done.fx.anomalies);
-    }
-
     fn input_anomaly(&mut self, path: &Path, lineno: u64, message: String) {
-        self.anomalies.push(KeyedAnomaly {
+        self.send(Item::Bad(KeyedAnomaly {
             cluster: self.cluster.clone(),
             id: None,
             anomaly: Anomaly::new(
@@ -224,7 +289,7 @@ impl Replay {
                 AnomalyKind::Malformed,
                 format!("{}:{lineno}: {message}", path.display()),
             ),
-        });
+        }));
     }
 }
 
