@@ -8,6 +8,7 @@
 //!   streaming pipeline (`fluxpipe run`).
 //! - [`cli`]: the subcommands.
 
+pub mod channels;
 pub mod cli;
 pub mod decode;
 pub mod exposition;

@@ -518,7 +518,7 @@ fn start_sink(
 ) {
     let config = sink_config(keys);
     let (tx, rx) = mpsc::channel(64);
-    let rx = sinks::SinkRx::new("out", rx);
+    let rx = fluxpipe::channels::fanout::SinkRx::new("out", rx);
     let task = tokio::spawn(sinks::run("out".into(), config, rx, Default::default()));
     (tx, task)
 }

@@ -280,9 +280,9 @@ fn checkpoint_times(
     nodes: u32,
     n: usize,
 ) -> Result<CheckpointTimes> {
+    use crate::channels::router::{Routed, Router, SourceInfo};
     use crate::decode::{Format, Origin, decode_line};
     use crate::operators::shard::{self, AlertSetup, Retention, Shard};
-    use crate::operators::{Routed, Router, SourceInfo};
     use crate::pipeline::checkpoint::{self, Head};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -293,7 +293,7 @@ fn checkpoint_times(
     let new_shards = || -> Vec<Shard> {
         (0..n)
             .map(|index| {
-                let (outputs, _) = crate::sinks::Outputs::new(std::iter::empty());
+                let (outputs, _) = crate::channels::fanout::Outputs::new(std::iter::empty());
                 Shard::new(
                     outputs,
                     Retention {

@@ -8,21 +8,23 @@
 
 use super::ages::OldestEntries;
 use super::job_metrics::ClusterMetrics;
-use super::{BarrierReply, Outcome, Owner, Routed, ShardMsg, ShardSnapshot, SourceInfo};
+use crate::channels::fanout::{HeldOutputs, Outputs};
+use crate::channels::router::{BarrierReply, Routed, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::decode::{Body, EventStream};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::{Job, JobState};
 use crate::keyed::JobKey;
+use crate::keyed::Owner;
 use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::engine::{AlertEvent, SavedCondition, Status, Subject};
 use crate::keyed::alerts::rule::Rule;
+use crate::keyed::processor::Outcome;
 use crate::keyed::processor::{Processed, Processor};
 use crate::keyed::state::{JobEntry, KeyedAnomaly};
 use crate::output::{self, JobRecord, OutputRecord};
 use crate::pipeline::changelog::{self, Change, EntryRef};
 use crate::pipeline::checkpoint::{ShardState, ShardStateRef, spill_path};
 use crate::pipeline::config::OutputStream;
-use crate::sinks::{HeldOutputs, Outputs};
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use foldhash::{HashMap, HashSet};
 use std::collections::{BTreeSet, VecDeque};
@@ -1179,7 +1181,7 @@ mod tests {
         )
     }
 
-    fn sink(inputs: &str) -> (Outputs, crate::sinks::SinkRx) {
+    fn sink(inputs: &str) -> (Outputs, crate::channels::fanout::SinkRx) {
         let cfg = config::parse(&format!(
             "[sources.s]\ntype = \"stdin\"\n[sinks.k]\ntype = \"stdout\"\ninputs = {inputs}\nbuffer = 1000\n"
         ))
@@ -1307,7 +1309,10 @@ mod tests {
             b.processor.state.jobs[&key(7)].summary(),
             a.processor.state.jobs[&key(7)].summary()
         );
-        assert_eq!(b.processor.state.jobs[&key(7)].job.state, JobState::Inactive);
+        assert_eq!(
+            b.processor.state.jobs[&key(7)].job.state,
+            JobState::Inactive
+        );
 
         // a gives partition 2 up: job 7 goes, silently; 8 and 9 stay.
         a.snapshot().unwrap();
@@ -1455,7 +1460,8 @@ mod tests {
             a.apply(r).await;
         }
         let conditions = |s: &Shard| {
-            let bytes = rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
+            let bytes =
+                rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
             let v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
             v.into_iter()
                 .map(|c| (c.fired, c.since))
@@ -1495,7 +1501,8 @@ mod tests {
         // a new job moves the clock
         a.apply(to_sched(21, 1200.0).swap_remove(0)).await;
         let saved = |s: &Shard| {
-            let bytes = rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
+            let bytes =
+                rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
             let mut v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
             v.sort_by_key(|c| format!("{c:?}"));
             v
@@ -1525,8 +1532,12 @@ mod tests {
             assert_eq!(saved(&b), before, "{order}");
             assert_eq!(b.restored_alerts.len(), 10, "{order}: fired ones announced");
             let mut out = Vec::new();
-            b.processor.alerts
-                .advance(|_| Some(1300.0), usize::MAX, &mut b.processor.state.jobs, &mut out);
+            b.processor.alerts.advance(
+                |_| Some(1300.0),
+                usize::MAX,
+                &mut b.processor.state.jobs,
+                &mut out,
+            );
             assert_eq!(out.len(), 10, "{order}: the waiting ones fire when due");
         }
     }
@@ -1545,7 +1556,8 @@ mod tests {
             }
         }
         let conditions = |s: &Shard| {
-            let bytes = rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
+            let bytes =
+                rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
             let v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
             let mut v: Vec<(String, f64, bool)> = v
                 .into_iter()

@@ -17,10 +17,10 @@
 
 use crate::flux::resource::ResourceState;
 use crate::keyed::JobKey;
+use crate::keyed::Owner;
 use crate::keyed::alerts::EventClock;
 use crate::keyed::alerts::engine::SavedCondition;
 use crate::keyed::state::JobEntry;
-use crate::operators::Owner;
 use crate::pipeline::checkpoint::ShardState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;

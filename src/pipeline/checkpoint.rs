@@ -21,10 +21,10 @@
 
 use crate::flux::resource::ResourceState;
 use crate::keyed::JobKey;
+use crate::keyed::Owner;
 use crate::keyed::alerts::EventClock;
 use crate::keyed::alerts::engine::{Engine, SavedCondition, Subject};
 use crate::keyed::state::JobEntry;
-use crate::operators::Owner;
 use foldhash::HashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -36,8 +36,8 @@
 
 use super::changelog::Change;
 use super::checkpoint::{self, Head};
-use crate::operators::Router;
-use crate::sinks::SinkCounters;
+use crate::channels::fanout::SinkCounters;
+use crate::channels::router::Router;
 use crate::sinks::offsets::SinkOffsets;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;

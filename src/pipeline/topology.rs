@@ -15,9 +15,10 @@
 use super::checkpoint::{self, Head, ShardState};
 use super::config::{Config, OperatorConfig, SinkConfig};
 use super::coordinator::{self, Coordinator, Schedule};
+use crate::channels::fanout::Outputs;
+use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::operators::shard::{self, AlertSetup, Retention, Shard};
-use crate::operators::{Router, ShardMsg, ShardSnapshot, SourceInfo};
-use crate::sinks::{self, Outputs, SinkContext};
+use crate::sinks::{self, SinkContext};
 use crate::sources::{self, SourceContext};
 use crate::telemetry;
 use anyhow::{Context, Result};

@@ -43,7 +43,7 @@
 use super::SourceContext;
 use super::lines::split_bounded;
 use super::socket::OpenConnection;
-use crate::operators::{Closed, Tally};
+use crate::channels::router::{Closed, Tally};
 use crate::pipeline::config::source_config;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};

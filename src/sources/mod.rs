@@ -13,12 +13,12 @@ pub mod lines;
 pub mod socket;
 pub mod stdin;
 
+use crate::channels::fanout::Outputs;
+use crate::channels::router::{Closed, Routed, Router, Tally};
 use crate::decode::{self, Origin, Record};
-use crate::operators::{Closed, Routed, Router, Tally};
 use crate::output::{self, OutputRecord};
 use crate::pipeline::config::{DecodeConfig, OutputStream, SourceConfig};
 use crate::pipeline::coordinator::CheckpointLink;
-use crate::sinks::Outputs;
 use lines::Line;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

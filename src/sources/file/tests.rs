@@ -3,10 +3,10 @@
 //! reads what reached the router (and the dead-letter stream).
 
 use super::*;
-use crate::operators::{Routed, Router, ShardMsg};
+use crate::channels::fanout::{Outputs, SinkRx};
+use crate::channels::router::{Routed, Router, ShardMsg};
 use crate::pipeline::config::SinkConfig;
 use crate::pipeline::coordinator::CheckpointLink;
-use crate::sinks::{Outputs, SinkRx};
 use std::collections::BTreeSet;
 use std::io::Write;
 use tokio::sync::mpsc;

@@ -41,10 +41,10 @@ mod changelog;
 
 use super::SourceContext;
 use super::lines::Line;
+use crate::channels::router::Closed;
 use crate::decode::{EventStream, Origin};
 use crate::flux::jobid::JobId;
 use crate::keyed::Owner;
-use crate::operators::Closed;
 use crate::pipeline::config::KafkaSourceConfig;
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::config::ClientConfig;
