@@ -18,6 +18,7 @@ pub mod operators;
 pub mod output;
 pub mod pipeline;
 pub mod sinks;
+pub mod snapshot;
 pub mod sources;
 pub mod telemetry;
 pub mod workload;

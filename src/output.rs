@@ -11,13 +11,64 @@ use crate::keyed::JobKey;
 use crate::keyed::alerts::engine::{AlertEvent, Detail, Subject};
 use crate::keyed::alerts::rule::{Rule, RuleKind};
 use crate::keyed::state::{JobEntry, KeyedAnomaly, KeyedTransition};
-use crate::pipeline::config::OutputStream;
 use compact_str::CompactString;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use smallvec::SmallVec;
 use std::sync::OnceLock;
 use xxhash_rust::xxh3::xxh3_64;
+
+/// The output streams a sink can subscribe to in `inputs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OutputStream {
+    /// Every decoded input event, normalized (the log-shipping feed).
+    Events,
+    /// Job state transitions.
+    Transitions,
+    /// A job summary when a job becomes INACTIVE.
+    Jobs,
+    /// Rank changes.
+    Resources,
+    /// Alerts.
+    Alerts,
+    /// Rule violations found in the input.
+    Anomalies,
+    /// Input that could not be decoded.
+    DeadLetter,
+}
+
+impl OutputStream {
+    pub const ALL: [OutputStream; 7] = [
+        OutputStream::Events,
+        OutputStream::Transitions,
+        OutputStream::Jobs,
+        OutputStream::Resources,
+        OutputStream::Alerts,
+        OutputStream::Anomalies,
+        OutputStream::DeadLetter,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Events => "events",
+            OutputStream::Transitions => "transitions",
+            OutputStream::Jobs => "jobs",
+            OutputStream::Resources => "resources",
+            OutputStream::Alerts => "alerts",
+            OutputStream::Anomalies => "anomalies",
+            OutputStream::DeadLetter => "dead_letter",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        OutputStream::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+
+    /// A bit for sets of streams.
+    pub fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
 
 /// A deterministic id for a record: the same input gives the same id in
 /// every run, so consumers can drop the repeats an at-least-once restart

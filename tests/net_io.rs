@@ -3,7 +3,8 @@
 //! the `socket` sink and the `http` sink.
 
 use fluxpipe::output::OutputRecord;
-use fluxpipe::pipeline::config::{self, OutputStream, SinkConfig};
+use fluxpipe::output::OutputStream;
+use fluxpipe::pipeline::config::{self, SinkConfig};
 use fluxpipe::pipeline::topology;
 use fluxpipe::sinks;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};

@@ -3,7 +3,7 @@
 //! whatever decodes can be dealt out to shards.
 #![no_main]
 
-use fluxpipe::pipeline::checkpoint::{decode, frame};
+use fluxpipe::snapshot::checkpoint::{decode, frame};
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 

@@ -5,7 +5,8 @@
 //! wait for).
 
 use crate::output::OutputRecord;
-use crate::pipeline::config::{OutputStream, SinkConfig, WhenFull};
+use crate::output::OutputStream;
+use crate::pipeline::config::{SinkConfig, WhenFull};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;

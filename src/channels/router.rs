@@ -6,8 +6,8 @@
 
 use crate::decode::Record;
 use crate::keyed::processor::Outcome;
-use crate::pipeline::changelog::Change;
-use crate::pipeline::checkpoint::ShardState;
+use crate::snapshot::changelog::Change;
+use crate::snapshot::checkpoint::ShardState;
 use foldhash::fast::FixedState;
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -126,14 +126,14 @@ impl Tally {
 #[derive(Debug)]
 pub struct BarrierReply {
     /// Its whole state, encoded, for the local checkpoint.
-    pub state: crate::pipeline::checkpoint::ShardBytes,
+    pub state: crate::snapshot::checkpoint::ShardBytes,
     /// What changed since the previous barrier in state owned by
     /// partitions whose source keeps a changelog.
     pub changes: Vec<Change>,
 }
 
 /// A shard's answer at a barrier, or why its state could not be encoded.
-pub type ShardSnapshot = Result<BarrierReply, crate::pipeline::checkpoint::CheckpointError>;
+pub type ShardSnapshot = Result<BarrierReply, crate::snapshot::checkpoint::CheckpointError>;
 
 /// The pipeline has shut down: nothing more can be sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

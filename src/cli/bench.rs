@@ -283,7 +283,7 @@ fn checkpoint_times(
     use crate::channels::router::{Routed, Router, SourceInfo};
     use crate::decode::{Format, Origin, decode_line};
     use crate::operators::shard::{self, AlertSetup, Retention, Shard};
-    use crate::pipeline::checkpoint::{self, Head};
+    use crate::snapshot::checkpoint::{self, Head};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -127,7 +127,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     init_logging(&config);
     tracing::info!(config = %label, "starting");
     if args.reset_state {
-        match crate::pipeline::checkpoint::set_aside(&config.data_dir)? {
+        match crate::snapshot::checkpoint::set_aside(&config.data_dir)? {
             Some(aside) => eprintln!(
                 "fluxpipe: --reset-state: starting from nothing; the old checkpoint is kept as {}",
                 aside.display()

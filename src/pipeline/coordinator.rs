@@ -20,8 +20,8 @@
 //!    any more: the positions stay before it, and a restart reads it again.
 //! 5. Sources that keep a changelog (Kafka) write the state changes of
 //!    their partitions, each partition's closed by the offset it stands
-//!    at ([`super::changelog`]), and wait for the broker's acknowledgement.
-//! 6. Positions and states are written as one file ([`super::checkpoint`]);
+//!    at ([`crate::snapshot::changelog`]), and wait for the broker's acknowledgement.
+//! 6. Positions and states are written as one file ([`crate::snapshot::checkpoint`]);
 //!    then sources may commit the positions upstream.
 //!
 //! A round that takes longer than `checkpoint.timeout_secs` at any step is
@@ -34,11 +34,11 @@
 //! shards and sinks have drained, the final state is saved with the
 //! sources' final positions ([`super::topology`]).
 
-use super::changelog::Change;
-use super::checkpoint::{self, Head};
 use crate::channels::fanout::SinkCounters;
 use crate::channels::router::Router;
 use crate::sinks::offsets::SinkOffsets;
+use crate::snapshot::changelog::Change;
+use crate::snapshot::checkpoint::{self, Head};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,8 @@
-//! The streaming pipeline: configuration, wiring of sources, operators and
-//! sinks, and shutdown.
+//! The top of the house: the pipeline's configuration (the list of
+//! component types), the coordinator of checkpoint rounds, and the
+//! topology, the only place that wires sources, operators and sinks
+//! together.
 
-pub mod changelog;
-pub mod checkpoint;
 pub mod config;
 pub mod coordinator;
 pub mod topology;

@@ -12,13 +12,13 @@
 //! the last shard is gone the sinks deliver what they hold, flush, and
 //! finish. If every sink delivered, the final checkpoint is written.
 
-use super::checkpoint::{self, Head, ShardState};
 use super::config::{Config, OperatorConfig, SinkConfig};
 use super::coordinator::{self, Coordinator, Schedule};
 use crate::channels::fanout::Outputs;
 use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::operators::shard::{self, AlertSetup, Retention, Shard};
 use crate::sinks::{self, SinkContext};
+use crate::snapshot::checkpoint::{self, Head, ShardState};
 use crate::sources::{self, SourceContext};
 use crate::telemetry;
 use anyhow::{Context, Result};

@@ -15,7 +15,8 @@
 
 use super::SinkRx;
 use crate::output::OutputRecord;
-use crate::pipeline::config::{KafkaSinkConfig, OutputStream};
+use crate::output::OutputStream;
+use crate::pipeline::config::KafkaSinkConfig;
 use anyhow::{Context, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

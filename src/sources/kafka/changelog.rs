@@ -1,4 +1,4 @@
-//! The changelog topic on the broker ([`crate::pipeline::changelog`] has
+//! The changelog topic on the broker ([`crate::snapshot::changelog`] has
 //! its format): created if missing, written at each checkpoint round, read
 //! back when a partition is assigned.
 //!
@@ -10,9 +10,9 @@
 
 use super::Offsets;
 use crate::keyed::Owner;
-use crate::pipeline::changelog::{self, Change, Restored, Restorer};
 use crate::pipeline::config::KafkaSourceConfig;
 use crate::pipeline::coordinator::ChangelogRx;
+use crate::snapshot::changelog::{self, Change, Restored, Restorer};
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};

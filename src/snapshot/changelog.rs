@@ -21,7 +21,7 @@ use crate::keyed::Owner;
 use crate::keyed::alerts::EventClock;
 use crate::keyed::alerts::engine::SavedCondition;
 use crate::keyed::state::JobEntry;
-use crate::pipeline::checkpoint::ShardState;
+use crate::snapshot::checkpoint::ShardState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use thiserror::Error;
