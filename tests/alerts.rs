@@ -5,12 +5,12 @@
 //! `fluxpipe replay` tells which alerts a journal would have raised.
 
 mod common;
-use common::{Reaper, alertmanager, am_alerts, read_records};
+use common::{Reaper, alertmanager, am_alerts, read_records, sigterm};
 
 use serde_json::{Value, json};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 fn now() -> f64 {
@@ -115,7 +115,7 @@ inputs = ["alerts"]
         ),
     )
     .expect("config");
-    let child = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+    let child = common::fluxpipe()
         .args(["run", "--config"])
         .arg(&config)
         .stdout(Stdio::null())
@@ -158,9 +158,7 @@ inputs = ["alerts"]
         !am_alerts(am_port).iter().any(ours)
     });
 
-    let _ = Command::new("kill")
-        .args(["-TERM", &fluxpipe.0.id().to_string()])
-        .status();
+    sigterm(&fluxpipe.0);
     let status = fluxpipe.0.wait().expect("wait");
     assert!(status.success(), "{status}");
     let recs = read_records(&records);
@@ -180,18 +178,10 @@ inputs = ["alerts"]
     assert_ne!(recs[0]["record_id"], recs[1]["record_id"]);
 }
 
+/// The alerts of `fluxpipe replay ARGS INPUT`.
 fn replay_alerts(args: &[&str], input: &Path) -> Vec<Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-        .arg("replay")
-        .args(args)
-        .args(["--format", "json"])
-        .arg(input)
-        .output()
-        .expect("replay");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    common::replay(args, &[input])
+        .into_iter()
         .filter(|v| v["kind"] == "alert")
         .collect()
 }

@@ -5,11 +5,14 @@
 //! outcome `expected.txt` gives it; the good jobs come out whole; nothing
 //! panics or stalls.
 
+mod common;
+use common::fluxpipe;
+
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 #[test]
 fn every_bad_line_gets_its_outcome_and_good_jobs_survive() {
@@ -65,7 +68,7 @@ fn every_bad_line_gets_its_outcome_and_good_jobs_survive() {
         ),
     )
     .expect("config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+    let mut child = fluxpipe()
         .args(["run", "--config"])
         .arg(&config)
         .stdin(Stdio::piped())

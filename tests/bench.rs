@@ -1,7 +1,8 @@
 //! `fluxpipe bench --short` keeps working: every figure line is printed
 //! with a positive number. Timings are never asserted.
 
-use std::process::Command;
+mod common;
+use common::fluxpipe;
 
 fn first_number(line: &str) -> Option<f64> {
     let (_, rest) = line.split_once(':')?;
@@ -12,7 +13,7 @@ fn first_number(line: &str) -> Option<f64> {
 
 #[test]
 fn bench_short_prints_every_figure() {
-    let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+    let out = fluxpipe()
         .args(["bench", "--short"])
         .output()
         .expect("run fluxpipe bench");

@@ -1,11 +1,11 @@
 //! `fluxpipe id` converts like `flux job id`: every id of flux-core's own
 //! table, from every encoding, to every encoding.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
+use common::{corpus, fluxpipe};
 
 fn convert(to: &str, ids: &[&str]) -> (Vec<String>, bool) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+    let out = fluxpipe()
         .args(["id", "--to", to])
         .args(ids)
         .output()
@@ -20,10 +20,7 @@ fn convert(to: &str, ids: &[&str]) -> (Vec<String>, bool) {
 
 #[test]
 fn every_oracle_row_converts_both_ways() {
-    let table = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/oracles/jobid_oracle.tsv"),
-    )
-    .expect("oracle");
+    let table = std::fs::read_to_string(corpus().join("oracles/jobid_oracle.tsv")).expect("oracle");
     let mut rows = table.lines();
     let header: Vec<&str> = rows.next().expect("header").split('\t').collect();
     let col = |name: &str| header.iter().position(|h| *h == name).expect(name);
@@ -52,7 +49,7 @@ fn every_oracle_row_converts_both_ways() {
 
 #[test]
 fn bad_ids_fail_with_a_message_and_good_ones_still_convert() {
-    let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+    let out = fluxpipe()
         .args([
             "id",
             "--to",

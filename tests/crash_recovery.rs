@@ -10,26 +10,18 @@
 //! holds is recognized as repeats.
 
 mod common;
-use common::{XorShift, free_port, job_summaries, sigterm};
+use common::{XorShift, fluxpipe, free_port, job_summaries, sigterm};
 
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-fn fluxpipe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-}
-
+/// A generated journal of `jobs` jobs on 32 nodes.
 fn generate(seed: u64, jobs: usize, out: &Path) {
-    let status = fluxpipe()
-        .args(["generate", "--nodes", "32", "--seed", &seed.to_string()])
-        .args(["--jobs", &jobs.to_string(), "--out"])
-        .arg(out)
-        .status()
-        .expect("generate");
-    assert!(status.success());
+    let (seed, jobs) = (seed.to_string(), jobs.to_string());
+    common::generate(&["--nodes", "32", "--seed", &seed, "--jobs", &jobs], out);
 }
 
 fn write_config(dir: &Path, data: &Path, out: &Path, port: u16) -> std::path::PathBuf {

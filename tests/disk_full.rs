@@ -7,17 +7,13 @@
 //! read-only instead, which root would not notice).
 
 mod common;
-use common::{read_records, sigterm, wait_until};
+use common::{fluxpipe, read_records, sigterm, wait_until};
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-fn fluxpipe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-}
 
 /// Make `data` unwritable: a full tmpfs (root) or mode 0555 (others).
 /// Returns how to undo it.

@@ -4,7 +4,7 @@
 //! on the same data, and SIGTERM ends it cleanly.
 
 mod common;
-use common::{corpus, free_port, read_records};
+use common::{corpus, fluxpipe, free_port, read_records, replay};
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -50,7 +50,7 @@ inputs = ["jobs", "dead_letter", "anomalies"]
         ),
     )
     .expect("config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+    let mut child = fluxpipe()
         .args(["run", "--config"])
         .arg(&config)
         .stdout(Stdio::null())
@@ -146,16 +146,9 @@ inputs = ["jobs", "dead_letter", "anomalies"]
     grow.join().expect("grow");
 
     // The same data through replay.
-    let replay = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-        .args(["replay", "--format", "json", "--cluster", "corpus"])
-        .arg(corpus().join("jobs"))
-        .arg(corpus().join("instances/B/journals"))
-        .output()
-        .expect("replay");
-    let want: BTreeMap<u64, Value> = String::from_utf8(replay.stdout)
-        .expect("utf-8")
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("json"))
+    let inputs = [corpus().join("jobs"), corpus().join("instances/B/journals")];
+    let want: BTreeMap<u64, Value> = replay(&["--cluster", "corpus"], &inputs)
+        .into_iter()
         .filter(|o| o["kind"] == "job" && o["state"] == "INACTIVE")
         .map(|o| (o["id"].as_u64().expect("id"), o))
         .collect();

@@ -1,38 +1,13 @@
 //! `fluxpipe generate` output replays with zero anomalies, in both formats.
 
+mod common;
+use common::generate;
+
 use serde_json::Value;
-use std::process::Command;
+use std::path::Path;
 
-fn fluxpipe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-}
-
-fn replay(path: &std::path::Path) -> Vec<Value> {
-    let out = fluxpipe()
-        .args(["replay", "--format", "json"])
-        .arg(path)
-        .output()
-        .expect("replay");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect()
-}
-
-fn generate(args: &[&str], out: &std::path::Path) {
-    let status = fluxpipe()
-        .arg("generate")
-        .args(args)
-        .arg("--out")
-        .arg(out)
-        .status()
-        .expect("generate");
-    assert!(status.success());
+fn replay(path: &Path) -> Vec<Value> {
+    common::replay(&[], &[path])
 }
 
 #[test]

@@ -9,7 +9,8 @@
 
 mod common;
 use common::{
-    Reaper, XorShift, corpus, free_port, http_get, job_summaries, read_records, sigterm, wait_until,
+    Reaper, XorShift, corpus, fluxpipe, free_port, http_get, job_summaries, read_records, sigterm,
+    wait_until,
 };
 
 use serde_json::Value;
@@ -17,14 +18,10 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
-
-fn fluxpipe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-}
 
 /// Instance B's journals, in sorted path order (as `fluxpipe replay` reads
 /// them).

@@ -5,7 +5,7 @@
 #![cfg(feature = "kafka")]
 
 mod common;
-use common::{job_summaries, sigterm, wait_until};
+use common::{fluxpipe, job_summaries, sigterm, wait_until};
 
 use rdkafka::ClientConfig;
 use rdkafka::Message;
@@ -18,7 +18,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// A broker to run against.
@@ -93,18 +93,12 @@ fn unique(name: &str) -> String {
     format!("{name}-{}-{nanos}", std::process::id())
 }
 
-fn fluxpipe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-}
-
+/// A generated journal of `jobs` jobs on 8 nodes (seed 3).
 fn generate(jobs: usize, out: &Path) {
-    let status = fluxpipe()
-        .args(["generate", "--nodes", "8", "--seed", "3"])
-        .args(["--jobs", &jobs.to_string(), "--out"])
-        .arg(out)
-        .status()
-        .expect("generate");
-    assert!(status.success());
+    common::generate(
+        &["--nodes", "8", "--seed", "3", "--jobs", &jobs.to_string()],
+        out,
+    );
 }
 
 /// A running fluxpipe, killed if the test fails before stopping it.

@@ -3,7 +3,7 @@
 //! the Debian package `prometheus`, installed by `.ci/run`) accepts it.
 
 mod common;
-use common::{Reaper, corpus, free_port, http_get, http_get_with, sigterm};
+use common::{Reaper, corpus, fluxpipe, free_port, http_get, http_get_with, sigterm};
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -148,7 +148,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
     std::fs::write(dir.path().join("j.jsonl"), journal).expect("journal");
     // Killed if an assertion fails first: no pipeline left running.
     let mut child = Reaper(
-        Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+        fluxpipe()
             .args(["run", "--config"])
             .arg(&config)
             .stdin(Stdio::piped())
@@ -356,7 +356,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
     // checkpoint (its journal is not read again), counted per user and by
     // state as before.
     let child = Reaper(
-        Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+        fluxpipe()
             .args(["run", "--config"])
             .arg(&config)
             .stdin(Stdio::null())

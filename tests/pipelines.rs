@@ -9,23 +9,19 @@
 //! run, cleanly.
 
 mod common;
-use common::{HttpReceiver, free_port, http_get, read_records, sigterm};
+use common::{HttpReceiver, fluxpipe, free_port, http_get, read_records, replay, sigterm};
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn fluxpipe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
 }
 
 /// The pipelines the tests below run, by file stem.
@@ -615,27 +611,6 @@ fn journal(p: &str) -> PathBuf {
 const JM1: &str = "incarnation1.job-manager.events-journal.jsonl";
 const JM2: &str = "incarnation2.job-manager.events-journal.jsonl";
 const RES1: &str = "incarnation1.resource.journal.jsonl";
-
-/// `fluxpipe replay --format json ARGS PATHS` from the repository root.
-fn replay(args: &[&str], paths: &[PathBuf]) -> Vec<Value> {
-    let out = fluxpipe()
-        .current_dir(root())
-        .args(["replay", "--format", "json"])
-        .args(args)
-        .args(paths)
-        .output()
-        .expect("replay");
-    assert!(
-        out.status.success(),
-        "replay {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect()
-}
 
 fn of_kind<'a>(records: &'a [Value], kind: &str) -> Vec<&'a Value> {
     records.iter().filter(|r| r["kind"] == kind).collect()

@@ -3,7 +3,8 @@
 //! sink, so a misspelt key in any example fails here.
 
 use std::path::Path;
-use std::process::Command;
+mod common;
+use common::fluxpipe;
 
 fn toml_blocks(text: &str) -> Vec<String> {
     text.split("```toml")
@@ -48,7 +49,7 @@ fn every_toml_example_in_the_readme_validates() {
         let text = toml::to_string(&value).expect("TOML");
         let path = dir.path().join(format!("block{i}.toml"));
         std::fs::write(&path, &text).expect("write");
-        let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+        let out = fluxpipe()
             .current_dir(dir.path())
             .args(["validate", "--config"])
             .arg(&path)

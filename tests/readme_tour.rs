@@ -156,7 +156,7 @@ fn alerting_tour_step_runs() {
     let _remove = Remove(alerts_file.clone());
 
     // What replay says the same rules raise on the same files.
-    let replay = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+    let replay = common::fluxpipe()
         .current_dir(root)
         .args(["replay", "--format", "json", "--config"])
         .arg(&copy)

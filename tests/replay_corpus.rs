@@ -8,26 +8,9 @@ use common::corpus;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 
-fn replay(args: &[&Path]) -> Vec<Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-        .arg("replay")
-        .arg("--format")
-        .arg("json")
-        .args(args)
-        .output()
-        .expect("run fluxpipe");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .expect("utf-8 output")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every output line is JSON"))
-        .collect()
+fn replay(paths: &[&Path]) -> Vec<Value> {
+    common::replay(&[], paths)
 }
 
 fn read_json(p: &Path) -> Value {

@@ -1,9 +1,11 @@
 //! Hand-written eventlogs for every rule of NOTES.md and every anomaly
 //! kind, run through the real `fluxpipe replay` binary on real files.
 
+mod common;
+use common::fluxpipe;
+
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::Command;
 
 /// Write `files` (path → content) under a fresh folder and replay it.
 fn replay_files(files: &[(&str, &str)], extra: &[&str]) -> Vec<Value> {
@@ -17,22 +19,7 @@ fn replay_files(files: &[(&str, &str)], extra: &[&str]) -> Vec<Value> {
 }
 
 fn replay_paths(paths: &[&Path], extra: &[&str]) -> Vec<Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-        .args(["replay", "--format", "json"])
-        .args(extra)
-        .args(paths)
-        .output()
-        .expect("run fluxpipe");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect()
+    common::replay(extra, paths)
 }
 
 fn of_kind<'a>(out: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -680,7 +667,7 @@ fn table_output_reads_like_flux_jobs() {
     let p = dir.path().join("jobs/48335159296/eventlog");
     std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
     std::fs::write(&p, lines(&full_job(100.0))).expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+    let out = fluxpipe()
         .arg("replay")
         .arg(dir.path())
         .output()

@@ -1,7 +1,7 @@
 //! `fluxpipe run` as a process: real stdin, stdout, files and signals.
 
 mod common;
-use common::corpus;
+use common::{corpus, fluxpipe};
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -9,10 +9,6 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn fluxpipe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
-}
 
 fn json_lines(text: &str) -> Vec<Value> {
     text.lines()
@@ -28,12 +24,7 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
 
 /// The job summaries `fluxpipe replay` gives for the same input (cluster B).
 fn replay_jobs(paths: &[&Path]) -> BTreeMap<u64, Value> {
-    let out = fluxpipe()
-        .args(["replay", "--format", "json", "--cluster", "B"])
-        .args(paths)
-        .output()
-        .expect("replay");
-    json_lines(&String::from_utf8(out.stdout).expect("utf-8"))
+    common::replay(&["--cluster", "B"], paths)
         .into_iter()
         .filter(|o| o["kind"] == "job")
         .map(|o| (o["id"].as_u64().expect("id"), o))

@@ -5,7 +5,48 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
+
+/// The `fluxpipe` binary under test.
+pub fn fluxpipe() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fluxpipe"))
+}
+
+/// Every record of `fluxpipe replay --format json ARGS PATHS`, run from the
+/// repository root. Fails the test if replay fails or prints a line that is
+/// not JSON.
+pub fn replay<P: AsRef<std::ffi::OsStr>>(args: &[&str], paths: &[P]) -> Vec<serde_json::Value> {
+    let out = fluxpipe()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["replay", "--format", "json"])
+        .args(args)
+        .args(paths)
+        .output()
+        .expect("run fluxpipe replay");
+    assert!(
+        out.status.success(),
+        "replay {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+/// `fluxpipe generate ARGS --out OUT`; fails the test if it fails.
+pub fn generate(args: &[&str], out: &Path) {
+    let status = fluxpipe()
+        .arg("generate")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .status()
+        .expect("run fluxpipe generate");
+    assert!(status.success(), "generate {args:?}");
+}
 
 /// The copy of the shared corpus in the repository.
 pub fn corpus() -> PathBuf {
