@@ -7,3 +7,4 @@ pub mod ages;
 mod entry_times;
 pub mod job_metrics;
 pub mod shard;
+mod shard_metrics;

@@ -6,8 +6,7 @@
 //! than start a new job), and a job that only ever got exec events is
 //! dropped with an anomaly after `orphan_ttl`.
 
-use super::ages::OldestEntries;
-use super::job_metrics::ClusterMetrics;
+use super::shard_metrics::ShardMetrics;
 use crate::channels::fanout::{HeldOutputs, Outputs};
 use crate::channels::router::{BarrierReply, Routed, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::decode::{Body, EventStream};
@@ -78,17 +77,8 @@ pub struct Shard {
     inactive: VecDeque<(Instant, JobKey)>,
     /// Jobs first seen without a submit, oldest first.
     unsubmitted: VecDeque<(Instant, JobKey)>,
-    /// This shard's share of the `fluxpipe_jobs_tracked` gauge.
-    reported: usize,
-    /// The cluster whose series [`Shard::first_sight`] saw last.
-    last_seen: Option<Arc<str>>,
-    /// Per-node state for the metrics endpoint.
-    nodes: NodeBoard,
-    /// State-entry times of this shard's active jobs.
-    ages: OldestEntries,
-    /// The job series of each cluster seen (every label value exported,
-    /// 0 until it happens).
-    series: HashMap<String, ClusterMetrics>,
+    /// The job and node series this shard keeps.
+    metrics: ShardMetrics,
     /// Records refused because `max_jobs` was reached.
     refused: u64,
     /// Alerts that were firing when the checkpoint restored was taken,
@@ -102,8 +92,6 @@ pub struct Shard {
     /// State changed since the last barrier, with the partition it belongs
     /// to (so a dropped job's tombstone finds its partition).
     dirty: HashMap<Dirty, Owner>,
-    /// Active jobs per user, when exported.
-    users: UserJobs,
     /// Where to encode the state at a barrier (data folder, shard index,
     /// rounds so far); in memory when unset.
     spill: Option<(PathBuf, usize, u64)>,
@@ -113,21 +101,6 @@ pub struct Shard {
     /// The pipeline's sources, by the index records carry: this shard's
     /// own copies of their names.
     sources: Vec<SourceInfo>,
-}
-
-/// Count `delta` active jobs of a user into or out of `state`.
-fn count_active(
-    series: &HashMap<String, ClusterMetrics>,
-    users: &UserJobs,
-    cluster: &str,
-    state: JobState,
-    userid: Option<i64>,
-    delta: i64,
-) {
-    if let Some(m) = series.get(cluster) {
-        m.count(state, delta);
-    }
-    users.add(cluster, userid, state.as_str(), delta);
 }
 
 /// A changelog key: a job, or a cluster's resource state.
@@ -170,17 +143,12 @@ impl Shard {
             retention,
             inactive: VecDeque::new(),
             unsubmitted: VecDeque::new(),
-            reported: 0,
-            last_seen: None,
-            nodes,
-            ages: OldestEntries::new(ages),
-            series: HashMap::default(),
+            metrics: ShardMetrics::new(nodes, ages),
             restored_alerts: Vec::new(),
             refused: 0,
             resource_owners: HashMap::default(),
             logged: HashSet::default(),
             dirty: HashMap::default(),
-            users: UserJobs::default(),
             spill: None,
             encode_threads: 1,
             sources: Vec::new(),
@@ -204,7 +172,7 @@ impl Shard {
 
     /// Count active jobs per user too.
     pub fn with_user_jobs(mut self, users: UserJobs) -> Self {
-        self.users = users;
+        self.metrics.users = users;
         self
     }
 
@@ -373,7 +341,7 @@ impl Shard {
         for cluster in &clusters {
             self.resource_owners.remove(cluster);
             self.processor.state.resources.remove(cluster);
-            self.nodes.forget(cluster);
+            self.metrics.nodes.forget(cluster);
             for node in self.processor.alerts.node_subjects(cluster) {
                 self.processor.alerts.release_node(&node);
             }
@@ -505,20 +473,26 @@ impl Shard {
         self.processor.state.recompute_draining();
         for cluster in &restored_clusters {
             if let Some(res) = self.processor.state.resources.get(cluster) {
-                self.nodes
+                self.metrics
+                    .nodes
                     .set_instance_down(cluster, res.down_since().is_some());
                 for rank in res.ranks() {
                     let at = rank.drain_timestamp.or(res.last_timestamp());
-                    self.nodes
-                        .update(cluster, rank.rank, Some(rank), at.unwrap_or(f64::NAN));
+                    self.metrics.nodes.update(
+                        cluster,
+                        rank.rank,
+                        Some(rank),
+                        at.unwrap_or(f64::NAN),
+                    );
                 }
             }
         }
         let name = |i: u32| clusters.get(i as usize).map_or("", |c| &**c);
         for ((cluster, state, userid), n) in counts {
-            count_active(&self.series, &self.users, name(cluster), state, userid, n);
+            self.metrics.count_active(name(cluster), state, userid, n);
         }
-        self.ages
+        self.metrics
+            .ages
             .add_all(entered.into_iter().map(|(c, state, t)| (name(c), state, t)));
         out_of_order.extend(conditions);
         firing.extend(
@@ -531,62 +505,21 @@ impl Shard {
         alerts
     }
 
-    /// Count an active job into (`delta` 1) or out of (-1) the job gauges
-    /// and the state-entry ages, in the state it is in.
+    /// Count an active job into (`delta` 1) or out of (-1) the gauges.
     fn count_job(&mut self, cluster: &str, job: &Job, delta: i64) {
-        count_active(
-            &self.series,
-            &self.users,
-            cluster,
-            job.state,
-            job.userid,
-            delta,
-        );
-        if delta > 0 {
-            self.ages.add(cluster, job.state, job.t_state());
-        } else {
-            self.ages.remove(cluster, job.state, job.t_state());
-        }
+        self.metrics.count_job(cluster, job, delta);
     }
 
     /// Every known label value of the job series is exported, with 0 until
     /// it happens.
     fn first_sight(&mut self, cluster: &Arc<str>) {
-        // The cluster of the record before, most of the time: known.
-        if self
-            .last_seen
-            .as_ref()
-            .is_some_and(|c| Arc::ptr_eq(c, cluster))
-        {
-            return;
-        }
-        if self.series.contains_key(&**cluster) {
-            self.last_seen = Some(cluster.clone());
-            return;
-        }
-        self.series
-            .insert(cluster.to_string(), ClusterMetrics::new(cluster));
-        let c = cluster.to_string();
-        for (_, rule) in self.processor.alerts.rules_for(true) {
-            metrics::gauge!("flux_jobs_stuck", "flux_cluster" => c.clone(), "rule" => rule.name.clone())
-                .increment(0.0);
-        }
+        let rules = self.processor.alerts.rules_for(true).map(|(_, r)| r);
+        self.metrics.first_sight(cluster, rules);
     }
 
     /// Shards share one gauge: each adds the change in its own count.
     fn report_tracked(&mut self) {
-        let now = self.processor.state.jobs.len();
-        // Most records neither add nor drop a job: no shared counter written.
-        if now == self.reported {
-            return;
-        }
-        let gauge = metrics::gauge!("fluxpipe_jobs_tracked");
-        if now > self.reported {
-            gauge.increment((now - self.reported) as f64);
-        } else {
-            gauge.decrement((self.reported - now) as f64);
-        }
-        self.reported = now;
+        self.metrics.report_tracked(self.processor.state.jobs.len());
     }
 
     async fn handle(&mut self, msg: ShardMsg) {
@@ -659,7 +592,7 @@ impl Shard {
     /// The end of a round of work: hand the outputs held so far to the
     /// sinks, and publish the oldest state entries that changed.
     pub async fn flush(&mut self) {
-        self.ages.publish();
+        self.metrics.ages.publish();
         self.outputs.flush().await;
     }
 
@@ -743,7 +676,8 @@ impl Shard {
             && matches!(name.as_str(), "instance-down" | "restart" | "resource-init")
             && let Some(res) = self.processor.state.resources.get(&*cluster)
         {
-            self.nodes
+            self.metrics
+                .nodes
                 .set_instance_down(&cluster, res.down_since().is_some());
         }
         // A job took or gave back drained ranks of a cluster kept here.
@@ -757,7 +691,10 @@ impl Shard {
         }
         self.fired = fired;
         if !fx.duplicate {
-            self.job_metrics(&cluster, key.as_ref(), before, &fx);
+            if let Some(entry) = key.as_ref().and_then(|k| self.processor.state.jobs.get(k)) {
+                self.metrics
+                    .job_changed(&cluster, &entry.job, before, &fx.transitions);
+            }
             if let Some((kind, severity)) = exception {
                 metrics::counter!("flux_job_exceptions_total", "flux_cluster" => cluster.to_string(), "type" => kind, "severity" => severity.to_string()).increment(1);
             }
@@ -815,7 +752,7 @@ impl Shard {
             }
         }
         for (cluster, change) in fx.rank_changes {
-            self.nodes.update(
+            self.metrics.nodes.update(
                 &cluster,
                 change.rank,
                 change.after.as_ref(),
@@ -870,87 +807,6 @@ impl Shard {
                     &output::alert(rule, a),
                 ))
                 .await;
-        }
-    }
-
-    /// Job series: active jobs per state, transitions, results, exceptions
-    /// and the time spent in each state.
-    fn job_metrics(
-        &mut self,
-        cluster: &str,
-        key: Option<&JobKey>,
-        before: Option<(JobState, Option<f64>)>,
-        fx: &crate::keyed::state::Effects,
-    ) {
-        let Some(entry) = key.and_then(|k| self.processor.state.jobs.get(k)) else {
-            return;
-        };
-        let job = &entry.job;
-        let counted = job.submitted && !job.invalidated;
-        let (users, series) = (&self.users, &self.series);
-        let jobs = |state: JobState, delta: i64| {
-            count_active(series, users, cluster, state, job.userid, delta)
-        };
-        match (before, counted) {
-            // A new job (or one whose submit came after other events).
-            (None, true) if job.state != JobState::Inactive => {
-                jobs(job.state, 1);
-                self.ages.add(cluster, job.state, job.t_state());
-            }
-            // Invalidated: flux-core removes it.
-            (Some((state, entered)), false) if state != JobState::Inactive => {
-                jobs(state, -1);
-                self.ages.remove(cluster, state, entered);
-            }
-            _ => {}
-        }
-        let mut entered = before.and_then(|b| b.1);
-        for t in &fx.transitions {
-            let (from, to) = (t.transition.from, t.transition.to);
-            if before.is_some() {
-                if from != JobState::Inactive {
-                    jobs(from, -1);
-                    self.ages.remove(cluster, from, entered);
-                }
-                // SCHED keeps its first entry time (a job reverted to
-                // PRIORITY and back has waited since then): the time the
-                // job itself says, so its removal finds the same entry.
-                let at = if to == JobState::Sched {
-                    job.t_sched.get().or(Some(t.transition.timestamp))
-                } else {
-                    Some(t.transition.timestamp)
-                };
-                if to != JobState::Inactive {
-                    jobs(to, 1);
-                    self.ages.add(cluster, to, at);
-                }
-                entered = at;
-            }
-            let Some(m) = series.get(cluster) else {
-                continue;
-            };
-            m.transition(from, to);
-            if let Some((_, Some(entered))) = before {
-                m.time_in(from, (t.transition.timestamp - entered).max(0.0));
-            }
-            match to {
-                JobState::Run => {
-                    if let Some(submit) = job.t_submit.get() {
-                        m.queue_wait((t.transition.timestamp - submit).max(0.0));
-                    }
-                }
-                JobState::Cleanup => {
-                    if let Some(run) = job.t_run.get() {
-                        m.run((t.transition.timestamp - run).max(0.0));
-                    }
-                }
-                JobState::Inactive => {
-                    if let Some(result) = job.result() {
-                        m.ended(result);
-                    }
-                }
-                _ => {}
-            }
         }
     }
 
@@ -1057,7 +913,7 @@ impl Shard {
         let flips = self.processor.refresh_draining(|c| shared.now(c), &mut out);
         for flip in flips {
             self.touch_resource(&flip.cluster, None);
-            self.nodes.update(
+            self.metrics.nodes.update(
                 &flip.cluster,
                 flip.change.rank,
                 flip.change.after.as_ref(),

@@ -1,0 +1,179 @@
+//! The series one shard keeps up to date: active jobs per cluster, state
+//! and user, the oldest entry into each state, transitions, queue wait and
+//! run times, results, the jobs tracked, and the per-node board. Fed from
+//! what the processor reports a record did; the shard owns one.
+
+use super::ages::OldestEntries;
+use super::job_metrics::ClusterMetrics;
+use crate::flux::job::{Job, JobState};
+use crate::keyed::alerts::rule::Rule;
+use crate::keyed::state::KeyedTransition;
+use crate::telemetry::{NodeBoard, StateAges, UserJobs};
+use foldhash::HashMap;
+use std::sync::Arc;
+
+pub struct ShardMetrics {
+    /// This shard's share of the `fluxpipe_jobs_tracked` gauge.
+    reported: usize,
+    /// The cluster whose series [`ShardMetrics::first_sight`] saw last.
+    last_seen: Option<Arc<str>>,
+    /// Per-node state for the metrics endpoint.
+    pub nodes: NodeBoard,
+    /// State-entry times of this shard's active jobs.
+    pub ages: OldestEntries,
+    /// The job series of each cluster seen (every label value exported,
+    /// 0 until it happens).
+    series: HashMap<String, ClusterMetrics>,
+    /// Active jobs per user, when exported.
+    pub users: UserJobs,
+}
+
+impl ShardMetrics {
+    pub fn new(nodes: NodeBoard, ages: StateAges) -> Self {
+        ShardMetrics {
+            reported: 0,
+            last_seen: None,
+            nodes,
+            ages: OldestEntries::new(ages),
+            series: HashMap::default(),
+            users: UserJobs::default(),
+        }
+    }
+
+    /// Count `delta` active jobs of a user into or out of `state`.
+    pub fn count_active(&self, cluster: &str, state: JobState, userid: Option<i64>, delta: i64) {
+        if let Some(m) = self.series.get(cluster) {
+            m.count(state, delta);
+        }
+        self.users.add(cluster, userid, state.as_str(), delta);
+    }
+
+    /// Count an active job into (`delta` 1) or out of (-1) the job gauges
+    /// and the state-entry ages, in the state it is in.
+    pub fn count_job(&mut self, cluster: &str, job: &Job, delta: i64) {
+        self.count_active(cluster, job.state, job.userid, delta);
+        if delta > 0 {
+            self.ages.add(cluster, job.state, job.t_state());
+        } else {
+            self.ages.remove(cluster, job.state, job.t_state());
+        }
+    }
+
+    /// Every known label value of the job series is exported, with 0 until
+    /// it happens; so is each job rule's stuck-jobs gauge.
+    pub fn first_sight<'r>(
+        &mut self,
+        cluster: &Arc<str>,
+        job_rules: impl Iterator<Item = &'r Rule>,
+    ) {
+        // The cluster of the record before, most of the time: known.
+        if self
+            .last_seen
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, cluster))
+        {
+            return;
+        }
+        if self.series.contains_key(&**cluster) {
+            self.last_seen = Some(cluster.clone());
+            return;
+        }
+        self.series
+            .insert(cluster.to_string(), ClusterMetrics::new(cluster));
+        let c = cluster.to_string();
+        for rule in job_rules {
+            metrics::gauge!("flux_jobs_stuck", "flux_cluster" => c.clone(), "rule" => rule.name.clone())
+                .increment(0.0);
+        }
+    }
+
+    /// Shards share one gauge: each adds the change in its own count of
+    /// jobs held, `now`.
+    pub fn report_tracked(&mut self, now: usize) {
+        // Most records neither add nor drop a job: no shared counter written.
+        if now == self.reported {
+            return;
+        }
+        let gauge = metrics::gauge!("fluxpipe_jobs_tracked");
+        if now > self.reported {
+            gauge.increment((now - self.reported) as f64);
+        } else {
+            gauge.decrement((self.reported - now) as f64);
+        }
+        self.reported = now;
+    }
+
+    /// A record changed `job` (as it is now; `before`: its state and since
+    /// when, if it was counted): active jobs per state, transitions,
+    /// results and the time spent in each state.
+    pub fn job_changed(
+        &mut self,
+        cluster: &str,
+        job: &Job,
+        before: Option<(JobState, Option<f64>)>,
+        transitions: &[KeyedTransition],
+    ) {
+        let counted = job.submitted && !job.invalidated;
+        match (before, counted) {
+            // A new job (or one whose submit came after other events).
+            (None, true) if job.state != JobState::Inactive => {
+                self.count_active(cluster, job.state, job.userid, 1);
+                self.ages.add(cluster, job.state, job.t_state());
+            }
+            // Invalidated: flux-core removes it.
+            (Some((state, entered)), false) if state != JobState::Inactive => {
+                self.count_active(cluster, state, job.userid, -1);
+                self.ages.remove(cluster, state, entered);
+            }
+            _ => {}
+        }
+        let mut entered = before.and_then(|b| b.1);
+        for t in transitions {
+            let (from, to) = (t.transition.from, t.transition.to);
+            if before.is_some() {
+                if from != JobState::Inactive {
+                    self.count_active(cluster, from, job.userid, -1);
+                    self.ages.remove(cluster, from, entered);
+                }
+                // SCHED keeps its first entry time (a job reverted to
+                // PRIORITY and back has waited since then): the time the
+                // job itself says, so its removal finds the same entry.
+                let at = if to == JobState::Sched {
+                    job.t_sched.get().or(Some(t.transition.timestamp))
+                } else {
+                    Some(t.transition.timestamp)
+                };
+                if to != JobState::Inactive {
+                    self.count_active(cluster, to, job.userid, 1);
+                    self.ages.add(cluster, to, at);
+                }
+                entered = at;
+            }
+            let Some(m) = self.series.get(cluster) else {
+                continue;
+            };
+            m.transition(from, to);
+            if let Some((_, Some(entered))) = before {
+                m.time_in(from, (t.transition.timestamp - entered).max(0.0));
+            }
+            match to {
+                JobState::Run => {
+                    if let Some(submit) = job.t_submit.get() {
+                        m.queue_wait((t.transition.timestamp - submit).max(0.0));
+                    }
+                }
+                JobState::Cleanup => {
+                    if let Some(run) = job.t_run.get() {
+                        m.run((t.transition.timestamp - run).max(0.0));
+                    }
+                }
+                JobState::Inactive => {
+                    if let Some(result) = job.result() {
+                        m.ended(result);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
