@@ -10,6 +10,7 @@
 
 pub mod channels;
 pub mod cli;
+pub mod component;
 pub mod decode;
 pub mod exposition;
 pub mod flux;

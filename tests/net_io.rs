@@ -4,9 +4,10 @@
 
 use fluxpipe::output::OutputRecord;
 use fluxpipe::output::OutputStream;
-use fluxpipe::pipeline::config::{self, SinkConfig};
+use fluxpipe::pipeline::config;
 use fluxpipe::pipeline::topology;
 use fluxpipe::sinks;
+use fluxpipe::sinks::SinkConfig;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::{Value, json};
 use std::collections::{HashMap, VecDeque};

@@ -4,12 +4,107 @@
 //! counts of what each sink is done with (the acknowledgements checkpoints
 //! wait for).
 
+use crate::component::Problem;
 use crate::output::OutputRecord;
 use crate::output::OutputStream;
-use crate::pipeline::config::{SinkConfig, WhenFull};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
+
+/// What a sink does when its buffer is full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFull {
+    /// Wait: backpressure reaches the sources.
+    #[default]
+    Block,
+    /// Drop the new record and count it.
+    DropNewest,
+}
+
+/// The keys every sink has: what the fan-out needs to feed it.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkCommon<'a> {
+    pub inputs: &'a [String],
+    pub when_full: WhenFull,
+    pub buffer: usize,
+}
+
+impl SinkCommon<'_> {
+    /// The subscribed streams as a bit set (unknown names are refused by
+    /// validation before this is used).
+    pub fn stream_bits(&self) -> u8 {
+        self.inputs
+            .iter()
+            .filter_map(|i| OutputStream::parse(i))
+            .fold(0, |acc, s| acc | s.bit())
+    }
+
+    /// What is wrong with the keys every sink has.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        if self.inputs.is_empty() {
+            out.push(Problem::new(
+                "inputs",
+                ": at least one output stream is needed",
+            ));
+        }
+        for (i, input) in self.inputs.iter().enumerate() {
+            if OutputStream::parse(input).is_none() {
+                let known: Vec<&str> = OutputStream::ALL.iter().map(|o| o.as_str()).collect();
+                out.push(Problem::at(
+                    "inputs",
+                    i,
+                    format!(
+                        ": unknown input `{input}`; expected one of {}",
+                        known.join(", ")
+                    ),
+                ));
+            }
+        }
+        if self.buffer == 0 {
+            out.push(Problem::new("buffer", ": must be at least 1"));
+        }
+        out
+    }
+}
+
+pub fn default_buffer() -> usize {
+    1024
+}
+
+/// Declares a sink's config struct with its own keys plus the keys every
+/// sink has (serde's `flatten` cannot be combined with
+/// `deny_unknown_fields`, and unknown keys must be refused).
+macro_rules! sink_config {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+            /// Output streams to receive.
+            pub inputs: Vec<String>,
+            /// What to do when the buffer is full.
+            #[serde(default)]
+            pub when_full: $crate::channels::fanout::WhenFull,
+            /// Records buffered before `when_full` applies.
+            #[serde(default = "crate::channels::fanout::default_buffer")]
+            pub buffer: usize,
+        }
+
+        impl $name {
+            pub fn common(&self) -> $crate::channels::fanout::SinkCommon<'_> {
+                $crate::channels::fanout::SinkCommon {
+                    inputs: &self.inputs,
+                    when_full: self.when_full,
+                    buffer: self.buffer,
+                }
+            }
+        }
+    };
+}
+pub(crate) use sink_config;
 
 /// The receiving end of a sink's channel, which also keeps count of the
 /// records the sink is done with (delivered, or given up and counted as
@@ -211,12 +306,11 @@ impl Outputs {
     /// Create a channel for every sink; returns the fan-out table and each
     /// sink's receiver, in the order given.
     pub fn new<'a>(
-        sinks: impl IntoIterator<Item = (&'a str, &'a SinkConfig)>,
+        sinks: impl IntoIterator<Item = (&'a str, SinkCommon<'a>)>,
     ) -> (Self, Vec<SinkRx>) {
         let mut ports = Vec::new();
         let mut rxs = Vec::new();
-        for (name, config) in sinks {
-            let common = config.common();
+        for (name, common) in sinks {
             let (tx, rx) = mpsc::channel(common.buffer.max(1));
             let done = Arc::new(AtomicU64::new(0));
             let given_up = Arc::new(AtomicU64::new(0));
@@ -398,7 +492,7 @@ mod tests {
 
     fn outputs(sinks: &str) -> (Outputs, Vec<SinkRx>) {
         let cfg = config::parse(&format!("[sources.s]\ntype = \"stdin\"\n{sinks}")).unwrap();
-        Outputs::new(cfg.sinks.iter().map(|(n, c)| (n.as_str(), c)))
+        Outputs::new(cfg.sinks.iter().map(|(n, c)| (n.as_str(), c.common())))
     }
 
     fn record(stream: OutputStream, n: u64) -> OutputRecord {

@@ -113,6 +113,7 @@ impl Processor {
     /// Apply one record of `cluster` (the record's own, or its source's);
     /// alerts it fired or resolved, and those that came due before it, go
     /// to `alerts` in time order.
+    #[inline(always)]
     pub fn process(
         &mut self,
         cluster: &str,

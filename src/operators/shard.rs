@@ -1042,7 +1042,8 @@ mod tests {
             "[sources.s]\ntype = \"stdin\"\n[sinks.k]\ntype = \"stdout\"\ninputs = {inputs}\nbuffer = 1000\n"
         ))
         .unwrap();
-        let (outputs, mut rxs) = Outputs::new(cfg.sinks.iter().map(|(n, c)| (n.as_str(), c)));
+        let (outputs, mut rxs) =
+            Outputs::new(cfg.sinks.iter().map(|(n, c)| (n.as_str(), c.common())));
         (outputs, rxs.remove(0))
     }
 

@@ -6,11 +6,12 @@
 //! listeners share an address, paths can be read or written. Every error
 //! names the key and the line.
 
+use crate::component::SocketMode;
 use crate::decode::{EventStream, Format};
 use crate::flux::jobid::JobId;
 use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::rule::{Rule, RuleError, RuleKind, default_rules};
-use crate::output::OutputStream;
+use crate::sinks::SinkConfig;
 use serde::{Deserialize, Deserializer};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -257,37 +258,6 @@ macro_rules! source_config {
 }
 pub(crate) use source_config;
 
-/// Declares a sink config struct with its own keys plus the keys every
-/// sink has.
-macro_rules! sink_config {
-    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty,)* }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Deserialize)]
-        #[serde(deny_unknown_fields)]
-        pub struct $name {
-            $($(#[$fmeta])* pub $field: $ty,)*
-            /// Output streams to receive.
-            pub inputs: Vec<String>,
-            /// What to do when the buffer is full.
-            #[serde(default)]
-            pub when_full: WhenFull,
-            /// Records buffered before `when_full` applies.
-            #[serde(default = "default_buffer")]
-            pub buffer: usize,
-        }
-
-        impl $name {
-            pub fn common(&self) -> SinkCommon<'_> {
-                SinkCommon {
-                    inputs: &self.inputs,
-                    when_full: self.when_full,
-                    buffer: self.buffer,
-                }
-            }
-        }
-    };
-}
-
 fn default_true() -> bool {
     true
 }
@@ -384,15 +354,6 @@ fn default_poll_ms() -> u64 {
     250
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SocketMode {
-    #[default]
-    Tcp,
-    Udp,
-    Unix,
-}
-
 source_config! {
     /// `type = "socket"`: newline-delimited TCP or Unix stream, or UDP datagrams.
     SocketSourceConfig {
@@ -447,202 +408,6 @@ impl KafkaSourceConfig {
                 .unwrap_or_else(|| format!("{}-changelog", self.group_id))
         })
     }
-}
-
-/// What a sink does when its buffer is full.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WhenFull {
-    /// Wait: backpressure reaches the sources.
-    #[default]
-    Block,
-    /// Drop the new record and count it.
-    DropNewest,
-}
-
-/// The keys every sink has.
-#[derive(Debug, Clone, Copy)]
-pub struct SinkCommon<'a> {
-    pub inputs: &'a [String],
-    pub when_full: WhenFull,
-    pub buffer: usize,
-}
-
-impl SinkCommon<'_> {
-    /// The subscribed streams as a bit set (unknown names are refused by
-    /// validation before this is used).
-    pub fn stream_bits(&self) -> u8 {
-        self.inputs
-            .iter()
-            .filter_map(|i| OutputStream::parse(i))
-            .fold(0, |acc, s| acc | s.bit())
-    }
-}
-
-fn default_buffer() -> usize {
-    1024
-}
-
-/// `[sinks.NAME]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum SinkConfig {
-    Stdout(StdoutSinkConfig),
-    Blackhole(BlackholeSinkConfig),
-    File(FileSinkConfig),
-    Socket(SocketSinkConfig),
-    Http(HttpSinkConfig),
-    Prometheus(PrometheusSinkConfig),
-    Alertmanager(AlertmanagerSinkConfig),
-    Kafka(KafkaSinkConfig),
-}
-
-impl SinkConfig {
-    pub fn common(&self) -> SinkCommon<'_> {
-        match self {
-            SinkConfig::Stdout(c) => c.common(),
-            SinkConfig::Blackhole(c) => c.common(),
-            SinkConfig::File(c) => c.common(),
-            SinkConfig::Socket(c) => c.common(),
-            SinkConfig::Http(c) => c.common(),
-            SinkConfig::Alertmanager(c) => c.common(),
-            SinkConfig::Kafka(c) => c.common(),
-            SinkConfig::Prometheus(_) => SinkCommon {
-                inputs: &[],
-                when_full: WhenFull::DropNewest,
-                buffer: 1,
-            },
-        }
-    }
-}
-
-sink_config! {
-    /// `type = "stdout"`: JSON Lines on standard output.
-    StdoutSinkConfig {}
-}
-
-sink_config! {
-    /// `type = "blackhole"`: counts the records and drops them (benchmarks).
-    BlackholeSinkConfig {}
-}
-
-sink_config! {
-    /// `type = "file"`: JSON Lines appended to a file, reopened on SIGHUP.
-    FileSinkConfig {
-        path: PathBuf,
-    }
-}
-
-sink_config! {
-    /// `type = "socket"`: JSON Lines to a TCP or Unix listener, reconnecting.
-    SocketSinkConfig {
-        #[serde(default)]
-        mode: SocketMode,
-        address: String,
-    }
-}
-
-sink_config! {
-    /// `type = "http"`: JSON arrays POSTed to a webhook.
-    HttpSinkConfig {
-        uri: String,
-        /// Most records in one POST.
-        #[serde(default = "default_batch_records")]
-        batch_max_records: usize,
-        /// Longest wait before a partial batch is sent, in milliseconds.
-        #[serde(default = "default_batch_timeout")]
-        batch_timeout_ms: u64,
-        /// Extra request headers.
-        #[serde(default)]
-        headers: BTreeMap<String, String>,
-        /// Seconds to keep retrying one batch before it is dropped and counted.
-        #[serde(default = "default_retry_max")]
-        retry_max_secs: f64,
-    }
-}
-
-sink_config! {
-    /// `type = "alertmanager"`: alerts to Alertmanager's API v2.
-    AlertmanagerSinkConfig {
-        /// Alertmanager's base URL, e.g. `http://127.0.0.1:9093`.
-        url: String,
-        /// Seconds between re-sends of every firing alert.
-        #[serde(default = "default_resend_interval")]
-        resend_interval_secs: f64,
-        /// Seconds a resolved alert keeps being re-sent.
-        #[serde(default = "default_resolved_resend")]
-        resolved_resend_secs: f64,
-        /// Extra request headers (authentication, say).
-        #[serde(default)]
-        headers: BTreeMap<String, String>,
-    }
-}
-
-sink_config! {
-    /// `type = "kafka"`: one message per record, keyed by cluster and job.
-    KafkaSinkConfig {
-        bootstrap_servers: String,
-        /// The topic of every stream not named in `topics`.
-        topic: String,
-        /// A topic per output stream, e.g. `{ jobs = "flux-jobs" }`.
-        #[serde(default)]
-        topics: BTreeMap<String, String>,
-        /// none | gzip | snappy | lz4 | zstd
-        #[serde(default = "default_compression")]
-        compression: String,
-        /// Seconds librdkafka keeps retrying a message before it is dropped
-        /// and counted (`message.timeout.ms`).
-        #[serde(default = "default_kafka_timeout")]
-        message_timeout_secs: f64,
-        /// Passed to librdkafka as they are; they win over fluxpipe's own.
-        #[serde(default)]
-        librdkafka_options: BTreeMap<String, String>,
-    }
-}
-
-fn default_compression() -> String {
-    "lz4".into()
-}
-
-fn default_kafka_timeout() -> f64 {
-    300.0
-}
-
-fn default_resend_interval() -> f64 {
-    60.0
-}
-
-fn default_resolved_resend() -> f64 {
-    900.0
-}
-
-/// `type = "prometheus"`: `/metrics`, `/healthz` and `/readyz` over HTTP.
-/// It takes no `inputs`: it exports what the pipeline measures.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PrometheusSinkConfig {
-    #[serde(default = "default_metrics_address")]
-    pub address: String,
-    /// Export `flux_jobs_by_user{flux_cluster,userid,state}`: one series
-    /// per user with active jobs (off: user ids make many series).
-    #[serde(default)]
-    pub per_user_jobs: bool,
-}
-
-fn default_metrics_address() -> String {
-    "127.0.0.1:9464".into()
-}
-
-fn default_batch_records() -> usize {
-    500
-}
-
-fn default_batch_timeout() -> u64 {
-    1000
-}
-
-fn default_retry_max() -> f64 {
-    300.0
 }
 
 /// A configuration error, with the line it concerns when known.
@@ -713,14 +478,7 @@ fn typed_table_error(text: &str) -> Option<ConfigError> {
                     crate::sources::http::HttpSourceConfig::deserialize(de).err()
                 }
                 ("sources", "kafka") => KafkaSourceConfig::deserialize(de).err(),
-                ("sinks", "stdout") => StdoutSinkConfig::deserialize(de).err(),
-                ("sinks", "blackhole") => BlackholeSinkConfig::deserialize(de).err(),
-                ("sinks", "file") => FileSinkConfig::deserialize(de).err(),
-                ("sinks", "socket") => SocketSinkConfig::deserialize(de).err(),
-                ("sinks", "http") => HttpSinkConfig::deserialize(de).err(),
-                ("sinks", "prometheus") => PrometheusSinkConfig::deserialize(de).err(),
-                ("sinks", "alertmanager") => AlertmanagerSinkConfig::deserialize(de).err(),
-                ("sinks", "kafka") => KafkaSinkConfig::deserialize(de).err(),
+                ("sinks", kind) => SinkConfig::table_error(kind, de),
                 _ => None,
             };
             if let Some(e) = result {
@@ -968,183 +726,31 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
         ));
     }
     for (name, sink) in &config.sinks {
-        let key = |k: &'static str| ["sinks", name.as_str(), k];
-        let common = sink.common();
-        if let SinkConfig::Prometheus(p) = sink {
-            if p.address.parse::<std::net::SocketAddr>().is_err() {
-                errors.push(loc.error(
-                    &key("address"),
-                    None,
-                    format!(
-                        "sinks.{name}.address `{}`: not an IP address and port",
-                        p.address
-                    ),
-                ));
-            }
-            if let Some(other) =
+        // The prometheus sink takes no inputs: only its own keys count.
+        let mut problems = match sink {
+            SinkConfig::Prometheus(_) => Vec::new(),
+            _ => sink.common().problems(),
+        };
+        problems.extend(sink.problems());
+        for p in problems {
+            errors.push(loc.error(
+                &["sinks", name.as_str(), p.key],
+                p.index,
+                format!("sinks.{name}.{}{}", p.key, p.message),
+            ));
+        }
+        if let SinkConfig::Prometheus(p) = sink
+            && let Some(other) =
                 listeners.insert(format!("tcp:{}", p.address), format!("sinks.{name}"))
-            {
-                errors.push(loc.error(
-                    &key("address"),
-                    None,
-                    format!(
-                        "sinks.{name}.address `{}`: already used by {other}",
-                        p.address
-                    ),
-                ));
-            }
-            continue;
-        }
-        if common.inputs.is_empty() {
+        {
             errors.push(loc.error(
-                &key("inputs"),
+                &["sinks", name.as_str(), "address"],
                 None,
-                format!("sinks.{name}.inputs: at least one output stream is needed"),
+                format!(
+                    "sinks.{name}.address `{}`: already used by {other}",
+                    p.address
+                ),
             ));
-        }
-        for (i, input) in common.inputs.iter().enumerate() {
-            if OutputStream::parse(input).is_none() {
-                let known: Vec<&str> = OutputStream::ALL.iter().map(|o| o.as_str()).collect();
-                errors.push(loc.error(
-                    &key("inputs"),
-                    Some(i),
-                    format!(
-                        "sinks.{name}.inputs: unknown input `{input}`; expected one of {}",
-                        known.join(", ")
-                    ),
-                ));
-            }
-        }
-        if common.buffer == 0 {
-            errors.push(loc.error(
-                &key("buffer"),
-                None,
-                format!("sinks.{name}.buffer: must be at least 1"),
-            ));
-        }
-        match sink {
-            SinkConfig::File(f) => {
-                let path = &f.path;
-                // The sink creates missing folders; the nearest existing
-                // one must be a folder it can write in.
-                let mut existing = path.parent().unwrap_or(Path::new(""));
-                while !existing.as_os_str().is_empty() && !existing.exists() {
-                    existing = existing.parent().unwrap_or(Path::new(""));
-                }
-                let writable = |p: &Path| {
-                    let p = if p.as_os_str().is_empty() {
-                        Path::new(".")
-                    } else {
-                        p
-                    };
-                    p.metadata()
-                        .map(|m| m.is_dir() && !m.permissions().readonly())
-                        .unwrap_or(false)
-                };
-                if !writable(existing) {
-                    errors.push(loc.error(
-                        &key("path"),
-                        None,
-                        format!(
-                                "sinks.{name}.path `{}`: cannot be created in {}",
-                                path.display(),
-                                if existing.as_os_str().is_empty() {
-                                    Path::new(".")
-                                } else {
-                                    existing
-                                }
-                                .display()
-                            ),
-                    ));
-                } else if path.is_dir() {
-                    errors.push(loc.error(
-                        &key("path"),
-                        None,
-                        format!("sinks.{name}.path `{}`: is a folder", path.display()),
-                    ));
-                }
-            }
-            SinkConfig::Socket(s) => {
-                if s.mode == SocketMode::Udp {
-                    errors.push(loc.error(
-                        &key("mode"),
-                        None,
-                        format!("sinks.{name}.mode: udp is not supported by the socket sink; use tcp or unix"),
-                    ));
-                }
-            }
-            SinkConfig::Http(h) => {
-                let uri = &h.uri;
-                if !(uri.starts_with("http://") || uri.starts_with("https://")) {
-                    errors.push(loc.error(
-                        &key("uri"),
-                        None,
-                        format!("sinks.{name}.uri `{uri}`: must start with http:// or https://"),
-                    ));
-                }
-                if h.batch_max_records == 0 {
-                    errors.push(loc.error(
-                        &key("batch_max_records"),
-                        None,
-                        format!("sinks.{name}.batch_max_records: must be at least 1"),
-                    ));
-                }
-            }
-            SinkConfig::Alertmanager(a) => {
-                let url = &a.url;
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    errors.push(loc.error(
-                        &key("url"),
-                        None,
-                        format!("sinks.{name}.url `{url}`: must start with http:// or https://"),
-                    ));
-                }
-                for (i, input) in a.inputs.iter().enumerate() {
-                    if input != OutputStream::Alerts.as_str() {
-                        errors.push(loc.error(
-                            &key("inputs"),
-                            Some(i),
-                            format!("sinks.{name}.inputs: `{input}`: an alertmanager sink takes only `alerts`"),
-                        ));
-                    }
-                }
-                if !a.resend_interval_secs.is_finite() || a.resend_interval_secs < 1.0 {
-                    errors.push(loc.error(
-                        &key("resend_interval_secs"),
-                        None,
-                        format!("sinks.{name}.resend_interval_secs: must be at least 1"),
-                    ));
-                }
-            }
-            SinkConfig::Kafka(k) => {
-                if k.bootstrap_servers.trim().is_empty() {
-                    errors.push(loc.error(
-                        &key("bootstrap_servers"),
-                        None,
-                        format!("sinks.{name}.bootstrap_servers: must not be empty"),
-                    ));
-                }
-                for stream in k.topics.keys() {
-                    if OutputStream::parse(stream).is_none() {
-                        errors.push(loc.error(
-                            &key("topics"),
-                            None,
-                            format!("sinks.{name}.topics: `{stream}` is not an output stream"),
-                        ));
-                    }
-                }
-                if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&k.compression.as_str()) {
-                    errors.push(loc.error(
-                        &key("compression"),
-                        None,
-                        format!(
-                            "sinks.{name}.compression `{}`: expected none, gzip, snappy, lz4 or zstd",
-                            k.compression
-                        ),
-                    ));
-                }
-            }
-            SinkConfig::Stdout(_) | SinkConfig::Blackhole(_) | SinkConfig::Prometheus(_) => {}
         }
     }
     if let Err((rule, k, e)) = config.alerts.rules() {
@@ -1187,6 +793,7 @@ fn glob_problem(pattern: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::OutputStream;
 
     fn errors(text: &str) -> Vec<String> {
         match parse(text) {

@@ -312,7 +312,12 @@ impl Coordinator {
         // died without reporting still ends the loop.
         self.report_tx = mpsc::channel(1).0;
         let interval = self.schedule.interval;
-        let mut next = interval.map(|i| Instant::now() + i);
+        // With no checkpoint yet, the first round comes at once: it notes
+        // where the file sinks' files stood before this run wrote to them,
+        // so a crash before the first interval cuts back to there rather
+        // than keeping output the restart writes again.
+        let mut next =
+            interval.map(|i| Instant::now() + if self.seq == 0 { Duration::ZERO } else { i });
         while self.running > 0 {
             tokio::select! {
                 report = self.reports.recv() => match report {

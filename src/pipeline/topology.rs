@@ -12,11 +12,12 @@
 //! the last shard is gone the sinks deliver what they hold, flush, and
 //! finish. If every sink delivered, the final checkpoint is written.
 
-use super::config::{Config, OperatorConfig, SinkConfig};
+use super::config::{Config, OperatorConfig};
 use super::coordinator::{self, Coordinator, Schedule};
 use crate::channels::fanout::Outputs;
 use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::operators::shard::{self, AlertSetup, Retention, Shard};
+use crate::sinks::SinkConfig;
 use crate::sinks::{self, SinkContext};
 use crate::snapshot::checkpoint::{self, Head, ShardState};
 use crate::sources::{self, SourceContext};
@@ -163,7 +164,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     {
         sink_ctx.users = crate::telemetry::UserJobs::enabled();
     }
-    let (outputs, sink_rxs) = Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c)));
+    let (outputs, sink_rxs) =
+        Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c.common())));
     // The file sinks' marks exist before any checkpoint round can ask.
     for (name, sink) in &config.sinks {
         if matches!(sink, SinkConfig::File(_)) {

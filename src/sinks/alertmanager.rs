@@ -15,15 +15,68 @@
 //!   the request itself is wrong: logged, counted, not retried.
 
 use super::http::{client, error_chain, request_headers};
-use super::{SinkRx, count_sent};
+use super::{SinkContext, SinkRx, count_sent};
+use crate::component::Problem;
+use crate::output::OutputStream;
+use std::collections::BTreeMap;
 use crate::output::rfc3339;
-use crate::pipeline::config::AlertmanagerSinkConfig;
 use anyhow::Context;
 use reqwest::header::HeaderMap;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
+
+crate::channels::fanout::sink_config! {
+    /// `type = "alertmanager"`: alerts to Alertmanager's API v2.
+    AlertmanagerSinkConfig {
+        /// Alertmanager's base URL, e.g. `http://127.0.0.1:9093`.
+        url: String,
+        /// Seconds between re-sends of every firing alert.
+        #[serde(default = "default_resend_interval")]
+        resend_interval_secs: f64,
+        /// Seconds a resolved alert keeps being re-sent.
+        #[serde(default = "default_resolved_resend")]
+        resolved_resend_secs: f64,
+        /// Extra request headers (authentication, say).
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+    }
+}
+
+fn default_resend_interval() -> f64 {
+    60.0
+}
+
+fn default_resolved_resend() -> f64 {
+    900.0
+}
+
+impl AlertmanagerSinkConfig {
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let url = &self.url;
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            out.push(Problem::new(
+                "url",
+                format!(" `{url}`: must start with http:// or https://"),
+            ));
+        }
+        for (i, input) in self.inputs.iter().enumerate() {
+            if input != OutputStream::Alerts.as_str() {
+                out.push(Problem::at(
+                    "inputs",
+                    i,
+                    format!(": `{input}`: an alertmanager sink takes only `alerts`"),
+                ));
+            }
+        }
+        if !self.resend_interval_secs.is_finite() || self.resend_interval_secs < 1.0 {
+            out.push(Problem::new("resend_interval_secs", ": must be at least 1"));
+        }
+        out
+    }
+}
 
 const BACKOFF_START: Duration = Duration::from_secs(1);
 /// How long the last attempt at shutdown may take.
@@ -189,7 +242,12 @@ impl Poster {
     }
 }
 
-pub async fn run(name: &str, config: AlertmanagerSinkConfig, mut rx: SinkRx) -> anyhow::Result<()> {
+pub async fn run(
+    name: &str,
+    config: AlertmanagerSinkConfig,
+    mut rx: SinkRx,
+    _ctx: &SinkContext,
+) -> anyhow::Result<()> {
     let base = config.url.trim_end_matches('/');
     let url = reqwest::Url::parse(&format!("{base}/api/v2/alerts"))
         .with_context(|| format!("url `{}` is not a valid URL", config.url))?;

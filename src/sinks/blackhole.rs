@@ -1,9 +1,26 @@
 //! `type = "blackhole"`: takes every record it is given and drops it,
 //! counting them; for benchmarks and for trying a pipeline out.
 
-use super::SinkRx;
+use super::{SinkContext, SinkRx};
+use crate::component::Problem;
 
-pub async fn run(name: &str, mut rx: SinkRx) -> anyhow::Result<()> {
+crate::channels::fanout::sink_config! {
+    /// `type = "blackhole"`: counts the records and drops them (benchmarks).
+    BlackholeSinkConfig {}
+}
+
+impl BlackholeSinkConfig {
+    pub fn problems(&self) -> Vec<Problem> {
+        Vec::new()
+    }
+}
+
+pub async fn run(
+    name: &str,
+    _config: BlackholeSinkConfig,
+    mut rx: SinkRx,
+    _ctx: &SinkContext,
+) -> anyhow::Result<()> {
     let mut received = 0u64;
     let mut batch = Vec::with_capacity(256);
     while rx.recv_many(&mut batch, 256).await > 0 {

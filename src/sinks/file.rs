@@ -8,10 +8,10 @@
 //! the checkpoint (rotated) is left alone: what came after the checkpoint
 //! may then repeat in the new file.
 
-use super::SinkRx;
+use super::{SinkContext, SinkRx};
+use crate::component::Problem;
 use super::lines::{FILE_LINGER, Lines, Next};
-use super::offsets::{Saved, SinkOffsets};
-use crate::pipeline::config::FileSinkConfig;
+use super::offsets::Saved;
 use anyhow::Context;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
@@ -19,6 +19,51 @@ use std::path::{Path, PathBuf};
 use tokio::fs::{File, OpenOptions};
 use tokio::io::BufWriter;
 use tokio::signal::unix::{SignalKind, signal};
+
+crate::channels::fanout::sink_config! {
+    /// `type = "file"`: JSON Lines appended to a file, reopened on SIGHUP.
+    FileSinkConfig {
+        path: PathBuf,
+    }
+}
+
+impl FileSinkConfig {
+    /// The file must be creatable: the sink creates missing folders, so
+    /// the nearest existing one must be a folder it can write in.
+    pub fn problems(&self) -> Vec<Problem> {
+        let path = &self.path;
+        let mut existing = path.parent().unwrap_or(Path::new(""));
+        while !existing.as_os_str().is_empty() && !existing.exists() {
+            existing = existing.parent().unwrap_or(Path::new(""));
+        }
+        let shown = if existing.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            existing
+        };
+        let writable = shown
+            .metadata()
+            .map(|m| m.is_dir() && !m.permissions().readonly())
+            .unwrap_or(false);
+        if !writable {
+            vec![Problem::new(
+                "path",
+                format!(
+                    " `{}`: cannot be created in {}",
+                    path.display(),
+                    shown.display()
+                ),
+            )]
+        } else if path.is_dir() {
+            vec![Problem::new(
+                "path",
+                format!(" `{}`: is a folder", path.display()),
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+}
 
 /// Bytes read at a time when looking back for the last newline.
 const TAIL_BLOCK: u64 = 64 * 1024;
@@ -108,8 +153,9 @@ pub async fn run(
     name: &str,
     config: FileSinkConfig,
     mut rx: SinkRx,
-    offsets: &SinkOffsets,
+    ctx: &SinkContext,
 ) -> anyhow::Result<()> {
+    let offsets = &ctx.offsets;
     let path = config.path;
     let file = open(&path).await?;
     let saved = offsets.restored_for(name);

@@ -19,13 +19,62 @@
 //! At shutdown the batch being built is sent at once; retries of a batch
 //! in hand are cut to [`SHUTDOWN_GRACE`] after the channel closed.
 
-use super::SinkRx;
-use crate::pipeline::config::HttpSinkConfig;
+use super::{SinkContext, SinkRx};
+use crate::component::Problem;
+use std::collections::BTreeMap;
 use anyhow::Context;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use std::time::Duration;
 use tokio::time::Instant;
+
+crate::channels::fanout::sink_config! {
+    /// `type = "http"`: JSON arrays POSTed to a webhook.
+    HttpSinkConfig {
+        uri: String,
+        /// Most records in one POST.
+        #[serde(default = "default_batch_records")]
+        batch_max_records: usize,
+        /// Longest wait before a partial batch is sent, in milliseconds.
+        #[serde(default = "default_batch_timeout")]
+        batch_timeout_ms: u64,
+        /// Extra request headers.
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+        /// Seconds to keep retrying one batch before it is dropped and counted.
+        #[serde(default = "default_retry_max")]
+        retry_max_secs: f64,
+    }
+}
+
+fn default_batch_records() -> usize {
+    500
+}
+
+fn default_batch_timeout() -> u64 {
+    1000
+}
+
+fn default_retry_max() -> f64 {
+    300.0
+}
+
+impl HttpSinkConfig {
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let uri = &self.uri;
+        if !(uri.starts_with("http://") || uri.starts_with("https://")) {
+            out.push(Problem::new(
+                "uri",
+                format!(" `{uri}`: must start with http:// or https://"),
+            ));
+        }
+        if self.batch_max_records == 0 {
+            out.push(Problem::new("batch_max_records", ": must be at least 1"));
+        }
+        out
+    }
+}
 
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
@@ -191,7 +240,12 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-pub async fn run(name: &str, config: HttpSinkConfig, mut rx: SinkRx) -> anyhow::Result<()> {
+pub async fn run(
+    name: &str,
+    config: HttpSinkConfig,
+    mut rx: SinkRx,
+    _ctx: &SinkContext,
+) -> anyhow::Result<()> {
     let sender = Sender::new(name, &config)?;
     let max = config.batch_max_records.max(1);
     let timeout = Duration::from_millis(config.batch_timeout_ms);

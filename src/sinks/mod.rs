@@ -2,23 +2,83 @@
 //! bounded channel; the fan-out ([`crate::channels::fanout`]) sends each
 //! record to the sinks that asked for its stream.
 //!
-//! A new sink is one new file here plus one line in [`run`].
+//! Each sink type is one file here that owns its config (a struct made
+//! with [`crate::channels::fanout::sink_config`], and its `problems()`)
+//! and its `run`; a new sink is that file plus one line in the list below.
 
-pub mod alertmanager;
-pub mod blackhole;
-pub mod file;
-pub mod http;
-#[cfg(feature = "kafka")]
-pub mod kafka;
 pub mod lines;
 pub mod offsets;
-pub mod prometheus;
-pub mod socket;
-pub mod stdout;
 
 pub use crate::channels::fanout::count_sent;
-use crate::channels::fanout::{SinkCounters, SinkRx};
-use crate::pipeline::config::SinkConfig;
+use crate::channels::fanout::{SinkCommon, SinkCounters, SinkRx};
+use crate::component::Problem;
+
+/// The sink types: `type = "NAME"` → module and config. Makes the
+/// `[sinks.NAME]` config enum and the calls into each type.
+macro_rules! sink_types {
+    ($($variant:ident => $module:ident :: $config:ident,)*) => {
+        $(pub mod $module;)*
+
+        /// `[sinks.NAME]`.
+        #[derive(Debug, Clone, serde::Deserialize)]
+        #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+        pub enum SinkConfig {
+            $($variant($module::$config),)*
+        }
+
+        impl SinkConfig {
+            /// The keys every sink has.
+            pub fn common(&self) -> SinkCommon<'_> {
+                match self {
+                    $(SinkConfig::$variant(c) => c.common(),)*
+                }
+            }
+
+            /// The error a table of sink type `kind` gives when read as
+            /// that type (`None` for an unknown type).
+            pub fn table_error<'de, D: serde::Deserializer<'de>>(
+                kind: &str,
+                de: D,
+            ) -> Option<D::Error> {
+                $(if kind == stringify!($module) {
+                    return <$module::$config as serde::Deserialize>::deserialize(de).err();
+                })*
+                None
+            }
+
+            /// What is wrong with this sink's own keys.
+            pub fn problems(&self) -> Vec<Problem> {
+                match self {
+                    $(SinkConfig::$variant(c) => c.problems(),)*
+                }
+            }
+        }
+
+        /// Run one sink until every sender is gone and its buffer is
+        /// delivered.
+        pub async fn run(
+            name: String,
+            config: SinkConfig,
+            rx: SinkRx,
+            ctx: SinkContext,
+        ) -> anyhow::Result<()> {
+            match config {
+                $(SinkConfig::$variant(c) => $module::run(&name, c, rx, &ctx).await,)*
+            }
+        }
+    };
+}
+
+sink_types! {
+    Stdout => stdout::StdoutSinkConfig,
+    Blackhole => blackhole::BlackholeSinkConfig,
+    File => file::FileSinkConfig,
+    Socket => socket::SocketSinkConfig,
+    Http => http::HttpSinkConfig,
+    Prometheus => prometheus::PrometheusSinkConfig,
+    Alertmanager => alertmanager::AlertmanagerSinkConfig,
+    Kafka => kafka::KafkaSinkConfig,
+}
 
 /// What sinks may need beyond their records.
 #[derive(Debug, Clone, Default)]
@@ -35,26 +95,4 @@ pub struct SinkContext {
     pub buffers: SinkCounters,
     /// Where the file sinks stand, for checkpoints.
     pub offsets: offsets::SinkOffsets,
-}
-
-/// Run one sink until every sender is gone and its buffer is delivered.
-pub async fn run(
-    name: String,
-    config: SinkConfig,
-    rx: SinkRx,
-    ctx: SinkContext,
-) -> anyhow::Result<()> {
-    match config {
-        SinkConfig::Stdout(_) => stdout::run(&name, rx).await,
-        SinkConfig::Blackhole(_) => blackhole::run(&name, rx).await,
-        SinkConfig::File(c) => file::run(&name, c, rx, &ctx.offsets).await,
-        SinkConfig::Prometheus(c) => prometheus::run(&name, c, rx, ctx).await,
-        SinkConfig::Socket(c) => socket::run(&name, c, rx).await,
-        SinkConfig::Http(c) => http::run(&name, c, rx).await,
-        SinkConfig::Alertmanager(c) => alertmanager::run(&name, c, rx).await,
-        #[cfg(feature = "kafka")]
-        SinkConfig::Kafka(c) => kafka::run(&name, c, rx).await,
-        #[cfg(not(feature = "kafka"))]
-        SinkConfig::Kafka(_) => anyhow::bail!("this fluxpipe was built without Kafka support"),
-    }
 }

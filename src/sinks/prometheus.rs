@@ -6,19 +6,62 @@
 
 use super::{SinkContext, SinkRx};
 use crate::exposition::{self, Format};
-use crate::pipeline::config::PrometheusSinkConfig;
+use crate::channels::fanout::{SinkCommon, WhenFull};
+use crate::component::Problem;
 use crate::telemetry;
 use anyhow::Context;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
+/// `type = "prometheus"`: `/metrics`, `/healthz` and `/readyz` over HTTP.
+/// It takes no `inputs`: it exports what the pipeline measures.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrometheusSinkConfig {
+    #[serde(default = "default_metrics_address")]
+    pub address: String,
+    /// Export `flux_jobs_by_user{flux_cluster,userid,state}`: one series
+    /// per user with active jobs (off: user ids make many series).
+    #[serde(default)]
+    pub per_user_jobs: bool,
+}
+
+fn default_metrics_address() -> String {
+    "127.0.0.1:9464".into()
+}
+
+impl PrometheusSinkConfig {
+    /// It takes no `inputs`: nothing for the fan-out to feed.
+    pub fn common(&self) -> SinkCommon<'_> {
+        SinkCommon {
+            inputs: &[],
+            when_full: WhenFull::DropNewest,
+            buffer: 1,
+        }
+    }
+
+    /// Its address must be an IP address and port (the pipeline checks
+    /// it against every other listener's).
+    pub fn problems(&self) -> Vec<Problem> {
+        if self.address.parse::<std::net::SocketAddr>().is_err() {
+            vec![Problem::new(
+                "address",
+                format!(" `{}`: not an IP address and port", self.address),
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
 pub async fn run(
     name: &str,
     config: PrometheusSinkConfig,
     mut rx: SinkRx,
-    ctx: SinkContext,
+    ctx: &SinkContext,
 ) -> anyhow::Result<()> {
+    let ctx = ctx.clone();
     let handle = telemetry::prometheus()
         .context("another metrics recorder is installed; cannot export metrics")?;
     let listener = tokio::net::TcpListener::bind(&config.address)

@@ -15,15 +15,37 @@
 //! it holds for [`SHUTDOWN_GRACE`], then drops the rest, counts it and
 //! fails.
 
-use super::SinkRx;
+use super::{SinkContext, SinkRx};
+use crate::component::{Problem, SocketMode};
 use crate::output::OutputRecord;
-use crate::pipeline::config::{SocketMode, SocketSinkConfig};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Instant;
+
+crate::channels::fanout::sink_config! {
+    /// `type = "socket"`: JSON Lines to a TCP or Unix listener, reconnecting.
+    SocketSinkConfig {
+        #[serde(default)]
+        mode: SocketMode,
+        address: String,
+    }
+}
+
+impl SocketSinkConfig {
+    pub fn problems(&self) -> Vec<Problem> {
+        if self.mode == SocketMode::Udp {
+            vec![Problem::new(
+                "mode",
+                ": udp is not supported by the socket sink; use tcp or unix",
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+}
 
 /// First pause after a failure; it doubles up to [`BACKOFF_MAX`].
 const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -99,7 +121,12 @@ impl Backoff {
     }
 }
 
-pub async fn run(name: &str, config: SocketSinkConfig, mut rx: SinkRx) -> anyhow::Result<()> {
+pub async fn run(
+    name: &str,
+    config: SocketSinkConfig,
+    mut rx: SinkRx,
+    _ctx: &SinkContext,
+) -> anyhow::Result<()> {
     let target = match config.mode {
         SocketMode::Unix => format!("unix:{}", config.address),
         _ => format!("tcp://{}", config.address),

@@ -1,10 +1,27 @@
 //! `type = "stdout"`: JSON Lines on standard output.
 
-use super::SinkRx;
+use super::{SinkContext, SinkRx};
+use crate::component::Problem;
 use super::lines::{Lines, Next};
 use std::time::Duration;
 
-pub async fn run(_name: &str, mut rx: SinkRx) -> anyhow::Result<()> {
+crate::channels::fanout::sink_config! {
+    /// `type = "stdout"`: JSON Lines on standard output.
+    StdoutSinkConfig {}
+}
+
+impl StdoutSinkConfig {
+    pub fn problems(&self) -> Vec<Problem> {
+        Vec::new()
+    }
+}
+
+pub async fn run(
+    _name: &str,
+    _config: StdoutSinkConfig,
+    mut rx: SinkRx,
+    _ctx: &SinkContext,
+) -> anyhow::Result<()> {
     let mut lines = Lines::new(tokio::io::stdout(), Duration::ZERO);
     loop {
         match lines.next(&mut rx).await {

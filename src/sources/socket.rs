@@ -21,7 +21,8 @@
 
 use super::SourceContext;
 use super::lines::{Line, LineReader, READ_BYTES, split_bounded};
-use crate::pipeline::config::{SocketMode, SocketSourceConfig};
+use crate::component::SocketMode;
+use crate::pipeline::config::SocketSourceConfig;
 use anyhow::Context;
 use std::io;
 use std::path::{Path, PathBuf};

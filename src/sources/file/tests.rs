@@ -5,8 +5,8 @@
 use super::*;
 use crate::channels::fanout::{Outputs, SinkRx};
 use crate::channels::router::{Routed, Router, ShardMsg};
-use crate::pipeline::config::SinkConfig;
 use crate::pipeline::coordinator::CheckpointLink;
+use crate::sinks::SinkConfig;
 use std::collections::BTreeSet;
 use std::io::Write;
 use tokio::sync::mpsc;
@@ -67,7 +67,7 @@ fn context_with_queue(
     let (tx, records) = mpsc::channel(queue);
     let sink: SinkConfig =
         toml::from_str("type = \"stdout\"\ninputs = [\"dead_letter\"]").expect("sink config");
-    let (outputs, mut rxs) = Outputs::new([("dead", &sink)]);
+    let (outputs, mut rxs) = Outputs::new([("dead", sink.common())]);
     let ctx = SourceContext::new(
         "files",
         0,

@@ -1,22 +1,9 @@
-//! `type = "kafka"`: one message per record (its JSON line), keyed
-//! `<cluster>/<job id>` (job records) or `<cluster>` (rank and other
-//! cluster records), so one job's records stay in one partition and in
-//! order, and one cluster's resource records land on one partition.
-//!
-//! The producer is idempotent and partitions with `murmur2_random`, the
-//! Java client's partitioner, so every client agrees on where a key goes.
-//! A record counts as delivered when the broker acknowledges it (that is
-//! what a checkpoint waits for); one librdkafka gives up on after
-//! `message_timeout_secs` is dropped and counted. At most
-//! [`MAX_IN_FLIGHT`] records await their acknowledgement; beyond that the
-//! sink stops taking records and its buffer's `when_full` applies.
-//!
-//! Each message carries a `fluxpipe-stream` header with its output stream.
+//! The producer behind the `kafka` sink (librdkafka).
 
-use super::SinkRx;
+use super::KafkaSinkConfig;
+use crate::channels::fanout::SinkRx;
 use crate::output::OutputRecord;
 use crate::output::OutputStream;
-use crate::pipeline::config::KafkaSinkConfig;
 use anyhow::{Context, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
