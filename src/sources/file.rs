@@ -59,14 +59,18 @@
 //! open until it has been quiet at its end for a grace period, then retired;
 //! the new file is a new fingerprint, read from its start (after the old
 //! one: the same feed). A renamed file that still matches a pattern is simply
-//! followed to its new path.
+//! followed to its new path. A copy (copytruncate) begins like the file did:
+//! once the file is truncated the fingerprint is followed to the copy, and
+//! read on there from the same position.
 //!
-//! **Truncation.** A file shorter than what was read of it is read again
-//! from the start (logged): truncated in place, or replaced by a shorter
-//! file with the same first line. A file replaced by one with another first
-//! line is a new file, read from its start. (A file rewritten in place with
-//! the same first line and at least as long as what was read of it cannot
-//! be told from an append: it is read on.)
+//! **Truncation.** A file shorter than what was read of it waits for the
+//! next check or walk: if another file now holds what was read (the copy of
+//! copytruncate), reading goes on in that one; if the file still begins
+//! the same, it is read again from the start (logged): truncated in place,
+//! or replaced by a shorter file with the same first line. A file replaced
+//! by one with another first line is a new file, read from its start. (A
+//! file rewritten in place with the same first line and at least as long as
+//! what was read of it cannot be told from an append: it is read on.)
 //!
 //! **Positions.** The source's positions are, per fingerprint, the offset
 //! just past the last line handed on and the number of lines before it
@@ -783,6 +787,15 @@ fn end_of_last_line(path: &Path) -> std::io::Result<(u64, u64)> {
     }
 }
 
+/// A file that shrank and still begins the same is read again from its
+/// start.
+fn read_again(source: &str, t: &mut Tracked) {
+    tracing::warn!(source, path = %t.path.display(), position = t.position, "file shrank below the read position: reading it again from the start");
+    t.shrunk = false;
+    t.position = 0;
+    t.lines = 0;
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -1024,6 +1037,9 @@ struct Tracked {
     at_eof: bool,
     /// To be retired.
     done: bool,
+    /// Found shorter than what was read of it (truncated, or copied and
+    /// truncated): not read until a check or walk tells which.
+    shrunk: bool,
     /// Could not be opened or read (other than gone): it does not hold up
     /// the newer files of its feed.
     unreadable: bool,
@@ -1041,6 +1057,7 @@ impl Tracked {
     /// Something may be there to read.
     fn wants_read(&self) -> bool {
         !self.done
+            && !self.shrunk
             && if self.findable {
                 self.seen_len != self.consumed() || (self.reader.is_some() && !self.at_eof)
             } else {
@@ -1053,6 +1070,9 @@ impl Tracked {
     fn at_end(&self) -> bool {
         if self.done || self.unreadable {
             return true;
+        }
+        if self.shrunk {
+            return false;
         }
         let eof = self.reader.is_none() || self.at_eof;
         eof && (!self.findable || self.consumed() >= self.seen_len)
@@ -1206,6 +1226,12 @@ impl FileSource {
                 && t.id == stat.id
             {
                 t.seen_len = stat.len;
+                if t.shrunk {
+                    // The same file begins the same after it shrank: it
+                    // was truncated in place (and written again), not
+                    // copied away.
+                    read_again(&self.ctx.name, t);
+                }
             }
         }
         Ok(())
@@ -1230,11 +1256,28 @@ impl FileSource {
         }
         for (&fp, paths) in &by_fp {
             let chosen: &Found = if let Some(t) = self.tracked.get_mut(&fp) {
-                let c = paths
-                    .iter()
-                    .find(|f| f.path == t.path)
+                // It shrank: another file that begins the same and holds
+                // what was read is a copy (copytruncate), to read on in.
+                let copy = t
+                    .shrunk
+                    .then(|| {
+                        paths
+                            .iter()
+                            .find(|f| f.stat.id != t.id && f.stat.len >= t.position)
+                    })
+                    .flatten();
+                let c = copy
+                    .or_else(|| paths.iter().find(|f| f.path == t.path))
                     .or_else(|| paths.iter().find(|f| f.stat.id == t.id))
                     .unwrap_or(&paths[0]);
+                if t.shrunk {
+                    if c.stat.id != t.id && c.stat.len >= t.position {
+                        tracing::info!(source = %self.ctx.name, from = %t.path.display(), to = %c.path.display(), position = t.position, "file copied and truncated: reading on in the copy");
+                        t.shrunk = false;
+                    } else {
+                        read_again(&self.ctx.name, t);
+                    }
+                }
                 if c.path != t.path {
                     tracing::info!(source = %self.ctx.name, from = %t.path.display(), to = %c.path.display(), "file renamed: following it");
                     t.path = c.path.clone();
@@ -1261,7 +1304,12 @@ impl FileSource {
                     self.duplicates.clear();
                 }
                 if self.duplicates.insert(other.path.clone()) {
-                    tracing::warn!(source = %self.ctx.name, path = %other.path.display(), same_as = %chosen.path.display(), "file begins like another file: read only once");
+                    // Within a feed, a copy being made (copytruncate).
+                    if feed_of(&other.path).0 == feed_of(&chosen.path).0 {
+                        tracing::debug!(source = %self.ctx.name, path = %other.path.display(), same_as = %chosen.path.display(), "rotated copy of a file: read once");
+                    } else {
+                        tracing::warn!(source = %self.ctx.name, path = %other.path.display(), same_as = %chosen.path.display(), "file begins like another file: read only once");
+                    }
                 }
             }
         }
@@ -1401,6 +1449,7 @@ impl FileSource {
             last_active: Instant::now(),
             at_eof: false,
             done: false,
+            shrunk: false,
             unreadable: false,
         }
     }
@@ -1561,12 +1610,12 @@ impl FileSource {
             origin,
             position,
             lines,
-            seen_len,
             reader: reader_slot,
             last_active,
             at_eof,
             findable,
             done,
+            shrunk,
             unreadable,
             ..
         } = t;
@@ -1589,10 +1638,11 @@ impl FileSource {
             *reader_slot = None;
             self.open_count -= 1;
             if *findable {
-                tracing::warn!(source = %ctx.name, path = %path.display(), len, position = *position, "file shrank below the read position: reading it again from the start");
-                *position = 0;
-                *lines = 0;
-                return Ok(true);
+                // Truncated in place, or copied and truncated (then the
+                // copy holds the rest): the next check or walk tells which.
+                tracing::debug!(source = %ctx.name, path = %path.display(), len, position = *position, "file shrank below the read position");
+                *shrunk = true;
+                return Ok(false);
             }
             *done = true;
             return Ok(false);
@@ -1631,15 +1681,14 @@ impl FileSource {
                             *done = true;
                         }
                         // Truncated below its first line (or caught in the
-                        // middle of a rewrite): read it again from the start
-                        // once a check or walk sees its beginning whole
-                        // again; if that is another one, the walk reads it
-                        // as a new file.
+                        // middle of a rewrite): read again from the start
+                        // once a check or walk sees its beginning whole and
+                        // the same again; if a copy holds it (copytruncate),
+                        // read on there; if it begins otherwise, the walk
+                        // reads it as a new file.
                         Some(Changed(_)) if *findable => {
-                            tracing::warn!(source = %ctx.name, path = %path.display(), position = *position, "file truncated below its first line: reading it again from the start");
-                            *position = 0;
-                            *lines = 0;
-                            *seen_len = 0;
+                            tracing::debug!(source = %ctx.name, path = %path.display(), position = *position, "file truncated below its first line");
+                            *shrunk = true;
                         }
                         Some(Changed(_)) => *done = true,
                         None => {

@@ -1090,3 +1090,76 @@ async fn a_restart_reads_the_rotated_file_to_its_end_before_the_new_one() {
     assert_eq!(first["path"], d.join("a.log.2").display().to_string());
     assert_eq!(first["lines"], 8);
 }
+
+/// copytruncate: the file is copied to its rotated name, truncated, and
+/// written again. Reading goes on in the copy from where it was, then the
+/// new content: nothing twice, nothing out of order. Whether the reader
+/// sees the truncation before the walk sees the copy or not.
+#[tokio::test]
+async fn copytruncate_reads_on_in_the_copy_then_the_new_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = d.join("a.log");
+    let (config, ctx, records, _dead) = context(d, &rotated_logs(d));
+    let scanner = Scanner::new(&config, true, 1024).unwrap();
+    let src = FileSource::new(
+        ctx,
+        Tuning {
+            lines_per_turn: 1,
+            ..fast()
+        },
+        ReadFrom::Beginning,
+        scanner,
+        CheckpointFile::default(),
+    );
+    let mut s = Steps {
+        src,
+        records,
+        first: true,
+    };
+    let copytruncate = |to: &str| {
+        std::fs::copy(&a, d.join(to)).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&a)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+    };
+    append(&a, &evs(1..=3));
+    s.walk().await;
+    assert_eq!(s.read().await, names_of(1..=3));
+
+    // The reader finds the file shrunk before a walk finds the copy.
+    append(&a, &evs(4..=5));
+    s.check().await;
+    copytruncate("a.log-20261123");
+    append(&a, &ev(6));
+    s.check().await;
+    assert_eq!(s.read().await, Vec::<String>::new(), "waits for the walk");
+    s.walk().await;
+    assert_eq!(s.read().await, names_of(4..=6));
+
+    // The walk finds the copy first (the reader closed as idle).
+    append(&a, &evs(7..=8));
+    s.src.tuning.idle_close = Duration::ZERO;
+    s.src.housekeeping();
+    s.src.tuning.idle_close = fast().idle_close;
+    copytruncate("a.log-20261124");
+    append(&a, &evs(9..=10));
+    s.walk().await;
+    assert_eq!(s.read().await, names_of(7..=10));
+
+    // Truncated in place with nothing copied: read again from the start
+    // once it begins the same again.
+    append(&a, &evs(11..=12));
+    s.check().await;
+    assert_eq!(s.read().await, names_of(11..=12));
+    std::fs::write(&a, ev(9)).unwrap();
+    s.check().await;
+    assert_eq!(s.read().await, Vec::<String>::new(), "waits for a look");
+    s.check().await;
+    assert_eq!(s.read().await, names_of([9]));
+    s.walk().await;
+    assert_eq!(s.read().await, Vec::<String>::new());
+}
