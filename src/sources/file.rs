@@ -40,18 +40,37 @@
 //! when the stat changed; a file that grew but begins otherwise waits for
 //! the walk.
 //!
+//! **Feeds.** Files whose names differ only by a rotation suffix are one
+//! feed, written in turn by one writer ([`rotation_of`]): `journal.jsonl`,
+//! `journal.jsonl.1` and `journal.jsonl.2` (logrotate's numbers: `.2` is the
+//! older), `journal.jsonl-20261124` (`dateext`: older dates first). A
+//! rotated name is read as its live name says (`journal.jsonl.1` is a
+//! journal), so a pattern `journal.jsonl*` reads the rotated files too;
+//! compressed ones (`.gz`, ...) cannot be read, and the first walk names the
+//! matched files it skips and why. A feed's files are read one at a time,
+//! oldest first (as Vector's `oldest_first`): a newer one only once every
+//! older one is read to its end, because a job's later events are in the
+//! newer file and are refused before its `submit` (a fresh start over
+//! rotated journals, a restart while a rotated file is unread). Files of
+//! different feeds take turns, [`Tuning::lines_per_turn`] lines each.
+//!
 //! **Rotation.** When a tracked file's path disappears or holds another file
 //! (rename + create), the old file is read on through the descriptor already
 //! open until it has been quiet at its end for a grace period, then retired;
-//! the new file is a new fingerprint, read from its start. A renamed file
-//! that still matches a pattern is simply followed to its new path.
+//! the new file is a new fingerprint, read from its start (after the old
+//! one: the same feed). A renamed file that still matches a pattern is simply
+//! followed to its new path. A copy (copytruncate) begins like the file did:
+//! once the file is truncated the fingerprint is followed to the copy, and
+//! read on there from the same position.
 //!
-//! **Truncation.** A file shorter than what was read of it is read again
-//! from the start (logged): truncated in place, or replaced by a shorter
-//! file with the same first line. A file replaced by one with another first
-//! line is a new file, read from its start. (A file rewritten in place with
-//! the same first line and at least as long as what was read of it cannot
-//! be told from an append: it is read on.)
+//! **Truncation.** A file shorter than what was read of it waits for the
+//! next check or walk: if another file now holds what was read (the copy of
+//! copytruncate), reading goes on in that one; if the file still begins
+//! the same, it is read again from the start (logged): truncated in place,
+//! or replaced by a shorter file with the same first line. A file replaced
+//! by one with another first line is a new file, read from its start. (A
+//! file rewritten in place with the same first line and at least as long as
+//! what was read of it cannot be told from an append: it is read on.)
 //!
 //! **Positions.** The source's positions are, per fingerprint, the offset
 //! just past the last line handed on and the number of lines before it
@@ -84,6 +103,7 @@ use crate::pipeline::config::{FileSourceConfig, ReadFrom};
 use anyhow::{Context, Result, anyhow};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -146,11 +166,12 @@ pub async fn run_tuned(
 ) -> Result<String> {
     let loaded = parse_positions(ctx.checkpoint.restored())
         .with_context(|| format!("source {}: the positions in the checkpoint", ctx.name))?;
-    let scanner = Scanner::new(
+    let mut scanner = Scanner::new(
         &config,
         ctx.decode.stream.is_some(),
         ctx.decode.max_line_bytes,
     )?;
+    scanner.source = ctx.name.clone();
     let poll = Duration::from_millis(config.poll_interval_ms.max(1));
     let mut src = FileSource::new(ctx.clone(), tuning, config.read_from, scanner, loaded);
 
@@ -283,6 +304,10 @@ struct Scanner {
     cache: HashMap<PathBuf, (Stat, Option<u64>)>,
     /// Paths already warned about (one warning each, not one per walk).
     warned: HashSet<PathBuf>,
+    /// The source's name, for the report of skipped files.
+    source: Arc<str>,
+    /// The matched files skipped have been reported (by the first walk).
+    reported: bool,
 }
 
 fn has_wildcard(s: &str) -> bool {
@@ -339,6 +364,8 @@ impl Scanner {
             max_doc,
             cache: HashMap::new(),
             warned: HashSet::new(),
+            source: Arc::from(""),
+            reported: false,
         })
     }
 
@@ -423,14 +450,20 @@ impl Scanner {
         let paths = self.walk();
         let mut found = Vec::with_capacity(paths.len());
         let mut cache = HashMap::with_capacity(paths.len());
+        let mut skipped = Skipped::default();
         for path in paths {
-            let kind = match decode::classify_path(&path) {
+            let kind = match classify(&path) {
                 PathKind::Eventlog(origin) => Some(origin),
                 PathKind::Lines => Some(Origin::default()),
                 PathKind::Other if self.read_other || self.literal.contains(&path) => {
                     Some(Origin::default())
                 }
-                PathKind::Other => continue,
+                PathKind::Other => {
+                    if !self.reported {
+                        skipped.add(path);
+                    }
+                    continue;
+                }
                 PathKind::JobR(_) | PathKind::ResourceR => None,
             };
             let stat = match std::fs::metadata(&path) {
@@ -460,7 +493,7 @@ impl Scanner {
                     FoundKind::Lines { origin, fp }
                 }
                 None => {
-                    let (stream, id) = match decode::classify_path(&path) {
+                    let (stream, id) = match classify(&path) {
                         PathKind::JobR(id) => (EventStream::Job, Some(id)),
                         _ => (EventStream::Resource, None),
                     };
@@ -486,8 +519,179 @@ impl Scanner {
             found.push(Found { path, stat, kind });
         }
         self.cache = cache;
+        if !self.reported {
+            self.reported = true;
+            skipped.report(&self.source);
+        }
         found
     }
+}
+
+/// Matched files the first walk skips, by reason, for one report at start
+/// (later walks skip new ones quietly).
+#[derive(Default)]
+struct Skipped {
+    /// Compressed rotated files: (how many, the first few).
+    compressed: (usize, Vec<PathBuf>),
+    /// Not an eventlog, a journal or an R document.
+    other: (usize, Vec<PathBuf>),
+}
+
+impl Skipped {
+    /// Paths named in the report, per reason.
+    const EXAMPLES: usize = 5;
+
+    fn add(&mut self, path: PathBuf) {
+        let (n, examples) = if is_compressed_log(&path) {
+            &mut self.compressed
+        } else {
+            &mut self.other
+        };
+        *n += 1;
+        if examples.len() < Self::EXAMPLES {
+            examples.push(path);
+        }
+    }
+
+    fn report(&self, source: &str) {
+        let list = |(n, examples): &(usize, Vec<PathBuf>)| {
+            let mut s: Vec<String> = examples.iter().map(|p| p.display().to_string()).collect();
+            if *n > examples.len() {
+                s.push(format!("and {} more", n - examples.len()));
+            }
+            s.join(", ")
+        };
+        // Compressed journals hold data that is not read: a warning.
+        if self.compressed.0 > 0 {
+            tracing::warn!(
+                source,
+                "{} matched files not read: compressed (fluxpipe reads no compressed files; \
+                 logrotate's `delaycompress` keeps the newest rotated file plain): {}",
+                self.compressed.0,
+                list(&self.compressed)
+            );
+        }
+        if self.other.0 > 0 {
+            tracing::info!(
+                source,
+                "{} matched files not read: not an eventlog, a journal (`*.jsonl`, rotated \
+                 ones too) or an R document (a source with `stream` set reads them): {}",
+                self.other.0,
+                list(&self.other)
+            );
+        }
+    }
+}
+
+// ---- feeds and rotation -----------------------------------------------------
+
+/// Where rotation put a file among the files of its feed; the order is
+/// oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Rotation {
+    /// `NAME.N`, logrotate's default: `.2` is older than `.1`. When a feed
+    /// also has dated files, the numbered ones are taken as the older
+    /// (left from before `dateext` was turned on).
+    Numbered(Reverse<u64>),
+    /// `NAME-20261124` (`dateext`), `NAME-2026-11-24`, `NAME-1700000000`,
+    /// `NAME.20261124`: a date or time, its groups of digits compared as
+    /// numbers, older first.
+    Dated(Vec<u64>),
+    /// No rotation suffix: the file written now.
+    Live,
+}
+
+/// Most digits of a numbered suffix (`.1` to `.999999`); longer runs of
+/// digits are dates or times.
+const MAX_NUMBER_DIGITS: usize = 6;
+
+/// Fewest digits of a dated suffix (`%Y%m%d`).
+const MIN_DATE_DIGITS: usize = 8;
+
+/// Extensions of compressed files, which are not read.
+const COMPRESSED: [&str; 6] = ["gz", "bz2", "xz", "zst", "lz4", "zip"];
+
+/// A file name split into its feed's name (the live file's) and where
+/// rotation put it: `journal.jsonl.2` is (`journal.jsonl`, `.2`).
+fn rotation_of(name: &str) -> (&str, Rotation) {
+    if let Some((base, digits)) = name.rsplit_once('.')
+        && !base.is_empty()
+        && !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        // Longer than u64: no rotation made it.
+        && let Ok(n) = digits.parse::<u64>()
+    {
+        if digits.len() <= MAX_NUMBER_DIGITS {
+            return (base, Rotation::Numbered(Reverse(n)));
+        }
+        if digits.len() >= MIN_DATE_DIGITS {
+            return (base, Rotation::Dated(vec![n]));
+        }
+    }
+    // A date after `-` or `_`: the leftmost start that makes one takes all
+    // of it (`-2026-11-24`, not `-24`).
+    for (i, c) in name.char_indices().skip(1) {
+        if matches!(c, '-' | '_')
+            && let Some(groups) = date_groups(&name[i + 1..])
+        {
+            return (&name[..i], Rotation::Dated(groups));
+        }
+    }
+    (name, Rotation::Live)
+}
+
+/// `s` as groups of digits joined by `-` or `_`, with at least
+/// [`MIN_DATE_DIGITS`] digits in all.
+fn date_groups(s: &str) -> Option<Vec<u64>> {
+    let mut digits = 0;
+    let groups = s
+        .split(['-', '_'])
+        .map(|g| {
+            digits += g.len();
+            let number = !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit());
+            number.then(|| g.parse::<u64>().ok()).flatten()
+        })
+        .collect::<Option<Vec<u64>>>()?;
+    (digits >= MIN_DATE_DIGITS).then_some(groups)
+}
+
+/// The feed of a path (the path of its live file) and where rotation put
+/// it. A name that is not UTF-8 is a feed of its own.
+fn feed_of(path: &Path) -> (PathBuf, Rotation) {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return (path.to_path_buf(), Rotation::Live);
+    };
+    let (live, rotation) = rotation_of(name);
+    (path.with_file_name(live), rotation)
+}
+
+/// [`decode::classify_path`], with a rotated name read as its live name:
+/// `journal.jsonl.1` is a journal, `job.X.eventlog-20261124` an eventlog.
+/// (R documents are not rotated.)
+fn classify(path: &Path) -> PathKind {
+    let kind = decode::classify_path(path);
+    if !matches!(kind, PathKind::Other) {
+        return kind;
+    }
+    let (live, rotation) = feed_of(path);
+    if rotation == Rotation::Live {
+        return kind;
+    }
+    match decode::classify_path(&live) {
+        k @ (PathKind::Eventlog(_) | PathKind::Lines) => k,
+        _ => PathKind::Other,
+    }
+}
+
+/// A compressed copy of a file that would be read: `journal.jsonl.2.gz`.
+fn is_compressed_log(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| COMPRESSED.contains(&e))
+        && matches!(
+            classify(&path.with_extension("")),
+            PathKind::Eventlog(_) | PathKind::Lines
+        )
 }
 
 /// FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
@@ -581,6 +785,15 @@ fn end_of_last_line(path: &Path) -> std::io::Result<(u64, u64)> {
         }
         offset += n as u64;
     }
+}
+
+/// A file that shrank and still begins the same is read again from its
+/// start.
+fn read_again(source: &str, t: &mut Tracked) {
+    tracing::warn!(source, path = %t.path.display(), position = t.position, "file shrank below the read position: reading it again from the start");
+    t.shrunk = false;
+    t.position = 0;
+    t.lines = 0;
 }
 
 fn unix_now() -> u64 {
@@ -824,6 +1037,12 @@ struct Tracked {
     at_eof: bool,
     /// To be retired.
     done: bool,
+    /// Found shorter than what was read of it (truncated, or copied and
+    /// truncated): not read until a check or walk tells which.
+    shrunk: bool,
+    /// Could not be opened or read (other than gone): it does not hold up
+    /// the newer files of its feed.
+    unreadable: bool,
 }
 
 impl Tracked {
@@ -833,6 +1052,30 @@ impl Tracked {
             Some(r) => r.position() + r.pending() as u64,
             None => self.position,
         }
+    }
+
+    /// Something may be there to read.
+    fn wants_read(&self) -> bool {
+        !self.done
+            && !self.shrunk
+            && if self.findable {
+                self.seen_len != self.consumed() || (self.reader.is_some() && !self.at_eof)
+            } else {
+                self.reader.is_some()
+            }
+    }
+
+    /// Read to its end, as far as is known: the newer files of its feed may
+    /// be read.
+    fn at_end(&self) -> bool {
+        if self.done || self.unreadable {
+            return true;
+        }
+        if self.shrunk {
+            return false;
+        }
+        let eof = self.reader.is_none() || self.at_eof;
+        eof && (!self.findable || self.consumed() >= self.seen_len)
     }
 }
 
@@ -863,6 +1106,10 @@ struct FileSource {
     open: VecDeque<u64>,
     open_count: usize,
     duplicates: HashSet<PathBuf>,
+    /// The tracked files by feed, each feed oldest first, the feeds in
+    /// path order; rebuilt by each walk (which alone adds files and moves
+    /// them), so it may name files retired since.
+    feeds: Vec<Vec<u64>>,
 }
 
 impl FileSource {
@@ -914,7 +1161,28 @@ impl FileSource {
             open: VecDeque::new(),
             open_count: 0,
             duplicates: HashSet::new(),
+            feeds: Vec::new(),
         }
+    }
+
+    /// Group the tracked files by feed, oldest first: by rotation, a file
+    /// renamed away before the one now at its path, then by path.
+    fn index_feeds(&mut self) {
+        let mut feeds: BTreeMap<PathBuf, Vec<(Rotation, bool, &Path, u64)>> = BTreeMap::new();
+        for (fp, t) in self.tracked.iter().filter(|(_, t)| !t.done) {
+            let (feed, rotation) = feed_of(&t.path);
+            feeds
+                .entry(feed)
+                .or_default()
+                .push((rotation, t.findable, &t.path, *fp));
+        }
+        self.feeds = feeds
+            .into_values()
+            .map(|mut files| {
+                files.sort();
+                files.into_iter().map(|(.., fp)| fp).collect()
+            })
+            .collect();
     }
 
     async fn scan(&mut self) -> Result<Vec<Found>> {
@@ -931,11 +1199,19 @@ impl FileSource {
 
     /// Between walks: see which known files grew (or shrank).
     async fn check_known(&mut self) -> Result<()> {
+        // Each feed newest first: a rotated file is looked at after the
+        // newer one, so when the newer one has new lines, the rotated one's
+        // length includes all its writer gave it before moving on. (A walk
+        // stats in path order, which puts the live name first too.)
+        let tracked = &self.tracked;
         let known: Vec<(u64, PathBuf)> = self
-            .tracked
+            .feeds
             .iter()
-            .filter(|(_, t)| t.findable)
-            .map(|(fp, t)| (*fp, t.path.clone()))
+            .flat_map(|feed| feed.iter().rev())
+            .filter_map(|fp| {
+                let t = tracked.get(fp).filter(|t| t.findable)?;
+                Some((*fp, t.path.clone()))
+            })
             .collect();
         let mut scanner = self.scanner.take().context("scanner lost")?;
         let (scanner, stats) = tokio::task::spawn_blocking(move || {
@@ -950,6 +1226,12 @@ impl FileSource {
                 && t.id == stat.id
             {
                 t.seen_len = stat.len;
+                if t.shrunk {
+                    // The same file begins the same after it shrank: it
+                    // was truncated in place (and written again), not
+                    // copied away.
+                    read_again(&self.ctx.name, t);
+                }
             }
         }
         Ok(())
@@ -974,11 +1256,28 @@ impl FileSource {
         }
         for (&fp, paths) in &by_fp {
             let chosen: &Found = if let Some(t) = self.tracked.get_mut(&fp) {
-                let c = paths
-                    .iter()
-                    .find(|f| f.path == t.path)
+                // It shrank: another file that begins the same and holds
+                // what was read is a copy (copytruncate), to read on in.
+                let copy = t
+                    .shrunk
+                    .then(|| {
+                        paths
+                            .iter()
+                            .find(|f| f.stat.id != t.id && f.stat.len >= t.position)
+                    })
+                    .flatten();
+                let c = copy
+                    .or_else(|| paths.iter().find(|f| f.path == t.path))
                     .or_else(|| paths.iter().find(|f| f.stat.id == t.id))
                     .unwrap_or(&paths[0]);
+                if t.shrunk {
+                    if c.stat.id != t.id && c.stat.len >= t.position {
+                        tracing::info!(source = %self.ctx.name, from = %t.path.display(), to = %c.path.display(), position = t.position, "file copied and truncated: reading on in the copy");
+                        t.shrunk = false;
+                    } else {
+                        read_again(&self.ctx.name, t);
+                    }
+                }
                 if c.path != t.path {
                     tracing::info!(source = %self.ctx.name, from = %t.path.display(), to = %c.path.display(), "file renamed: following it");
                     t.path = c.path.clone();
@@ -1005,7 +1304,12 @@ impl FileSource {
                     self.duplicates.clear();
                 }
                 if self.duplicates.insert(other.path.clone()) {
-                    tracing::warn!(source = %self.ctx.name, path = %other.path.display(), same_as = %chosen.path.display(), "file begins like another file: read only once");
+                    // Within a feed, a copy being made (copytruncate).
+                    if feed_of(&other.path).0 == feed_of(&chosen.path).0 {
+                        tracing::debug!(source = %self.ctx.name, path = %other.path.display(), same_as = %chosen.path.display(), "rotated copy of a file: read once");
+                    } else {
+                        tracing::warn!(source = %self.ctx.name, path = %other.path.display(), same_as = %chosen.path.display(), "file begins like another file: read only once");
+                    }
                 }
             }
         }
@@ -1028,6 +1332,7 @@ impl FileSource {
             }
         }
         self.retire_done(now_unix);
+        self.index_feeds();
 
         // R documents.
         let mut seen_docs = HashSet::new();
@@ -1144,6 +1449,8 @@ impl FileSource {
             last_active: Instant::now(),
             at_eof: false,
             done: false,
+            shrunk: false,
+            unreadable: false,
         }
     }
 
@@ -1174,31 +1481,43 @@ impl FileSource {
         }
     }
 
-    /// Read every file with something new; `true` when some file has more
-    /// than its turn allowed.
+    /// Read every file with something new, one turn per feed: in a feed
+    /// the oldest file not at its end, and the next ones as each one
+    /// ends. `true` when some file has more than its turn allowed.
     async fn read_pass(&mut self) -> Result<bool, Stop> {
-        let mut todo: Vec<(&Path, u64)> = self
-            .tracked
-            .iter()
-            .filter(|(_, t)| {
-                !t.done
-                    && if t.findable {
-                        t.seen_len != t.consumed() || (t.reader.is_some() && !t.at_eof)
-                    } else {
-                        t.reader.is_some()
-                    }
-            })
-            .map(|(fp, t)| (t.path.as_path(), *fp))
-            .collect();
-        todo.sort();
-        let todo: Vec<u64> = todo.into_iter().map(|(_, fp)| fp).collect();
         let mut more = false;
-        for fp in todo {
-            if self.ctx.shutdown.is_cancelled() {
-                return Err(Stop);
+        for feed in 0..self.feeds.len() {
+            let files = self.feeds[feed].len();
+            for i in 0..files {
+                let fp = self.feeds[feed][i];
+                let Some(t) = self.tracked.get(&fp) else {
+                    continue;
+                };
+                // A rotated file still open is read at its end once more
+                // before a newer file: its writer may not have let go of
+                // it when it was last looked at.
+                let recheck = || {
+                    t.reader.is_some()
+                        && t.at_end()
+                        && self.feeds[feed][i + 1..]
+                            .iter()
+                            .any(|n| self.tracked.get(n).is_some_and(Tracked::wants_read))
+                };
+                if t.wants_read() || recheck() {
+                    if self.ctx.shutdown.is_cancelled() {
+                        return Err(Stop);
+                    }
+                    self.checkpoint_round().await;
+                    if self.read_file(fp).await? {
+                        more = true;
+                        break;
+                    }
+                }
+                // The newer files wait for this one.
+                if !self.tracked.get(&fp).is_none_or(Tracked::at_end) {
+                    break;
+                }
             }
-            self.checkpoint_round().await;
-            more |= self.read_file(fp).await?;
         }
         Ok(more)
     }
@@ -1255,14 +1574,18 @@ impl FileSource {
                 t.reader = Some(LineReader::starting_at(tail, max, t.position));
                 t.last_active = Instant::now();
                 t.at_eof = false;
+                t.unreadable = false;
                 self.open_count += 1;
                 self.open.push_back(fp);
                 true
             }
             Ok(None) => false,
             Err(e) => {
+                // Gone: the next walk finds where (renamed) or that it is
+                // gone. Anything else may last: it does not hold up its feed.
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(source = %self.ctx.name, path = %t.path.display(), "cannot open: {e}");
+                    t.unreadable = true;
                 }
                 if !t.findable {
                     t.done = true;
@@ -1287,12 +1610,13 @@ impl FileSource {
             origin,
             position,
             lines,
-            seen_len,
             reader: reader_slot,
             last_active,
             at_eof,
             findable,
             done,
+            shrunk,
+            unreadable,
             ..
         } = t;
         let Some(reader) = reader_slot.as_mut() else {
@@ -1305,6 +1629,7 @@ impl FileSource {
             Err(e) => {
                 tracing::warn!(source = %ctx.name, path = %path.display(), "cannot stat: {e}");
                 *reader_slot = None;
+                *unreadable = true;
                 self.open_count -= 1;
                 return Ok(false);
             }
@@ -1313,10 +1638,11 @@ impl FileSource {
             *reader_slot = None;
             self.open_count -= 1;
             if *findable {
-                tracing::warn!(source = %ctx.name, path = %path.display(), len, position = *position, "file shrank below the read position: reading it again from the start");
-                *position = 0;
-                *lines = 0;
-                return Ok(true);
+                // Truncated in place, or copied and truncated (then the
+                // copy holds the rest): the next check or walk tells which.
+                tracing::debug!(source = %ctx.name, path = %path.display(), len, position = *position, "file shrank below the read position");
+                *shrunk = true;
+                return Ok(false);
             }
             *done = true;
             return Ok(false);
@@ -1355,19 +1681,19 @@ impl FileSource {
                             *done = true;
                         }
                         // Truncated below its first line (or caught in the
-                        // middle of a rewrite): read it again from the start
-                        // once a check or walk sees its beginning whole
-                        // again; if that is another one, the walk reads it
-                        // as a new file.
+                        // middle of a rewrite): read again from the start
+                        // once a check or walk sees its beginning whole and
+                        // the same again; if a copy holds it (copytruncate),
+                        // read on there; if it begins otherwise, the walk
+                        // reads it as a new file.
                         Some(Changed(_)) if *findable => {
-                            tracing::warn!(source = %ctx.name, path = %path.display(), position = *position, "file truncated below its first line: reading it again from the start");
-                            *position = 0;
-                            *lines = 0;
-                            *seen_len = 0;
+                            tracing::debug!(source = %ctx.name, path = %path.display(), position = *position, "file truncated below its first line");
+                            *shrunk = true;
                         }
                         Some(Changed(_)) => *done = true,
                         None => {
                             tracing::warn!(source = %ctx.name, path = %path.display(), "cannot read: {e}");
+                            *unreadable = true;
                         }
                     }
                     return Ok(false);

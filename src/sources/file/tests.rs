@@ -900,3 +900,266 @@ fn fingerprints_wait_for_a_whole_first_line() {
     // Stable across builds: FNV-1a test vector.
     assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
 }
+
+#[test]
+fn rotated_names_are_ordered_oldest_first() {
+    // Oldest first, whatever order the names sort in.
+    let feed = [
+        "journal.jsonl.10",
+        "journal.jsonl.2",
+        "journal.jsonl.1",
+        "journal.jsonl-20261123",
+        "journal.jsonl-20261124",
+        "journal.jsonl-20261124-1795000000",
+        "journal.jsonl",
+    ];
+    let mut shuffled: Vec<&str> = feed.iter().rev().copied().collect();
+    shuffled.swap(1, 4);
+    shuffled.sort_by_key(|name| rotation_of(name).1);
+    assert_eq!(shuffled, feed);
+    for name in feed {
+        assert_eq!(rotation_of(name).0, "journal.jsonl", "{name}");
+    }
+
+    // The forms of a date, compared as numbers.
+    let dated = |s: &str| rotation_of(s).1;
+    assert_eq!(
+        dated("flux.log-2026-11-24"),
+        Rotation::Dated(vec![2026, 11, 24])
+    );
+    assert_eq!(dated("flux.log_20261124"), Rotation::Dated(vec![20261124]));
+    assert_eq!(dated("flux.log.20261124"), Rotation::Dated(vec![20261124]));
+    assert_eq!(
+        dated("flux.log-1795000000"),
+        Rotation::Dated(vec![1795000000])
+    );
+    assert!(dated("a-20261124") < dated("a-20261125"));
+    assert!(dated("a-20261124-9") < dated("a-20261124-10"));
+    assert!(dated("a.9") > dated("a.10"), "numbers: the larger is older");
+    assert_eq!(rotation_of("my-app-20261124").0, "my-app");
+
+    // Not rotated: the name is its own feed.
+    for name in [
+        "journal.jsonl",
+        "a.log-24",  // too few digits for a date
+        "a.1234567", // neither a number nor a date
+        "incarnation1.job-manager.events-journal.jsonl",
+        "2026-11-24.jsonl",
+        ".1",
+        "a.",
+        "a-",
+        "a.99999999999999999999999", // longer than any number
+    ] {
+        assert_eq!(rotation_of(name), (name, Rotation::Live), "{name}");
+    }
+
+    // A feed is a folder and a live name.
+    let (feed, rotation) = feed_of(Path::new("/d/journal.jsonl.3"));
+    assert_eq!(feed, PathBuf::from("/d/journal.jsonl"));
+    assert_eq!(rotation, Rotation::Numbered(Reverse(3)));
+    assert_ne!(
+        feed_of(Path::new("/d/journal.jsonl.1")).0,
+        feed_of(Path::new("/e/journal.jsonl.1")).0
+    );
+
+    // Rotated names are read as their live names say.
+    assert!(matches!(
+        classify(Path::new("/d/journal.jsonl.1")),
+        PathKind::Lines
+    ));
+    assert!(matches!(
+        classify(Path::new("/d/journal.jsonl-20261124")),
+        PathKind::Lines
+    ));
+    assert!(matches!(
+        classify(Path::new("/d/job.0000.000a.0000.0000.eventlog.2")),
+        PathKind::Eventlog(Origin { id: Some(_), .. })
+    ));
+    assert!(matches!(
+        classify(Path::new("/d/journal.jsonl.old")),
+        PathKind::Other
+    ));
+    assert!(matches!(
+        classify(Path::new("/d/jobspec.json.1")),
+        PathKind::Other
+    ));
+    assert!(matches!(classify(Path::new("/d/a.log.1")), PathKind::Other));
+    // Compressed ones are skipped, and said to be.
+    assert!(matches!(
+        classify(Path::new("/d/journal.jsonl.2.gz")),
+        PathKind::Other
+    ));
+    assert!(is_compressed_log(Path::new("/d/journal.jsonl.2.gz")));
+    assert!(is_compressed_log(Path::new(
+        "/d/journal.jsonl-20261124.zst"
+    )));
+    assert!(!is_compressed_log(Path::new("/d/jobspec.json.gz")));
+}
+
+/// Keys for `NAME.log` files in `dir` and their rotated names, read as
+/// resource eventlogs.
+fn rotated_logs(dir: &Path) -> String {
+    format!(
+        "include = [\"{}/*.log*\"]\nstream = \"resource\"\n",
+        dir.display()
+    )
+}
+
+/// The names of `got` that are in `of`, in the order they came.
+fn only(got: &[String], of: &BTreeSet<String>) -> Vec<String> {
+    got.iter().filter(|n| of.contains(*n)).cloned().collect()
+}
+
+/// A fresh start over rotated files: each feed oldest first, line after
+/// line, even with turns of a few lines; the two feeds take turns.
+#[tokio::test]
+async fn a_feed_is_read_oldest_first_and_feeds_take_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Feed a: numbered, 3 files; feed b: dated, 3 files. Written newest
+    // first, so neither names nor times put them in order.
+    append(&d.join("a.log"), &evs(21..=30));
+    append(&d.join("a.log.1"), &evs(11..=20));
+    append(&d.join("a.log.2"), &evs(1..=10));
+    append(&d.join("b.log"), &evs(121..=130));
+    append(&d.join("b.log-20261124"), &evs(111..=120));
+    append(&d.join("b.log-20261123"), &evs(101..=110));
+    let tuning = Tuning {
+        lines_per_turn: 2,
+        ..fast()
+    };
+    let mut src = start(d, &rotated_logs(d), tuning);
+    let got = src.names(60).await;
+    let (a, b) = (set(1..=30), set(101..=130));
+    assert_eq!(only(&got, &a), names_of(1..=30), "feed a in order: {got:?}");
+    assert_eq!(
+        only(&got, &b),
+        names_of(101..=130),
+        "feed b in order: {got:?}"
+    );
+    // Side by side: b did not wait for all of a.
+    let first_b = got.iter().position(|n| b.contains(n));
+    assert!(first_b.is_some_and(|i| i < 10), "feeds take turns: {got:?}");
+    src.quiet(200).await;
+    src.stop().await.unwrap();
+}
+
+/// Positions as an older fluxpipe saved them (the same format), taken
+/// before a rotation: after rename + create while stopped, the rotated
+/// file is read on from its position to its end, then the new one.
+#[tokio::test]
+async fn a_restart_reads_the_rotated_file_to_its_end_before_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = d.join("a.log");
+    append(&a, &evs(1..=3));
+    let fp = fnv1a(ev(1).as_bytes());
+    std::fs::write(
+        positions_file(d),
+        format!(
+            "{{\"version\":1,\"files\":[{{\"fingerprint\":\"{fp:016x}\",\"path\":{:?},\"position\":{},\"lines\":3}}],\"documents\":[]}}",
+            a.display().to_string(),
+            evs(1..=3).len()
+        ),
+    )
+    .unwrap();
+    // Stopped: more lines, two rotations, more lines.
+    append(&a, &evs(4..=8));
+    std::fs::rename(&a, d.join("a.log.1")).unwrap();
+    append(&a, &evs(9..=12));
+    std::fs::rename(d.join("a.log.1"), d.join("a.log.2")).unwrap();
+    std::fs::rename(&a, d.join("a.log.1")).unwrap();
+    append(&a, &evs(13..=16));
+    let tuning = Tuning {
+        lines_per_turn: 1,
+        ..fast()
+    };
+    let mut src = start(d, &rotated_logs(d), tuning);
+    assert_eq!(src.names(13).await, names_of(4..=16));
+    src.quiet(200).await;
+    src.stop().await.unwrap();
+    // Its positions cover all three, under their fingerprints.
+    let text = std::fs::read_to_string(positions_file(d)).unwrap();
+    let cp: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = cp["files"].as_array().unwrap();
+    assert_eq!(files.len(), 3, "{text}");
+    let first = files
+        .iter()
+        .find(|f| f["fingerprint"] == format!("{fp:016x}"))
+        .unwrap();
+    assert_eq!(first["path"], d.join("a.log.2").display().to_string());
+    assert_eq!(first["lines"], 8);
+}
+
+/// copytruncate: the file is copied to its rotated name, truncated, and
+/// written again. Reading goes on in the copy from where it was, then the
+/// new content: nothing twice, nothing out of order. Whether the reader
+/// sees the truncation before the walk sees the copy or not.
+#[tokio::test]
+async fn copytruncate_reads_on_in_the_copy_then_the_new_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = d.join("a.log");
+    let (config, ctx, records, _dead) = context(d, &rotated_logs(d));
+    let scanner = Scanner::new(&config, true, 1024).unwrap();
+    let src = FileSource::new(
+        ctx,
+        Tuning {
+            lines_per_turn: 1,
+            ..fast()
+        },
+        ReadFrom::Beginning,
+        scanner,
+        CheckpointFile::default(),
+    );
+    let mut s = Steps {
+        src,
+        records,
+        first: true,
+    };
+    let copytruncate = |to: &str| {
+        std::fs::copy(&a, d.join(to)).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&a)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+    };
+    append(&a, &evs(1..=3));
+    s.walk().await;
+    assert_eq!(s.read().await, names_of(1..=3));
+
+    // The reader finds the file shrunk before a walk finds the copy.
+    append(&a, &evs(4..=5));
+    s.check().await;
+    copytruncate("a.log-20261123");
+    append(&a, &ev(6));
+    s.check().await;
+    assert_eq!(s.read().await, Vec::<String>::new(), "waits for the walk");
+    s.walk().await;
+    assert_eq!(s.read().await, names_of(4..=6));
+
+    // The walk finds the copy first (the reader closed as idle).
+    append(&a, &evs(7..=8));
+    s.src.tuning.idle_close = Duration::ZERO;
+    s.src.housekeeping();
+    s.src.tuning.idle_close = fast().idle_close;
+    copytruncate("a.log-20261124");
+    append(&a, &evs(9..=10));
+    s.walk().await;
+    assert_eq!(s.read().await, names_of(7..=10));
+
+    // Truncated in place with nothing copied: read again from the start
+    // once it begins the same again.
+    append(&a, &evs(11..=12));
+    s.check().await;
+    assert_eq!(s.read().await, names_of(11..=12));
+    std::fs::write(&a, ev(9)).unwrap();
+    s.check().await;
+    assert_eq!(s.read().await, Vec::<String>::new(), "waits for a look");
+    s.check().await;
+    assert_eq!(s.read().await, names_of([9]));
+    s.walk().await;
+    assert_eq!(s.read().await, Vec::<String>::new());
+}
