@@ -1,6 +1,7 @@
-//! What every component's config can say about itself: the problems with
-//! its own keys, found without starting it. The pipeline's validation asks
-//! each component rather than knowing every type's rules.
+//! What every component's config can say about itself, found without
+//! starting it: the problems with its own keys, and what it claims that
+//! no other component may (addresses, standard input). The pipeline's
+//! validation asks each component rather than knowing every type's rules.
 
 /// Something wrong with one key of a component's config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,4 +43,37 @@ pub enum SocketMode {
     Tcp,
     Udp,
     Unix,
+}
+
+/// What only one component of a pipeline can hold: a listening address or
+/// socket path, or standard input. Each component says which it claims
+/// (and under which key), so the pipeline can refuse two claims of one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Resource {
+    Tcp(String),
+    Udp(String),
+    Unix(String),
+    Stdin,
+}
+
+impl std::fmt::Display for Resource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Resource::Tcp(a) | Resource::Udp(a) | Resource::Unix(a) => f.write_str(a),
+            Resource::Stdin => f.write_str("standard input"),
+        }
+    }
+}
+
+/// One claim: the key that makes it (`address`), and what it claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub key: &'static str,
+    pub resource: Resource,
+}
+
+impl Claim {
+    pub fn new(key: &'static str, resource: Resource) -> Self {
+        Claim { key, resource }
+    }
 }

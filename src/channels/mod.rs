@@ -1,8 +1,10 @@
 //! The channels between components: the router from sources to the
-//! shards ([`router`]) and the fan-out from the shards to the sinks
-//! ([`fanout`]), with the acknowledgements that travel back. Sources,
+//! shards ([`router`]), the fan-out from the shards to the sinks
+//! ([`fanout`]), with the acknowledgements that travel back, and each
+//! source's link to the checkpoint coordinator ([`checkpoint`]). Sources,
 //! operators and sinks import these, never each other; only the topology
 //! ([`crate::pipeline::topology`]) wires them together.
 
+pub mod checkpoint;
 pub mod fanout;
 pub mod router;

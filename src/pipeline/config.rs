@@ -6,13 +6,12 @@
 //! listeners share an address, paths can be read or written. Every error
 //! names the key and the line.
 
-use crate::component::SocketMode;
-use crate::decode::{EventStream, Format};
-use crate::flux::jobid::JobId;
+use crate::component::{Claim, Problem, Resource};
 use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::rule::{Rule, RuleError, RuleKind, default_rules};
 use crate::sinks::SinkConfig;
-use serde::{Deserialize, Deserializer};
+use crate::sources::{SourceConfig, SourceSpec};
+use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -206,210 +205,6 @@ impl AlertsConfig {
     }
 }
 
-/// How a source's lines are read: every source type has these keys.
-#[derive(Debug, Clone)]
-pub struct DecodeConfig {
-    pub cluster: String,
-    pub format: Format,
-    pub stream: Option<EventStream>,
-    pub job_id: Option<JobId>,
-    pub max_line_bytes: usize,
-}
-
-/// Declares a source config struct with its own keys plus the decoding keys
-/// every source has. (serde's `flatten` cannot be combined with
-/// `deny_unknown_fields`, and unknown keys must be refused.)
-macro_rules! source_config {
-    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty,)* }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        pub struct $name {
-            $($(#[$fmeta])* pub $field: $ty,)*
-            /// Default cluster for inputs that do not name one.
-            #[serde(default = "crate::pipeline::config::default_cluster")]
-            pub cluster: String,
-            /// Line format (`auto` tells them apart per line).
-            #[serde(default, deserialize_with = "crate::pipeline::config::de_format")]
-            pub format: $crate::decode::Format,
-            /// Stream of plain events whose origin does not say.
-            #[serde(default, deserialize_with = "crate::pipeline::config::de_stream")]
-            pub stream: Option<$crate::decode::EventStream>,
-            /// Job of plain job or exec events whose origin does not say.
-            #[serde(default, deserialize_with = "crate::pipeline::config::de_jobid")]
-            pub job_id: Option<$crate::flux::jobid::JobId>,
-            /// Longest line accepted; longer lines go to `dead_letter`.
-            #[serde(default = "crate::pipeline::config::default_max_line")]
-            pub max_line_bytes: usize,
-        }
-
-        impl $name {
-            pub fn decode(&self) -> $crate::pipeline::config::DecodeConfig {
-                $crate::pipeline::config::DecodeConfig {
-                    cluster: self.cluster.clone(),
-                    format: self.format,
-                    stream: self.stream,
-                    job_id: self.job_id,
-                    max_line_bytes: self.max_line_bytes,
-                }
-            }
-        }
-    };
-}
-pub(crate) use source_config;
-
-fn default_true() -> bool {
-    true
-}
-
-pub(crate) fn default_cluster() -> String {
-    "default".into()
-}
-
-pub(crate) fn default_max_line() -> usize {
-    1024 * 1024
-}
-
-pub(crate) fn de_format<'de, D: Deserializer<'de>>(d: D) -> Result<Format, D::Error> {
-    let s = String::deserialize(d)?;
-    Format::parse(&s).ok_or_else(|| {
-        serde::de::Error::custom(format!(
-            "format: unknown format `{s}`; expected auto, event, job-journal, resource-journal, exec-protocol or envelope"
-        ))
-    })
-}
-
-pub(crate) fn de_stream<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EventStream>, D::Error> {
-    let s = String::deserialize(d)?;
-    EventStream::parse(&s).map(Some).ok_or_else(|| {
-        serde::de::Error::custom(format!(
-            "stream: unknown stream `{s}`; expected job, exec or resource"
-        ))
-    })
-}
-
-pub(crate) fn de_jobid<'de, D: Deserializer<'de>>(d: D) -> Result<Option<JobId>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Id {
-        Num(u64),
-        Text(String),
-    }
-    match Id::deserialize(d)? {
-        Id::Num(n) => Ok(Some(JobId(n))),
-        Id::Text(s) => JobId::parse(&s)
-            .map(Some)
-            .map_err(|e| serde::de::Error::custom(format!("job_id: {e}"))),
-    }
-}
-
-/// `[sources.NAME]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum SourceConfig {
-    File(FileSourceConfig),
-    Socket(SocketSourceConfig),
-    Http(crate::sources::http::HttpSourceConfig),
-    Stdin(StdinSourceConfig),
-    Kafka(KafkaSourceConfig),
-}
-
-impl SourceConfig {
-    pub fn decode(&self) -> DecodeConfig {
-        match self {
-            SourceConfig::File(c) => c.decode(),
-            SourceConfig::Socket(c) => c.decode(),
-            SourceConfig::Http(c) => c.decode(),
-            SourceConfig::Stdin(c) => c.decode(),
-            SourceConfig::Kafka(c) => c.decode(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReadFrom {
-    #[default]
-    Beginning,
-    End,
-}
-
-source_config! {
-    /// `type = "file"`: eventlogs and journals on disk, tailed.
-    FileSourceConfig {
-        /// Glob patterns (`**` matches any depth).
-        include: Vec<String>,
-        #[serde(default)]
-        exclude: Vec<String>,
-        /// Where to start in a file with no checkpoint.
-        #[serde(default)]
-        read_from: ReadFrom,
-        /// How often to look for new files and appended lines, in milliseconds.
-        #[serde(default = "default_poll_ms")]
-        poll_interval_ms: u64,
-    }
-}
-
-fn default_poll_ms() -> u64 {
-    250
-}
-
-source_config! {
-    /// `type = "socket"`: newline-delimited TCP or Unix stream, or UDP datagrams.
-    SocketSourceConfig {
-        #[serde(default)]
-        mode: SocketMode,
-        /// `host:port` (tcp, udp) or a socket path (unix).
-        address: String,
-        /// Most concurrent connections (tcp, unix); more wait in the backlog.
-        #[serde(default = "default_max_connections")]
-        max_connections: usize,
-    }
-}
-
-fn default_max_connections() -> usize {
-    256
-}
-
-source_config! {
-    /// `type = "stdin"`.
-    StdinSourceConfig {}
-}
-
-source_config! {
-    /// `type = "kafka"`: a consumer group member (rdkafka, bundled librdkafka).
-    KafkaSourceConfig {
-        /// `host:port,host:port`.
-        bootstrap_servers: String,
-        topics: Vec<String>,
-        group_id: String,
-        /// Keep job and node state in a changelog topic so that members of
-        /// the group can take partitions over from each other (scale-out).
-        /// Off: one instance per group only.
-        #[serde(default = "default_true")]
-        changelog: bool,
-        /// The changelog topic; default `<group_id>-changelog`. Created
-        /// (compacted, as many partitions as the input topic) if missing.
-        #[serde(default)]
-        changelog_topic: Option<String>,
-        /// Passed to librdkafka as they are (SASL, TLS, tuning); they win
-        /// over fluxpipe's own settings.
-        #[serde(default)]
-        librdkafka_options: BTreeMap<String, String>,
-    }
-}
-
-impl KafkaSourceConfig {
-    /// The changelog topic, if the source keeps one.
-    pub fn changelog_topic(&self) -> Option<String> {
-        self.changelog.then(|| {
-            self.changelog_topic
-                .clone()
-                .unwrap_or_else(|| format!("{}-changelog", self.group_id))
-        })
-    }
-}
-
 /// A configuration error, with the line it concerns when known.
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -470,15 +265,9 @@ fn typed_table_error(text: &str) -> Option<ConfigError> {
                 .filter(|(k, _)| k.get_ref() != "type")
                 .collect();
             let de = Deserializer::from(toml::Spanned::new(span.clone(), rest));
-            let result = match (&*section, kind.as_str()) {
-                ("sources", "file") => FileSourceConfig::deserialize(de).err(),
-                ("sources", "socket") => SocketSourceConfig::deserialize(de).err(),
-                ("sources", "stdin") => StdinSourceConfig::deserialize(de).err(),
-                ("sources", "http") => {
-                    crate::sources::http::HttpSourceConfig::deserialize(de).err()
-                }
-                ("sources", "kafka") => KafkaSourceConfig::deserialize(de).err(),
-                ("sinks", kind) => SinkConfig::table_error(kind, de),
+            let result = match &*section {
+                "sources" => SourceConfig::table_error(&kind, de),
+                "sinks" => SinkConfig::table_error(&kind, de),
                 _ => None,
             };
             if let Some(e) = result {
@@ -586,144 +375,46 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
     if config.workers == Some(0) {
         errors.push(loc.error(&["workers"], None, "workers: must be at least 1".into()));
     }
-    let mut listeners: HashMap<String, String> = HashMap::new();
-    for (name, source) in &config.sources {
-        let key = |k: &'static str| ["sources", name.as_str(), k];
-        if source.decode().max_line_bytes == 0 {
-            errors.push(loc.error(
-                &key("max_line_bytes"),
+    // What each component claims that no other may, and who claimed it.
+    let mut claimed: HashMap<Resource, String> = HashMap::new();
+    let mut claim = |section: &str, name: &str, c: Claim, errors: &mut Vec<ConfigError>| {
+        let owner = format!("{section}.{name}");
+        match claimed.get(&c.resource) {
+            Some(_) if c.resource == Resource::Stdin => errors.push(ConfigError::Invalid(
+                "more than one stdin source: standard input can be read once".into(),
+            )),
+            Some(other) => errors.push(loc.error(
+                &[section, name, c.key],
                 None,
-                format!("sources.{name}.max_line_bytes: must be at least 1"),
-            ));
-        }
-        match source {
-            SourceConfig::File(f) => {
-                if f.include.is_empty() {
-                    errors.push(loc.error(
-                        &key("include"),
-                        None,
-                        format!("sources.{name}.include: at least one pattern is needed"),
-                    ));
-                }
-                for (i, pat) in f.include.iter().chain(&f.exclude).enumerate() {
-                    if let Some(e) = glob_problem(pat) {
-                        let (k, i) = if i < f.include.len() {
-                            ("include", i)
-                        } else {
-                            ("exclude", i - f.include.len())
-                        };
-                        errors.push(loc.error(
-                            &key(k),
-                            Some(i),
-                            format!("sources.{name}.{k} `{pat}`: {e}"),
-                        ));
-                    }
-                }
-            }
-            SourceConfig::Socket(s) => {
-                let addr = &s.address;
-                let listener = match s.mode {
-                    SocketMode::Unix => format!("unix:{addr}"),
-                    SocketMode::Tcp => format!("tcp:{addr}"),
-                    SocketMode::Udp => format!("udp:{addr}"),
-                };
-                if s.mode != SocketMode::Unix && addr.parse::<std::net::SocketAddr>().is_err() {
-                    errors.push(loc.error(
-                        &key("address"),
-                        None,
-                        format!("sources.{name}.address `{addr}`: not an IP address and port"),
-                    ));
-                }
-                if s.mode == SocketMode::Unix
-                    && let Some(parent) = Path::new(addr).parent()
-                    && !parent.as_os_str().is_empty()
-                    && !parent.is_dir()
-                {
-                    errors.push(loc.error(
-                        &key("address"),
-                        None,
-                        format!(
-                            "sources.{name}.address `{addr}`: folder {} does not exist",
-                            parent.display()
-                        ),
-                    ));
-                }
-                if s.max_connections == 0 {
-                    errors.push(loc.error(
-                        &key("max_connections"),
-                        None,
-                        format!("sources.{name}.max_connections: must be at least 1"),
-                    ));
-                }
-                if let Some(other) = listeners.insert(listener, format!("sources.{name}")) {
-                    errors.push(loc.error(
-                        &key("address"),
-                        None,
-                        format!("sources.{name}.address `{addr}`: already used by {other}"),
-                    ));
-                }
-            }
-            SourceConfig::Http(h) => {
-                for (k, message) in h.problems() {
-                    // A key of a sub-table (`tls.crt_file`) is found by its parts.
-                    let path: Vec<&str> = ["sources", name.as_str()]
-                        .into_iter()
-                        .chain(k.split('.'))
-                        .collect();
-                    errors.push(loc.error(&path, None, format!("sources.{name}.{k}: {message}")));
-                }
-                if let Some(other) =
-                    listeners.insert(format!("tcp:{}", h.address), format!("sources.{name}"))
-                {
-                    errors.push(loc.error(
-                        &key("address"),
-                        None,
-                        format!(
-                            "sources.{name}.address `{}`: already used by {other}",
-                            h.address
-                        ),
-                    ));
-                }
-            }
-            SourceConfig::Stdin(_) => {}
-            SourceConfig::Kafka(k) => {
-                for (k_, empty) in [
-                    ("bootstrap_servers", k.bootstrap_servers.trim().is_empty()),
-                    ("topics", k.topics.is_empty()),
-                    ("group_id", k.group_id.trim().is_empty()),
-                ] {
-                    if empty {
-                        errors.push(loc.error(
-                            &key(k_),
-                            None,
-                            format!("sources.{name}.{k_}: must not be empty"),
-                        ));
-                    }
-                }
-                // A job's state is owned by one input partition; across
-                // topics, the same partition number would not go to the
-                // same member.
-                if k.changelog && k.topics.len() > 1 {
-                    errors.push(loc.error(
-                        &key("topics"),
-                        None,
-                        format!(
-                            "sources.{name}.topics: a source with a changelog reads one topic (use one source per topic, or set changelog = false for a single instance)"
-                        ),
-                    ));
-                }
+                format!(
+                    "{owner}.{} `{}`: already used by {other}",
+                    c.key, c.resource
+                ),
+            )),
+            None => {
+                claimed.insert(c.resource, owner);
             }
         }
-    }
-    let stdin_sources = config
-        .sources
-        .values()
-        .filter(|s| matches!(s, SourceConfig::Stdin(_)))
-        .count();
-    if stdin_sources > 1 {
-        errors.push(ConfigError::Invalid(
-            "more than one stdin source: standard input can be read once".into(),
+    };
+    let report = |section: &str, name: &str, p: Problem, errors: &mut Vec<ConfigError>| {
+        // A key of a sub-table (`tls.crt_file`) is found by its parts.
+        let path: Vec<&str> = [section, name]
+            .into_iter()
+            .chain(p.key.split('.'))
+            .collect();
+        errors.push(loc.error(
+            &path,
+            p.index,
+            format!("{section}.{name}.{}{}", p.key, p.message),
         ));
+    };
+    for (name, source) in &config.sources {
+        for p in source.problems() {
+            report("sources", name, p, &mut errors);
+        }
+        for c in source.claims() {
+            claim("sources", name, c, &mut errors);
+        }
     }
     for (name, sink) in &config.sinks {
         // The prometheus sink takes no inputs: only its own keys count.
@@ -733,24 +424,11 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
         };
         problems.extend(sink.problems());
         for p in problems {
-            errors.push(loc.error(
-                &["sinks", name.as_str(), p.key],
-                p.index,
-                format!("sinks.{name}.{}{}", p.key, p.message),
-            ));
+            report("sinks", name, p, &mut errors);
         }
-        if let SinkConfig::Prometheus(p) = sink
-            && let Some(other) =
-                listeners.insert(format!("tcp:{}", p.address), format!("sinks.{name}"))
-        {
-            errors.push(loc.error(
-                &["sinks", name.as_str(), "address"],
-                None,
-                format!(
-                    "sinks.{name}.address `{}`: already used by {other}",
-                    p.address
-                ),
-            ));
+        if let SinkConfig::Prometheus(p) = sink {
+            let c = Claim::new("address", Resource::Tcp(p.address.clone()));
+            claim("sinks", name, c, &mut errors);
         }
     }
     if let Err((rule, k, e)) = config.alerts.rules() {
@@ -761,33 +439,6 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
         ));
     }
     errors
-}
-
-/// Why a glob pattern cannot work, if it cannot.
-fn glob_problem(pattern: &str) -> Option<String> {
-    if pattern.is_empty() {
-        return Some("empty pattern".into());
-    }
-    if let Err(e) = globset::Glob::new(pattern) {
-        return Some(e.to_string());
-    }
-    // The fixed part before the first wildcard must be readable.
-    let base: PathBuf = Path::new(pattern)
-        .components()
-        .take_while(|c| {
-            !c.as_os_str()
-                .to_string_lossy()
-                .contains(['*', '?', '[', '{'])
-        })
-        .collect();
-    let mut dir = base.as_path();
-    while !dir.as_os_str().is_empty() && !dir.exists() {
-        dir = dir.parent().unwrap_or(Path::new(""));
-    }
-    if !dir.as_os_str().is_empty() && std::fs::read_dir(dir).is_err() && dir.is_dir() {
-        return Some(format!("folder {} cannot be read", dir.display()));
-    }
-    None
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use crate::operators::shard::{self, AlertSetup, Retention, Shard};
 use crate::sinks::SinkConfig;
 use crate::sinks::{self, SinkContext};
 use crate::snapshot::checkpoint::{self, Head, ShardState};
-use crate::sources::{self, SourceContext};
+use crate::sources::{self, SourceContext, SourceSpec};
 use crate::telemetry;
 use anyhow::{Context, Result};
 use std::sync::Arc;
@@ -116,7 +116,7 @@ fn changelog_sources(config: &Config) -> Vec<Arc<str>> {
     config
         .sources
         .iter()
-        .filter(|(_, s)| sources::keeps_changelog(s))
+        .filter(|(_, s)| s.keeps_changelog())
         .map(|(n, _)| Arc::from(n.as_str()))
         .collect()
 }
@@ -148,7 +148,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     // newer than this checkpoint: the file sinks' cuts of this checkpoint
     // would then cut off output the state will not produce again. There
     // the file sinks only cut a torn line (at least once).
-    let exactly_once = !config.sources.values().any(sources::keeps_changelog);
+    let exactly_once = !config.sources.values().any(SourceSpec::keeps_changelog);
     let cuts = match (&head, exactly_once) {
         (Some(h), true) => h.sinks.clone(),
         _ => Default::default(),
@@ -240,11 +240,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
 
     let mut source_tasks = JoinSet::new();
     for (index, (name, source)) in config.sources.iter().enumerate() {
-        let link = coordinator.link(
-            name,
-            sources::has_positions(source),
-            sources::keeps_changelog(source),
-        );
+        let link = coordinator.link(name, source.has_positions(), source.keeps_changelog());
         let ctx = SourceContext::new(
             name,
             index,

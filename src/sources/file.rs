@@ -94,12 +94,15 @@
 //! only once its batch is handed on; at shutdown what is held is dropped
 //! and read again at the next start.
 
+mod config;
+
+pub use config::{FileSourceConfig, ReadFrom};
+
 use super::lines::{LineReader, READ_BYTES};
 use super::{Outbox, SourceContext};
 use crate::decode::{self, Body, EventStream, Origin, PathKind, Record};
 use crate::flux::jobid::JobId;
 use crate::flux::object::JsonObject;
-use crate::pipeline::config::{FileSourceConfig, ReadFrom};
 use anyhow::{Context, Result, anyhow};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
@@ -154,8 +157,8 @@ impl Default for Tuning {
 
 ///
 /// Returns the final positions.
-pub async fn run(config: FileSourceConfig, ctx: SourceContext) -> Result<String> {
-    run_tuned(config, ctx, Tuning::default()).await
+pub async fn run(config: FileSourceConfig, ctx: SourceContext) -> Result<Option<String>> {
+    run_tuned(config, ctx, Tuning::default()).await.map(Some)
 }
 
 /// [`run`] with explicit limits.

@@ -40,11 +40,12 @@
 //! fails or takes longer than `request_timeout_secs` is logged with its
 //! peer and counted in `fluxpipe_http_tls_handshake_failures_total`.
 
-use super::SourceContext;
+use super::config::source_config;
 use super::lines::split_bounded;
 use super::socket::OpenConnection;
+use super::{SourceContext, SourceSpec};
 use crate::channels::router::{Closed, Tally};
-use crate::pipeline::config::source_config;
+use crate::component::{Claim, Problem, Resource};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -314,48 +315,57 @@ fn default_request_timeout() -> f64 {
     60.0
 }
 
-impl HttpSourceConfig {
-    /// What is wrong with this source's keys, as (key, message).
-    pub fn problems(&self) -> Vec<(&'static str, String)> {
+impl SourceSpec for HttpSourceConfig {
+    fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         if self.address.parse::<SocketAddr>().is_err() {
-            out.push((
+            out.push(Problem::new(
                 "address",
-                format!("`{}` is not an IP address and port", self.address),
+                format!(" `{}`: not an IP address and port", self.address),
             ));
         }
         if !self.path.starts_with('/') {
-            out.push(("path", format!("`{}` must start with /", self.path)));
+            out.push(Problem::new(
+                "path",
+                format!(" `{}`: must start with /", self.path),
+            ));
         }
         if self.max_body_bytes == 0 {
-            out.push(("max_body_bytes", "must be at least 1".into()));
+            out.push(Problem::new("max_body_bytes", ": must be at least 1"));
         }
         if self.max_connections == 0 {
-            out.push(("max_connections", "must be at least 1".into()));
+            out.push(Problem::new("max_connections", ": must be at least 1"));
         }
         if !(self.request_timeout_secs > 0.0 && self.request_timeout_secs <= 86_400.0) {
-            out.push((
+            out.push(Problem::new(
                 "request_timeout_secs",
-                "must be more than 0 and at most a day".into(),
+                ": must be more than 0 and at most a day",
             ));
         }
         if let Some(auth) = &self.auth
             && let Err(e) = read_token(&auth.token_file)
         {
-            out.push(("auth", e));
+            out.push(Problem::new("auth", format!(": {e}")));
         }
         if let Some(tls) = &self.tls
             && let Err(e) = tls.server_config()
         {
-            out.push((e.key, e.to_string()));
+            out.push(Problem::new(e.key, format!(": {e}")));
         }
         out
     }
 
-    /// Whether this source takes part in checkpoint rounds.
-    pub fn has_positions(&self) -> bool {
+    fn claims(&self) -> Vec<Claim> {
+        vec![Claim::new("address", Resource::Tcp(self.address.clone()))]
+    }
+
+    /// It takes part in checkpoint rounds when it acknowledges at them.
+    fn has_positions(&self) -> bool {
         self.acknowledgements == Acknowledgements::Checkpoint
     }
+}
+
+impl HttpSourceConfig {
 
     fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.request_timeout_secs.clamp(0.001, 86_400.0))
@@ -414,7 +424,13 @@ struct Shared {
     requests: AtomicU64,
 }
 
-pub async fn run(config: HttpSourceConfig, ctx: SourceContext) -> anyhow::Result<()> {
+/// Serve until shutdown; its positions (checkpoint rounds) are the
+/// batches it answered, nothing to save.
+pub async fn run(config: HttpSourceConfig, ctx: SourceContext) -> anyhow::Result<Option<String>> {
+    serve(config, ctx).await.map(|()| None)
+}
+
+async fn serve(config: HttpSourceConfig, ctx: SourceContext) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let token = match &config.auth {
         Some(auth) => Some(read_token(&auth.token_file).map_err(anyhow::Error::msg)?),

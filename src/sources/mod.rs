@@ -3,23 +3,21 @@
 //! operators; what cannot be decoded is counted, logged with where it came
 //! from, and sent to `dead_letter`.
 //!
-//! A new source is one new file here plus one line in [`run`].
+//! Each source type is one file here that owns its config (a struct made
+//! with [`config::source_config`], and its [`SourceSpec`]) and its `run`;
+//! a new source is that file plus one line in the list below.
 
-pub mod file;
-pub mod http;
-#[cfg(feature = "kafka")]
-pub mod kafka;
+pub mod config;
 pub mod lines;
-pub mod socket;
-pub mod stdin;
 
+use crate::channels::checkpoint::CheckpointLink;
 use crate::channels::fanout::Outputs;
 use crate::channels::router::{Closed, Routed, Router, Tally};
+use crate::component::{Claim, Problem};
 use crate::decode::{self, Origin, Record};
 use crate::output::OutputStream;
 use crate::output::{self, OutputRecord};
-use crate::pipeline::config::{DecodeConfig, SourceConfig};
-use crate::pipeline::coordinator::CheckpointLink;
+use config::DecodeConfig;
 use lines::Line;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -291,32 +289,109 @@ impl SourceContext {
     }
 }
 
-/// Run one source until its input ends or shutdown; returns its final
-/// positions (in its own JSON form) if it has any.
-pub async fn run(config: SourceConfig, ctx: SourceContext) -> anyhow::Result<Option<String>> {
-    match config {
-        SourceConfig::Stdin(_) => stdin::run(ctx).await.map(|()| None),
-        SourceConfig::Socket(c) => socket::run(c, ctx).await.map(|()| None),
-        SourceConfig::Http(c) => http::run(c, ctx).await.map(|()| None),
-        SourceConfig::File(c) => file::run(c, ctx).await.map(Some),
-        #[cfg(feature = "kafka")]
-        SourceConfig::Kafka(c) => kafka::run(c, ctx).await.map(Some),
-        #[cfg(not(feature = "kafka"))]
-        SourceConfig::Kafka(_) => anyhow::bail!("this fluxpipe was built without Kafka support"),
+/// What the pipeline asks of every source type's config, besides its
+/// decoding keys (each has `decode()`, made by [`config::source_config`]).
+pub trait SourceSpec {
+    /// What is wrong with its own keys (the decoding keys are checked for
+    /// every source).
+    fn problems(&self) -> Vec<Problem> {
+        Vec::new()
+    }
+
+    /// What it holds that no other component may.
+    fn claims(&self) -> Vec<Claim> {
+        Vec::new()
+    }
+
+    /// Whether it has positions to checkpoint (and takes part in
+    /// checkpoint rounds).
+    fn has_positions(&self) -> bool {
+        false
+    }
+
+    /// Whether it keeps its partitions' state in a changelog.
+    fn keeps_changelog(&self) -> bool {
+        false
     }
 }
 
-/// Whether a source keeps its partitions' state in a changelog.
-pub fn keeps_changelog(config: &SourceConfig) -> bool {
-    matches!(config, SourceConfig::Kafka(k) if k.changelog && cfg!(feature = "kafka"))
+/// The source types: `type = "NAME"` → module and config. Makes the
+/// `[sources.NAME]` config enum and the calls into each type.
+macro_rules! source_types {
+    ($($variant:ident => $module:ident :: $config:ident,)*) => {
+        $(pub mod $module;)*
+
+        /// `[sources.NAME]`.
+        #[derive(Debug, Clone, serde::Deserialize)]
+        #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+        pub enum SourceConfig {
+            $($variant($module::$config),)*
+        }
+
+        impl SourceConfig {
+            fn spec(&self) -> &dyn SourceSpec {
+                match self {
+                    $(SourceConfig::$variant(c) => c,)*
+                }
+            }
+
+            /// How its lines are decoded.
+            pub fn decode(&self) -> DecodeConfig {
+                match self {
+                    $(SourceConfig::$variant(c) => c.decode(),)*
+                }
+            }
+
+            /// The error a table of source type `kind` gives when read as
+            /// that type (`None` for an unknown type).
+            pub fn table_error<'de, D: serde::Deserializer<'de>>(
+                kind: &str,
+                de: D,
+            ) -> Option<D::Error> {
+                $(if kind == stringify!($module) {
+                    return <$module::$config as serde::Deserialize>::deserialize(de).err();
+                })*
+                None
+            }
+        }
+
+        /// Run one source until its input ends or shutdown; returns its
+        /// final positions (in its own JSON form) if it has any.
+        pub async fn run(
+            config: SourceConfig,
+            ctx: SourceContext,
+        ) -> anyhow::Result<Option<String>> {
+            match config {
+                $(SourceConfig::$variant(c) => $module::run(c, ctx).await,)*
+            }
+        }
+    };
 }
 
-/// Whether a source of this type has positions to checkpoint (and takes
-/// part in checkpoint rounds).
-pub fn has_positions(config: &SourceConfig) -> bool {
-    match config {
-        SourceConfig::File(_) | SourceConfig::Kafka(_) => true,
-        SourceConfig::Http(c) => c.has_positions(),
-        SourceConfig::Socket(_) | SourceConfig::Stdin(_) => false,
+source_types! {
+    File => file::FileSourceConfig,
+    Socket => socket::SocketSourceConfig,
+    Http => http::HttpSourceConfig,
+    Stdin => stdin::StdinSourceConfig,
+    Kafka => kafka::KafkaSourceConfig,
+}
+
+impl SourceSpec for SourceConfig {
+    fn problems(&self) -> Vec<Problem> {
+        let mut out = self.decode().problems();
+        out.extend(self.spec().problems());
+        out
+    }
+
+    fn claims(&self) -> Vec<Claim> {
+        self.spec().claims()
+    }
+
+    fn has_positions(&self) -> bool {
+        self.spec().has_positions()
+    }
+
+    fn keeps_changelog(&self) -> bool {
+        self.spec().keeps_changelog()
     }
 }

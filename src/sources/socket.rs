@@ -19,10 +19,10 @@
 //! Shutdown: stop accepting, stop reading (a line already read is still
 //! handed on), wait for the connection tasks, remove the Unix socket file.
 
-use super::SourceContext;
+use super::config::source_config;
 use super::lines::{Line, LineReader, READ_BYTES, split_bounded};
-use crate::component::SocketMode;
-use crate::pipeline::config::SocketSourceConfig;
+use super::{SourceContext, SourceSpec};
+use crate::component::{Claim, Problem, Resource, SocketMode};
 use anyhow::Context;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -40,7 +40,71 @@ const MAX_DATAGRAM: usize = 64 * 1024;
 /// persistent error does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
-pub async fn run(config: SocketSourceConfig, ctx: SourceContext) -> anyhow::Result<()> {
+source_config! {
+    /// `type = "socket"`: newline-delimited TCP or Unix stream, or UDP datagrams.
+    SocketSourceConfig {
+        #[serde(default)]
+        mode: SocketMode,
+        /// `host:port` (tcp, udp) or a socket path (unix).
+        address: String,
+        /// Most concurrent connections (tcp, unix); more wait in the backlog.
+        #[serde(default = "default_max_connections")]
+        max_connections: usize,
+    }
+}
+
+fn default_max_connections() -> usize {
+    256
+}
+
+impl SourceSpec for SocketSourceConfig {
+    fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let addr = &self.address;
+        match self.mode {
+            SocketMode::Tcp | SocketMode::Udp => {
+                if addr.parse::<std::net::SocketAddr>().is_err() {
+                    out.push(Problem::new(
+                        "address",
+                        format!(" `{addr}`: not an IP address and port"),
+                    ));
+                }
+            }
+            SocketMode::Unix => {
+                if let Some(parent) = Path::new(addr).parent()
+                    && !parent.as_os_str().is_empty()
+                    && !parent.is_dir()
+                {
+                    out.push(Problem::new(
+                        "address",
+                        format!(" `{addr}`: folder {} does not exist", parent.display()),
+                    ));
+                }
+            }
+        }
+        if self.max_connections == 0 {
+            out.push(Problem::new("max_connections", ": must be at least 1"));
+        }
+        out
+    }
+
+    fn claims(&self) -> Vec<Claim> {
+        let addr = self.address.clone();
+        let resource = match self.mode {
+            SocketMode::Tcp => Resource::Tcp(addr),
+            SocketMode::Udp => Resource::Udp(addr),
+            SocketMode::Unix => Resource::Unix(addr),
+        };
+        vec![Claim::new("address", resource)]
+    }
+}
+
+/// Serve the socket until shutdown; no positions.
+pub async fn run(config: SocketSourceConfig, ctx: SourceContext) -> anyhow::Result<Option<String>> {
+    listen(config, ctx).await.map(|()| None)
+}
+
+async fn listen(config: SocketSourceConfig, ctx: SourceContext) -> anyhow::Result<()> {
     match config.mode {
         SocketMode::Tcp => {
             let listener = TcpListener::bind(&config.address)

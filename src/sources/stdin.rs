@@ -1,10 +1,29 @@
 //! `type = "stdin"`: lines from standard input until it ends.
 
-use super::SourceContext;
+use super::config::source_config;
 use super::lines::{LineReader, READ_BYTES};
+use super::{SourceContext, SourceSpec};
+use crate::component::{Claim, Resource};
 use tokio::io::BufReader;
 
-pub async fn run(ctx: SourceContext) -> anyhow::Result<()> {
+source_config! {
+    /// `type = "stdin"`.
+    StdinSourceConfig {}
+}
+
+impl SourceSpec for StdinSourceConfig {
+    /// Standard input can be read once.
+    fn claims(&self) -> Vec<Claim> {
+        vec![Claim::new("type", Resource::Stdin)]
+    }
+}
+
+/// Read standard input to its end (or shutdown); no positions.
+pub async fn run(_config: StdinSourceConfig, ctx: SourceContext) -> anyhow::Result<Option<String>> {
+    read(ctx).await.map(|()| None)
+}
+
+async fn read(ctx: SourceContext) -> anyhow::Result<()> {
     let mut reader = LineReader::new(
         BufReader::with_capacity(READ_BYTES, tokio::io::stdin()),
         ctx.decode.max_line_bytes,

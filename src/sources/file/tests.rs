@@ -3,10 +3,9 @@
 //! reads what reached the router (and the dead-letter stream).
 
 use super::*;
-use crate::channels::fanout::{Outputs, SinkRx};
+use crate::channels::fanout::{Outputs, SinkCommon, SinkRx, WhenFull};
 use crate::channels::router::{Routed, Router, ShardMsg};
-use crate::pipeline::coordinator::CheckpointLink;
-use crate::sinks::SinkConfig;
+use crate::channels::checkpoint::CheckpointLink;
 use std::collections::BTreeSet;
 use std::io::Write;
 use tokio::sync::mpsc;
@@ -65,9 +64,13 @@ fn context_with_queue(
     let config: FileSourceConfig =
         toml::from_str(&format!("poll_interval_ms = 20\n{keys}")).expect("source config");
     let (tx, records) = mpsc::channel(queue);
-    let sink: SinkConfig =
-        toml::from_str("type = \"stdout\"\ninputs = [\"dead_letter\"]").expect("sink config");
-    let (outputs, mut rxs) = Outputs::new([("dead", sink.common())]);
+    let inputs = ["dead_letter".to_string()];
+    let sink = SinkCommon {
+        inputs: &inputs,
+        when_full: WhenFull::Block,
+        buffer: crate::channels::fanout::default_buffer(),
+    };
+    let (outputs, mut rxs) = Outputs::new([("dead", sink)]);
     let ctx = SourceContext::new(
         "files",
         0,

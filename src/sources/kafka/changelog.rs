@@ -8,10 +8,10 @@
 //! broker's last acknowledgement; revocation takes the same lock before it
 //! lets the partition go, and writes skip partitions no longer owned.
 
-use super::Offsets;
+use super::member::Offsets;
 use crate::keyed::Owner;
-use crate::pipeline::config::KafkaSourceConfig;
-use crate::pipeline::coordinator::ChangelogRx;
+use super::KafkaSourceConfig;
+use crate::channels::checkpoint::ChangelogRx;
 use crate::snapshot::changelog::{self, Change, Restored, Restorer};
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
