@@ -4,10 +4,12 @@
 //! - [`decode`]: lines and paths → keyed records, shared by every input.
 //! - [`keyed`]: keyed state over all jobs and ranks, the alert rules, and
 //!   the per-record processor replay and the pipeline share.
-//! - [`pipeline`], [`sources`], [`operators`], [`sinks`], [`output`]: the
-//!   streaming pipeline (`fluxpipe run`).
+//! - [`pipeline`], [`sources`], [`operators`], [`sinks`], [`output`],
+//!   [`channels`], [`snapshot`]: the streaming pipeline (`fluxpipe run`);
+//!   [`api`]: its HTTP server.
 //! - [`cli`]: the subcommands.
 
+pub mod api;
 pub mod channels;
 pub mod cli;
 pub mod component;

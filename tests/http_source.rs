@@ -460,7 +460,7 @@ fn connections_beyond_max_connections_are_closed_at_once_and_counted() {
     let metrics = free_port();
     let mut run = Run::start(
         "max_connections = 2",
-        &format!("[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{metrics}\"\n"),
+        &format!("[api]\naddress = \"127.0.0.1:{metrics}\"\n"),
     );
     let open = r#"fluxpipe_socket_connections{source="in"}"#;
     let refused = r#"fluxpipe_source_connections_refused_total{source="in"}"#;
@@ -732,7 +732,7 @@ fn a_batch_is_posted_over_https_and_plain_http_is_refused() {
     let mut run = Run::start(
         "request_timeout_secs = 4",
         &format!(
-            "{}\n[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{metrics}\"\n\n[log]\nlevel = \"info\"\n",
+            "{}\n[api]\naddress = \"127.0.0.1:{metrics}\"\n\n[log]\nlevel = \"info\"\n",
             pki.table(false)
         ),
     );
@@ -802,7 +802,7 @@ fn max_connections_holds_for_tls_connections() {
     let mut run = Run::start(
         "max_connections = 1",
         &format!(
-            "{}\n[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{metrics}\"\n",
+            "{}\n[api]\naddress = \"127.0.0.1:{metrics}\"\n",
             pki.table(false)
         ),
     );

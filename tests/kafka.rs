@@ -538,7 +538,7 @@ async fn three_members_of_a_group_one_killed_and_replaced_agree_with_one_instanc
         let extra = |name: &str, port: u16| {
             let alerts = dir.path().join(format!("{name}-alerts.jsonl"));
             format!(
-                "[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{port}\"\n\
+                "[api]\naddress = \"127.0.0.1:{port}\"\n\
                  [sinks.alerts]\ntype = \"file\"\npath = {alerts:?}\ninputs = [\"alerts\"]\n\
                  {ALERT_RULES}"
             )

@@ -115,7 +115,8 @@ fn scrape_after_the_corpus_gives_exact_values() {
             "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"B\"\n\
              [sources.files]\ntype = \"file\"\ninclude = [{:?}]\ncluster = \"F\"\npoll_interval_ms = 20\n\
              [sources.journal]\ntype = \"file\"\ninclude = [{:?}]\ncluster = \"J\"\npoll_interval_ms = 20\n\
-             [sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:{port}\"\nper_user_jobs = true\n",
+             [sinks.out]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\n\
+             [api]\naddress = \"127.0.0.1:{port}\"\nper_user_jobs = true\n",
             dir.path().join("state"),
             dir.path().join("f.eventlog"),
             dir.path().join("j.jsonl"),
@@ -284,7 +285,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
     assert!(
         get("flux_job_transitions_total{flux_cluster=\"B\",from=\"RUN\",to=\"CLEANUP\"}") >= 1.0
     );
-    assert_eq!(get("fluxpipe_sink_buffered_records{sink=\"metrics\"}"), 0.0);
+    assert_eq!(get("fluxpipe_sink_buffered_records{sink=\"out\"}"), 0.0);
     assert!(
         values
             .keys()

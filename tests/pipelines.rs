@@ -90,6 +90,7 @@ fn example_pipelines_share_no_port_file_or_data_dir() {
                 format!("path {s}")
             } else if key.starts_with("sources.") && key.ends_with(".address")
                 || key.starts_with("sinks.") && key.ends_with(".address")
+                || key == "api.address"
             {
                 format!(
                     "port {}",
@@ -192,6 +193,13 @@ impl Copied {
         let string = |s: String| toml::Value::String(s);
         if let Some(toml::Value::String(d)) = shipped.get("data_dir") {
             plan.insert("data_dir".into(), (string(d.clone()), string(reroot(d))));
+        }
+        // The server's address moves like any listener's.
+        if let Some(toml::Value::String(s)) = shipped.get("api").and_then(|a| a.get("address")) {
+            let port = loopback_port(s)
+                .unwrap_or_else(|| panic!("{name}: api.address = {s:?} is not a loopback port"));
+            let new = string(format!("127.0.0.1:{}", new_port(port)));
+            plan.insert("api.address".into(), (string(s.clone()), new));
         }
         for section in ["sources", "sinks"] {
             let Some(toml::Value::Table(blocks)) = shipped.get(section) else {

@@ -195,11 +195,11 @@ def check_config(scenario: str, cm: dict, values: dict, workdir: Path) -> None:
         return
     if config.get("data_dir") != "/var/lib/fluxpipe":
         problem(scenario, f"data_dir is {config.get('data_dir')!r}, not /var/lib/fluxpipe")
-    proms = [s for s in config.get("sinks", {}).values() if s.get("type") == "prometheus"]
-    if len(proms) != 1:
-        problem(scenario, "the config needs exactly one prometheus sink (probes and metrics)")
-    elif not proms[0].get("address", "").endswith(f":{values['metrics']['port']}"):
-        problem(scenario, f"prometheus sink address {proms[0].get('address')} is not on "
+    api = config.get("api")
+    if not isinstance(api, dict):
+        problem(scenario, "the config needs an [api] table (probes and metrics)")
+    elif not api.get("address", "").endswith(f":{values['metrics']['port']}"):
+        problem(scenario, f"[api] address {api.get('address')} is not on "
                           f"metrics.port {values['metrics']['port']}")
     inputs = {(p["port"], p.get("protocol", "TCP")) for p in values["service"]["inputPorts"]}
     for name, src in config.get("sources", {}).items():

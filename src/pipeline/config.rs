@@ -6,6 +6,7 @@
 //! listeners share an address, paths can be read or written. Every error
 //! names the key and the line.
 
+use crate::api::ApiConfig;
 use crate::component::{Claim, Problem, Resource};
 use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::rule::{Rule, RuleError, RuleKind, default_rules};
@@ -38,6 +39,10 @@ pub struct Config {
     pub sources: BTreeMap<String, SourceConfig>,
     #[serde(default)]
     pub sinks: BTreeMap<String, SinkConfig>,
+    /// The HTTP server (`/metrics`, `/healthz`, `/readyz`); none without
+    /// this table.
+    #[serde(default)]
+    pub api: Option<ApiConfig>,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -265,6 +270,16 @@ fn typed_table_error(text: &str) -> Option<ConfigError> {
                 .filter(|(k, _)| k.get_ref() != "type")
                 .collect();
             let de = Deserializer::from(toml::Spanned::new(span.clone(), rest));
+            if (&*section, kind.as_str()) == ("sinks", "prometheus") {
+                return Some(ConfigError::At {
+                    line: line_of(text, span.start),
+                    message: format!(
+                        "sinks.{}: the prometheus sink is now the pipeline's own server: \
+                         move its address (and per_user_jobs) to an [api] table",
+                        name.get_ref()
+                    ),
+                });
+            }
             let result = match &*section {
                 "sources" => SourceConfig::table_error(&kind, de),
                 "sinks" => SinkConfig::table_error(&kind, de),
@@ -272,11 +287,7 @@ fn typed_table_error(text: &str) -> Option<ConfigError> {
             };
             if let Some(e) = result {
                 let at = e.span().map_or(span.start, |s| s.start).min(text.len());
-                let line = text.as_bytes()[..at]
-                    .iter()
-                    .filter(|b| **b == b'\n')
-                    .count()
-                    + 1;
+                let line = line_of(text, at);
                 let mut path = format!("{section}.{}", name.get_ref());
                 let message = e.message();
                 if let Some((key, _)) = keys.iter().find(|(_, r)| r.contains(&at)) {
@@ -294,6 +305,16 @@ fn typed_table_error(text: &str) -> Option<ConfigError> {
         }
     }
     None
+}
+
+/// The 1-based line of byte `at` of `text`.
+fn line_of(text: &str, at: usize) -> usize {
+    let at = at.min(text.len());
+    text.as_bytes()[..at]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
 }
 
 /// Read, parse and validate a config file.
@@ -340,14 +361,7 @@ impl<'t> Locator<'t> {
                 _ => {}
             }
         }
-        let end = span.start.min(self.text.len());
-        Some(
-            self.text.as_bytes()[..end]
-                .iter()
-                .filter(|b| **b == b'\n')
-                .count()
-                + 1,
-        )
+        Some(line_of(self.text, span.start))
     }
 
     fn error(&self, path: &[&str], index: Option<usize>, message: String) -> ConfigError {
@@ -367,24 +381,25 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
             "no [sources.NAME] table: a pipeline needs at least one source".into(),
         ));
     }
-    if config.sinks.is_empty() {
+    if config.sinks.is_empty() && config.api.is_none() {
         errors.push(ConfigError::Invalid(
-            "no [sinks.NAME] table: a pipeline needs at least one sink".into(),
+            "no [sinks.NAME] table and no [api]: a pipeline needs at least one sink, or the server to show its metrics".into(),
         ));
     }
     if config.workers == Some(0) {
         errors.push(loc.error(&["workers"], None, "workers: must be at least 1".into()));
     }
     // What each component claims that no other may, and who claimed it.
+    // A component is named by its table's path (`sources.in`, `api`).
     let mut claimed: HashMap<Resource, String> = HashMap::new();
-    let mut claim = |section: &str, name: &str, c: Claim, errors: &mut Vec<ConfigError>| {
-        let owner = format!("{section}.{name}");
+    let mut claim = |table: &[&str], c: Claim, errors: &mut Vec<ConfigError>| {
+        let owner = table.join(".");
         match claimed.get(&c.resource) {
             Some(_) if c.resource == Resource::Stdin => errors.push(ConfigError::Invalid(
                 "more than one stdin source: standard input can be read once".into(),
             )),
             Some(other) => errors.push(loc.error(
-                &[section, name, c.key],
+                &[table, &[c.key]].concat(),
                 None,
                 format!(
                     "{owner}.{} `{}`: already used by {other}",
@@ -396,39 +411,33 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
             }
         }
     };
-    let report = |section: &str, name: &str, p: Problem, errors: &mut Vec<ConfigError>| {
+    let report = |table: &[&str], p: Problem, errors: &mut Vec<ConfigError>| {
         // A key of a sub-table (`tls.crt_file`) is found by its parts.
-        let path: Vec<&str> = [section, name]
-            .into_iter()
-            .chain(p.key.split('.'))
-            .collect();
-        errors.push(loc.error(
-            &path,
-            p.index,
-            format!("{section}.{name}.{}{}", p.key, p.message),
-        ));
+        let path: Vec<&str> = table.iter().copied().chain(p.key.split('.')).collect();
+        let message = format!("{}.{}{}", table.join("."), p.key, p.message);
+        errors.push(loc.error(&path, p.index, message));
     };
+    if let Some(api) = &config.api {
+        for p in api.problems() {
+            report(&["api"], p, &mut errors);
+        }
+        for c in api.claims() {
+            claim(&["api"], c, &mut errors);
+        }
+    }
     for (name, source) in &config.sources {
+        let table = ["sources", name.as_str()];
         for p in source.problems() {
-            report("sources", name, p, &mut errors);
+            report(&table, p, &mut errors);
         }
         for c in source.claims() {
-            claim("sources", name, c, &mut errors);
+            claim(&table, c, &mut errors);
         }
     }
     for (name, sink) in &config.sinks {
-        // The prometheus sink takes no inputs: only its own keys count.
-        let mut problems = match sink {
-            SinkConfig::Prometheus(_) => Vec::new(),
-            _ => sink.common().problems(),
-        };
-        problems.extend(sink.problems());
-        for p in problems {
-            report("sinks", name, p, &mut errors);
-        }
-        if let SinkConfig::Prometheus(p) = sink {
-            let c = Claim::new("address", Resource::Tcp(p.address.clone()));
-            claim("sinks", name, c, &mut errors);
+        let table = ["sinks", name.as_str()];
+        for p in sink.common().problems().into_iter().chain(sink.problems()) {
+            report(&table, p, &mut errors);
         }
     }
     if let Err((rule, k, e)) = config.alerts.rules() {
@@ -533,6 +542,58 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
         );
         assert!(
             e[0].starts_with("line 7: sinks.c.batch_max_records: invalid type"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn the_api_server_is_a_table_of_the_pipeline_not_a_sink() {
+        // A metrics-only pipeline: a source and the server, no sink.
+        let ok = "[sources.a]\ntype = \"stdin\"\n[api]\naddress = \"127.0.0.1:9464\"\n";
+        assert!(errors(ok).is_empty(), "{:?}", errors(ok));
+        assert_eq!(parse(ok).unwrap().api.unwrap().address, "127.0.0.1:9464");
+
+        let e = errors("[sources.a]\ntype = \"stdin\"\n");
+        assert!(
+            e.iter()
+                .any(|m| m.contains("no [sinks.NAME] table and no [api]")),
+            "{e:?}"
+        );
+
+        // It claims its address like any listener.
+        let e = errors(
+            "[api]\naddress = \"127.0.0.1:7000\"\n\
+             [sources.b]\ntype = \"socket\"\naddress = \"127.0.0.1:7000\"\n",
+        );
+        assert!(
+            e.iter().any(|m| m.contains("line 5")
+                && m.contains("sources.b.address `127.0.0.1:7000`: already used by api")),
+            "{e:?}"
+        );
+        let e = errors("[sources.a]\ntype = \"stdin\"\n[api]\naddress = \"nowhere\"\n");
+        assert!(
+            e.iter()
+                .any(|m| m.contains("line 4: api.address `nowhere`")),
+            "{e:?}"
+        );
+
+        // The sink it used to be is refused with what to do instead.
+        let e = errors(
+            "[sources.a]\ntype = \"stdin\"\n[sinks.metrics]\ntype = \"prometheus\"\naddress = \"127.0.0.1:1\"\n",
+        );
+        assert!(
+            e[0].starts_with("line 3: sinks.metrics: the prometheus sink is now")
+                && e[0].contains("[api]"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn two_stdin_sources_are_refused() {
+        let e = errors("[sources.a]\ntype = \"stdin\"\n[sources.b]\ntype = \"stdin\"\n[api]\n");
+        assert!(
+            e.iter()
+                .any(|m| m.contains("standard input can be read once")),
             "{e:?}"
         );
     }

@@ -14,6 +14,7 @@
 
 use super::config::{Config, OperatorConfig};
 use super::coordinator::{self, Coordinator, Schedule};
+use crate::api::{Server, Views};
 use crate::channels::fanout::Outputs;
 use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::operators::shard::{self, AlertSetup, Retention, Shard};
@@ -136,13 +137,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         .max(1);
     let (head, restored) = restore(&config, workers)?;
 
-    // Metrics are recorded only when something exports them.
-    if config
-        .sinks
-        .values()
-        .any(|s| matches!(s, SinkConfig::Prometheus(_)))
-    {
-        telemetry::prometheus();
+    // Metrics are recorded only when something exports them. The server
+    // is bound before anything reads: a taken address fails the start.
+    let server = match &config.api {
+        Some(api) => {
+            telemetry::prometheus();
+            Some(Server::bind(api).await?)
+        }
+        None => None,
+    };
+    let mut views = Views::default();
+    if config.api.as_ref().is_some_and(|a| a.per_user_jobs) {
+        views.users = crate::telemetry::UserJobs::enabled();
     }
     // A source that keeps a Kafka changelog may take state over from it,
     // newer than this checkpoint: the file sinks' cuts of this checkpoint
@@ -153,17 +159,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         (Some(h), true) => h.sinks.clone(),
         _ => Default::default(),
     };
-    let mut sink_ctx = SinkContext {
+    let sink_ctx = SinkContext {
         offsets: crate::sinks::offsets::SinkOffsets::restored(cuts),
-        ..SinkContext::default()
     };
-    if config
-        .sinks
-        .values()
-        .any(|s| matches!(s, SinkConfig::Prometheus(p) if p.per_user_jobs))
-    {
-        sink_ctx.users = crate::telemetry::UserJobs::enabled();
-    }
     let (outputs, sink_rxs) =
         Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c.common())));
     // The file sinks' marks exist before any checkpoint round can ask.
@@ -172,7 +170,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             sink_ctx.offsets.mark(name);
         }
     }
-    sink_ctx.buffers = outputs.counters();
+    views.buffers = outputs.counters();
     let mut sink_tasks = JoinSet::new();
     for ((name, sink), rx) in config.sinks.iter().zip(sink_rxs) {
         let (name, sink, ctx) = (name.clone(), sink.clone(), sink_ctx.clone());
@@ -190,7 +188,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         clock: config.alerts.clock,
         shared: Default::default(),
     };
-    sink_ctx
+    views
         .nodes
         .set_clock(config.alerts.clock, alert_setup.shared.clone());
     let source_table: Vec<SourceInfo> = config
@@ -207,12 +205,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             Shard::new(
                 outputs.clone(),
                 retention(&config.operators, workers),
-                sink_ctx.nodes.clone(),
-                sink_ctx.ages.clone(),
+                views.nodes.clone(),
+                views.ages.clone(),
                 alert_setup.clone(),
             )
             .with_changelog(changelog_sources(&config))
-            .with_user_jobs(sink_ctx.users.clone())
+            .with_user_jobs(views.users.clone())
             .with_allocations(allocations.clone())
             .with_sources(&source_table)
             .with_spill(config.data_dir.clone(), index, encode_threads)
@@ -266,7 +264,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let counters = outputs.counters();
     drop(router);
     drop(outputs);
-    sink_ctx.ready.set(true);
+    views.ready.set(true);
+    // The server answers until the pipeline has stopped (a scrape during
+    // shutdown sees not ready).
+    let stop_server = CancellationToken::new();
+    let server = server.map(|s| tokio::spawn(s.serve(views.clone(), stop_server.clone())));
 
     let mut failed = false;
     loop {
@@ -286,7 +288,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         }
     }
 
-    sink_ctx.ready.set(false);
+    views.ready.set(false);
     let (seq, positions) = coordinator.await.context("checkpoint coordinator")?;
     let mut states = Vec::with_capacity(workers);
     let mut sinks_ok = true;
@@ -339,6 +341,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
     for (sink, n) in drops.nonzero() {
         tracing::warn!(sink = %sink, dropped = n, "records dropped (buffer full or sink stopped)");
+    }
+    stop_server.cancel();
+    if let Some(server) = server {
+        match server.await {
+            Ok(Err(e)) => {
+                tracing::error!("{e:#}");
+                failed = true;
+            }
+            Err(e) => tracing::error!("api task: {e}"),
+            Ok(Ok(())) => {}
+        }
     }
     if drained.is_err() {
         anyhow::bail!(

@@ -52,8 +52,8 @@ fn default_resolved_resend() -> f64 {
     900.0
 }
 
-impl AlertmanagerSinkConfig {
-    pub fn problems(&self) -> Vec<Problem> {
+impl super::SinkSpec for AlertmanagerSinkConfig {
+    fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         let url = &self.url;
         if !(url.starts_with("http://") || url.starts_with("https://")) {

@@ -2,18 +2,13 @@
 //! counting them; for benchmarks and for trying a pipeline out.
 
 use super::{SinkContext, SinkRx};
-use crate::component::Problem;
 
 crate::channels::fanout::sink_config! {
     /// `type = "blackhole"`: counts the records and drops them (benchmarks).
     BlackholeSinkConfig {}
 }
 
-impl BlackholeSinkConfig {
-    pub fn problems(&self) -> Vec<Problem> {
-        Vec::new()
-    }
-}
+impl super::SinkSpec for BlackholeSinkConfig {}
 
 pub async fn run(
     name: &str,

@@ -27,10 +27,10 @@ crate::channels::fanout::sink_config! {
     }
 }
 
-impl FileSinkConfig {
+impl super::SinkSpec for FileSinkConfig {
     /// The file must be creatable: the sink creates missing folders, so
     /// the nearest existing one must be a folder it can write in.
-    pub fn problems(&self) -> Vec<Problem> {
+    fn problems(&self) -> Vec<Problem> {
         let path = &self.path;
         let mut existing = path.parent().unwrap_or(Path::new(""));
         while !existing.as_os_str().is_empty() && !existing.exists() {

@@ -59,8 +59,8 @@ fn default_retry_max() -> f64 {
     300.0
 }
 
-impl HttpSinkConfig {
-    pub fn problems(&self) -> Vec<Problem> {
+impl super::SinkSpec for HttpSinkConfig {
+    fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         let uri = &self.uri;
         if !(uri.starts_with("http://") || uri.starts_with("https://")) {

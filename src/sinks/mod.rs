@@ -3,15 +3,26 @@
 //! record to the sinks that asked for its stream.
 //!
 //! Each sink type is one file here that owns its config (a struct made
-//! with [`crate::channels::fanout::sink_config`], and its `problems()`)
+//! with [`crate::channels::fanout::sink_config`], and its [`SinkSpec`])
 //! and its `run`; a new sink is that file plus one line in the list below.
+//! (`/metrics` is not a sink: it is the pipeline's server, [`crate::api`].)
 
 pub mod lines;
 pub mod offsets;
 
 pub use crate::channels::fanout::count_sent;
-use crate::channels::fanout::{SinkCommon, SinkCounters, SinkRx};
+use crate::channels::fanout::{SinkCommon, SinkRx};
 use crate::component::Problem;
+
+/// What the pipeline asks of every sink type's config, besides the keys
+/// every sink has (`common()`, made by
+/// [`crate::channels::fanout::sink_config`]).
+pub trait SinkSpec {
+    /// What is wrong with its own keys.
+    fn problems(&self) -> Vec<Problem> {
+        Vec::new()
+    }
+}
 
 /// The sink types: `type = "NAME"` → module and config. Makes the
 /// `[sinks.NAME]` config enum and the calls into each type.
@@ -75,7 +86,6 @@ sink_types! {
     File => file::FileSinkConfig,
     Socket => socket::SocketSinkConfig,
     Http => http::HttpSinkConfig,
-    Prometheus => prometheus::PrometheusSinkConfig,
     Alertmanager => alertmanager::AlertmanagerSinkConfig,
     Kafka => kafka::KafkaSinkConfig,
 }
@@ -83,16 +93,6 @@ sink_types! {
 /// What sinks may need beyond their records.
 #[derive(Debug, Clone, Default)]
 pub struct SinkContext {
-    /// Per-node state for the metrics endpoint.
-    pub nodes: crate::telemetry::NodeBoard,
-    /// Oldest state-entry times, for the metrics endpoint.
-    pub ages: crate::telemetry::StateAges,
-    /// Whether the pipeline is running, for `/readyz`.
-    pub ready: crate::telemetry::Readiness,
-    /// Active jobs per user, if a metrics sink asks for them.
-    pub users: crate::telemetry::UserJobs,
-    /// Every sink's queued and done counts, for the buffered-records gauge.
-    pub buffers: SinkCounters,
     /// Where the file sinks stand, for checkpoints.
     pub offsets: offsets::SinkOffsets,
 }

@@ -34,8 +34,8 @@ crate::channels::fanout::sink_config! {
     }
 }
 
-impl SocketSinkConfig {
-    pub fn problems(&self) -> Vec<Problem> {
+impl super::SinkSpec for SocketSinkConfig {
+    fn problems(&self) -> Vec<Problem> {
         if self.mode == SocketMode::Udp {
             vec![Problem::new(
                 "mode",

@@ -1,7 +1,6 @@
 //! `type = "stdout"`: JSON Lines on standard output.
 
 use super::{SinkContext, SinkRx};
-use crate::component::Problem;
 use super::lines::{Lines, Next};
 use std::time::Duration;
 
@@ -10,11 +9,7 @@ crate::channels::fanout::sink_config! {
     StdoutSinkConfig {}
 }
 
-impl StdoutSinkConfig {
-    pub fn problems(&self) -> Vec<Problem> {
-        Vec::new()
-    }
-}
+impl super::SinkSpec for StdoutSinkConfig {}
 
 pub async fn run(
     _name: &str,

@@ -53,8 +53,8 @@ fn default_kafka_timeout() -> f64 {
     300.0
 }
 
-impl KafkaSinkConfig {
-    pub fn problems(&self) -> Vec<Problem> {
+impl super::SinkSpec for KafkaSinkConfig {
+    fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         if self.bootstrap_servers.trim().is_empty() {
             out.push(Problem::new("bootstrap_servers", ": must not be empty"));

@@ -1,0 +1,136 @@
+//! The pipeline's HTTP server (`[api]`): `/metrics` (Prometheus text
+//! format, or OpenMetrics when the scraper's `Accept` prefers it),
+//! `/healthz` (the process is alive) and `/readyz` (the pipeline is
+//! running and not shutting down). One server per pipeline, on loopback
+//! unless configured otherwise; it is part of the pipeline, not a sink:
+//! it takes no output streams, it shows what the pipeline measures.
+
+use crate::channels::fanout::SinkCounters;
+use crate::component::{Claim, Problem, Resource};
+use crate::exposition::{self, Format};
+use crate::telemetry::{self, NodeBoard, Readiness, StateAges, UserJobs};
+use anyhow::Context;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// `[api]`: where the server listens and what `/metrics` shows.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// `host:port`.
+    #[serde(default = "default_address")]
+    pub address: String,
+    /// Export `flux_jobs_by_user{flux_cluster,userid,state}`: one series
+    /// per user with active jobs (off: user ids make many series).
+    #[serde(default)]
+    pub per_user_jobs: bool,
+}
+
+fn default_address() -> String {
+    "127.0.0.1:9464".into()
+}
+
+impl ApiConfig {
+    /// Its address must be an IP address and port.
+    pub fn problems(&self) -> Vec<Problem> {
+        if self.address.parse::<std::net::SocketAddr>().is_err() {
+            vec![Problem::new(
+                "address",
+                format!(" `{}`: not an IP address and port", self.address),
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+
+    pub fn claims(&self) -> Vec<Claim> {
+        vec![Claim::new("address", Resource::Tcp(self.address.clone()))]
+    }
+}
+
+/// What the pipeline shows through the server, besides the recorder's
+/// metrics: views its parts keep up to date.
+#[derive(Debug, Clone, Default)]
+pub struct Views {
+    /// Per-node state.
+    pub nodes: NodeBoard,
+    /// Oldest state-entry times.
+    pub ages: StateAges,
+    /// Whether the pipeline is running, for `/readyz`.
+    pub ready: Readiness,
+    /// Active jobs per user, if asked for.
+    pub users: UserJobs,
+    /// Every sink's queued and done counts, for the buffered-records gauge.
+    pub buffers: SinkCounters,
+}
+
+/// The server, bound: binding first makes a taken address a start-up
+/// error, before any source reads.
+pub struct Server {
+    listener: TcpListener,
+    address: String,
+}
+
+impl Server {
+    pub async fn bind(config: &ApiConfig) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(&config.address)
+            .await
+            .with_context(|| format!("api: cannot listen on {}", config.address))?;
+        Ok(Server {
+            listener,
+            address: config.address.clone(),
+        })
+    }
+
+    /// Serve until `stop` is cancelled.
+    pub async fn serve(self, views: Views, stop: CancellationToken) -> anyhow::Result<()> {
+        let handle = telemetry::prometheus()
+            .context("another metrics recorder is installed; cannot export metrics")?;
+        let Views {
+            nodes,
+            ages,
+            ready,
+            users,
+            buffers,
+        } = views;
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                get(move |headers: HeaderMap| {
+                    let mut text = handle.render();
+                    text.push_str(&nodes.render());
+                    text.push_str(&ages.render());
+                    text.push_str(&users.render());
+                    text.push_str(&buffers.render());
+                    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+                    let format = exposition::negotiate(accept);
+                    if format == Format::OpenMetrics {
+                        text = exposition::to_openmetrics(&text);
+                    }
+                    async move { ([(header::CONTENT_TYPE, format.content_type())], text) }
+                }),
+            )
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route(
+                "/readyz",
+                get(move || {
+                    let ok = ready.get();
+                    async move {
+                        if ok {
+                            (StatusCode::OK, "ready\n").into_response()
+                        } else {
+                            (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+                        }
+                    }
+                }),
+            );
+        tracing::info!(address = %self.address, "serving the api (/metrics, /healthz, /readyz)");
+        axum::serve(self.listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+            .context("api: server failed")
+    }
+}
