@@ -1,11 +1,14 @@
 //! The pipeline's HTTP server (`[api]`): `/metrics` (Prometheus text
 //! format, or OpenMetrics when the scraper's `Accept` prefers it),
-//! `/healthz` (the process is alive) and `/readyz` (the pipeline is
-//! running and not shutting down). One server per pipeline, on loopback
+//! `/healthz` (the process is alive), `/readyz` (the pipeline is running
+//! and not shutting down) and the query API, `/api/v1/...` ([`query`]). One server per pipeline, on loopback
 //! unless configured otherwise; it is part of the pipeline, not a sink:
 //! it takes no output streams, it shows what the pipeline measures.
 
+pub mod query;
+
 use crate::channels::fanout::SinkCounters;
+use crate::channels::query::Questions;
 use crate::component::{Claim, Problem, Resource};
 use crate::exposition::{self, Format};
 use crate::telemetry::{self, NodeBoard, Readiness, StateAges, UserJobs};
@@ -86,7 +89,12 @@ impl Server {
     }
 
     /// Serve until `stop` is cancelled.
-    pub async fn serve(self, views: Views, stop: CancellationToken) -> anyhow::Result<()> {
+    pub async fn serve(
+        self,
+        views: Views,
+        questions: Questions,
+        stop: CancellationToken,
+    ) -> anyhow::Result<()> {
         let handle = telemetry::prometheus()
             .context("another metrics recorder is installed; cannot export metrics")?;
         let Views {
@@ -126,8 +134,9 @@ impl Server {
                         }
                     }
                 }),
-            );
-        tracing::info!(address = %self.address, "serving the api (/metrics, /healthz, /readyz)");
+            )
+            .merge(query::routes(questions));
+        tracing::info!(address = %self.address, "serving the api (/metrics, /healthz, /readyz, /api/v1)");
         axum::serve(self.listener, app)
             .with_graceful_shutdown(stop.cancelled_owned())
             .await

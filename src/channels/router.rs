@@ -79,6 +79,9 @@ pub enum ShardMsg {
     },
     /// Take over state restored from a changelog (a partition assigned).
     Adopt(Box<ShardState>),
+    /// A question about the state (the query API), answered between
+    /// records.
+    Query(Box<super::query::Asked>),
 }
 
 /// What became of a sender's records, counted by the shards as they apply

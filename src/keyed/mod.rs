@@ -7,6 +7,7 @@
 pub mod alerts;
 pub mod key;
 pub mod processor;
+pub mod query;
 pub mod state;
 
 pub use key::{JobKey, Owner};

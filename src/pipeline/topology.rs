@@ -16,6 +16,7 @@ use super::config::{Config, OperatorConfig};
 use super::coordinator::{self, Coordinator, Schedule};
 use crate::api::{Server, Views};
 use crate::channels::fanout::Outputs;
+use crate::channels::query::Questions;
 use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::operators::shard::{self, AlertSetup, Retention, Shard};
 use crate::sinks::SinkConfig;
@@ -226,6 +227,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         shard_txs.push(tx);
         shard_tasks.spawn(on_own_thread(index, shard, rx)?);
     }
+    let questions = Questions::new(&shard_txs);
     let router = Router::new(shard_txs);
     let mut coordinator = Coordinator::new(
         config.data_dir.clone(),
@@ -268,7 +270,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     // The server answers until the pipeline has stopped (a scrape during
     // shutdown sees not ready).
     let stop_server = CancellationToken::new();
-    let server = server.map(|s| tokio::spawn(s.serve(views.clone(), stop_server.clone())));
+    let server = server
+        .map(|s| tokio::spawn(s.serve(views.clone(), questions.clone(), stop_server.clone())));
 
     let mut failed = false;
     loop {

@@ -1,0 +1,316 @@
+//! `/api/v1/...`: what the pipeline holds now, asked of the shards'
+//! own state ([`crate::channels::query`]) and merged here. JSON; a list
+//! comes as an object with the list under the resource's name.
+//!
+//! - `GET /api/v1/jobs`: jobs held (active, and inactive ones within
+//!   their grace), in `flux jobs` order; filters `cluster`, `state` (names
+//!   and `pending`, `running`, `active`, `inactive`, comma-separated),
+//!   `userid`, `since` (epoch seconds), `id` (any encoding); `limit`
+//!   (default 1000, at most 10000) and `after` (the `next` of the page
+//!   before).
+//! - `GET /api/v1/jobs/{id}`: one job (`cluster` when the id is in several).
+//! - `GET /api/v1/nodes`: every rank, filters `cluster` and `state`.
+//! - `GET /api/v1/clusters`: each cluster's jobs per state, ranks per
+//!   state, newest event.
+
+use crate::channels::query::{Answer, JobNow, Query, Questions};
+use crate::flux::jobid::JobId;
+use crate::flux::resource::RankState;
+use crate::keyed::query::{ClusterCounts, JobFilter, Position};
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query as Params, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const DEFAULT_LIMIT: usize = 1000;
+const MAX_LIMIT: usize = 10_000;
+/// Longest a question waits for the shards (behind their queued records).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `/api/v1` routes.
+pub fn routes(questions: Questions) -> axum::Router {
+    axum::Router::new()
+        .route("/api/v1/jobs", get(jobs))
+        .route("/api/v1/jobs/{id}", get(job))
+        .route("/api/v1/nodes", get(nodes))
+        .route("/api/v1/clusters", get(clusters))
+        .with_state(questions)
+}
+
+/// An answer that is not a 200: `{"error": why}`.
+#[derive(Debug)]
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn problem(status: StatusCode, message: impl Into<String>) -> ApiError {
+    ApiError(status, message.into())
+}
+
+fn bad_query(e: QueryRejection, keys: &str) -> ApiError {
+    problem(
+        StatusCode::BAD_REQUEST,
+        format!("{} (the keys are {keys})", e.body_text()),
+    )
+}
+
+async fn ask(questions: &Questions, query: Query) -> Result<Vec<Answer>, ApiError> {
+    match tokio::time::timeout(ANSWER_TIMEOUT, questions.ask(&query)).await {
+        Ok(Ok(answers)) => Ok(answers),
+        Ok(Err(e)) => Err(problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Err(_) => Err(problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the shards did not answer in time (busy)",
+        )),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobParams {
+    cluster: Option<String>,
+    state: Option<String>,
+    userid: Option<i64>,
+    since: Option<f64>,
+    id: Option<String>,
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+fn parse_id(text: &str) -> Result<JobId, ApiError> {
+    JobId::parse(text).map_err(|e| problem(StatusCode::BAD_REQUEST, format!("id `{text}`: {e}")))
+}
+
+/// Every shard's page, merged into one page of `limit` and the position
+/// the next one starts after (if there is more).
+async fn jobs_page(
+    questions: &Questions,
+    filter: JobFilter,
+    after: Option<Position>,
+    limit: usize,
+) -> Result<(Vec<JobNow>, Option<String>), ApiError> {
+    // One more than asked: whether there is a next page.
+    let query = Query::Jobs {
+        filter,
+        after,
+        limit: limit + 1,
+    };
+    let mut all: Vec<(Position, JobNow)> = Vec::new();
+    for answer in ask(questions, query).await? {
+        if let Answer::Jobs(page) = answer {
+            all.extend(page);
+        }
+    }
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let more = all.len() > limit;
+    all.truncate(limit);
+    let next = more.then(|| all.last().map(|(p, _)| p.encode())).flatten();
+    Ok((all.into_iter().map(|(_, j)| j).collect(), next))
+}
+
+async fn jobs(
+    State(questions): State<Questions>,
+    params: Result<Params<JobParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let p = match params {
+        Ok(Params(p)) => p,
+        Err(e) => {
+            return Err(bad_query(
+                e,
+                "cluster, state, userid, since, id, limit, after",
+            ));
+        }
+    };
+    let states = match p.state.as_deref().map(JobFilter::parse_states).transpose() {
+        Ok(s) => s,
+        Err(e) => return Err(problem(StatusCode::BAD_REQUEST, e.to_string())),
+    };
+    let id = p.id.as_deref().map(parse_id).transpose()?;
+    let after = match p.after.as_deref().map(Position::decode).transpose() {
+        Ok(a) => a,
+        Err(e) => return Err(problem(StatusCode::BAD_REQUEST, e.to_string())),
+    };
+    let filter = JobFilter {
+        cluster: p.cluster,
+        states,
+        userid: p.userid,
+        since: p.since,
+        id,
+    };
+    let limit = p.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+    let (jobs, next) = jobs_page(&questions, filter, after, limit).await?;
+    Ok(Json(json!({ "jobs": jobs, "next": next })).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OneJobParams {
+    cluster: Option<String>,
+}
+
+async fn job(
+    State(questions): State<Questions>,
+    Path(id): Path<String>,
+    params: Result<Params<OneJobParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let p = match params {
+        Ok(Params(p)) => p,
+        Err(e) => return Err(bad_query(e, "cluster")),
+    };
+    let id = parse_id(&id)?;
+    let filter = JobFilter {
+        cluster: p.cluster,
+        id: Some(id),
+        ..JobFilter::default()
+    };
+    let (mut found, _) = jobs_page(&questions, filter, None, MAX_LIMIT).await?;
+    match found.len() {
+        0 => Err(problem(
+            StatusCode::NOT_FOUND,
+            format!("no job {id} is held"),
+        )),
+        1 => Ok(Json(found.remove(0)).into_response()),
+        _ => {
+            let clusters: Vec<Value> = found
+                .iter()
+                .map(|j| serde_json::to_value(&j.record).unwrap_or(Value::Null)["cluster"].clone())
+                .collect();
+            Ok((
+                    StatusCode::CONFLICT,
+                    Json(json!({
+                        "error": format!("job {id} is held in several clusters: say which with ?cluster="),
+                        "clusters": clusters,
+                    })),
+                )
+                    .into_response())
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeParams {
+    cluster: Option<String>,
+    state: Option<String>,
+}
+
+/// The states a rank is in, as `flux resource status` names them.
+fn rank_states(r: &RankState) -> Vec<&'static str> {
+    let mut out = vec![match r.online {
+        Some(true) => "online",
+        Some(false) => "offline",
+        None => "unknown",
+    }];
+    if r.draining {
+        out.push("draining");
+    } else if r.drained {
+        out.push("drained");
+    }
+    if r.torpid {
+        out.push("torpid");
+    }
+    if r.excluded {
+        out.push("excluded");
+    }
+    out
+}
+
+const NODE_STATES: &[&str] = &[
+    "online", "offline", "unknown", "drained", "draining", "torpid", "excluded",
+];
+
+async fn nodes(
+    State(questions): State<Questions>,
+    params: Result<Params<NodeParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let p = match params {
+        Ok(Params(p)) => p,
+        Err(e) => return Err(bad_query(e, "cluster, state")),
+    };
+    let wanted: Option<Vec<String>> = p.state.map(|s| {
+        s.split(',')
+            .map(|w| w.trim().to_ascii_lowercase())
+            .filter(|w| !w.is_empty())
+            .collect()
+    });
+    if let Some(bad) = wanted
+        .iter()
+        .flatten()
+        .find(|w| !NODE_STATES.contains(&w.as_str()))
+    {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "unknown node state `{bad}`; expected one of {}",
+                NODE_STATES.join(", ")
+            ),
+        ));
+    }
+    let answers = ask(&questions, Query::Nodes { cluster: p.cluster }).await?;
+    let mut ranks: Vec<(String, RankState)> = answers
+        .into_iter()
+        .flat_map(|a| match a {
+            Answer::Nodes(n) => n,
+            _ => Vec::new(),
+        })
+        .collect();
+    ranks.sort_by(|a, b| (&a.0, a.1.rank).cmp(&(&b.0, b.1.rank)));
+    let nodes: Vec<Value> = ranks
+        .iter()
+        .filter_map(|(cluster, r)| {
+            let states = rank_states(r);
+            if let Some(w) = &wanted
+                && !w.iter().any(|w| states.contains(&w.as_str()))
+            {
+                return None;
+            }
+            Some(json!({
+                "cluster": cluster,
+                "rank": r.rank,
+                "hostname": r.hostname,
+                "states": states,
+                "online": r.online,
+                "torpid": r.torpid,
+                "drained": r.drained,
+                "draining": r.draining,
+                "drain_reason": r.drain_reason,
+                "drain_timestamp": r.drain_timestamp,
+            }))
+        })
+        .collect();
+    Ok(Json(json!({ "nodes": nodes })).into_response())
+}
+
+async fn clusters(State(questions): State<Questions>) -> Result<Response, ApiError> {
+    let answers = ask(&questions, Query::Clusters).await?;
+    let mut merged: BTreeMap<String, ClusterCounts> = BTreeMap::new();
+    for answer in answers {
+        if let Answer::Clusters(counts) = answer {
+            for (cluster, c) in counts {
+                merged.entry(cluster).or_default().merge(&c);
+            }
+        }
+    }
+    let clusters: Vec<Value> = merged
+        .into_iter()
+        .map(|(cluster, c)| {
+            json!({
+                "cluster": cluster,
+                "jobs": c.jobs,
+                "nodes": c.nodes,
+                "newest_event": c.newest_event,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "clusters": clusters })).into_response())
+}

@@ -1,0 +1,98 @@
+//! Questions to the shards while they run (the query API): a question goes
+//! into each shard's queue like a record and is answered between records,
+//! from the shard's own state; the asker merges the answers
+//! ([`crate::keyed::query`] says how each part answers).
+//!
+//! The asker holds the shards' queues weakly: a question never keeps the
+//! pipeline from shutting down, and once it has, questions get no answer.
+
+use super::router::ShardMsg;
+use crate::flux::resource::RankState;
+use crate::keyed::query::{ClusterCounts, JobFilter, Position};
+use crate::output::JobRecord;
+use std::collections::BTreeMap;
+use tokio::sync::{mpsc, oneshot};
+
+/// A question every shard answers for its part.
+#[derive(Debug, Clone)]
+pub enum Query {
+    /// The first `limit` jobs after `after` that the filter takes.
+    Jobs {
+        filter: JobFilter,
+        after: Option<Position>,
+        limit: usize,
+    },
+    /// The ranks of every cluster (or one) this shard keeps.
+    Nodes { cluster: Option<String> },
+    /// Each cluster's counts.
+    Clusters,
+}
+
+/// What a job looks like to the query API: its summary record and where
+/// it stands now.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JobNow {
+    #[serde(flatten)]
+    pub record: JobRecord,
+    /// When it entered its current state.
+    pub state_since: Option<f64>,
+    /// The ranks it holds (an idset), while it holds any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<String>,
+}
+
+/// One shard's answer.
+#[derive(Debug)]
+pub enum Answer {
+    Jobs(Vec<(Position, JobNow)>),
+    Nodes(Vec<(String, RankState)>),
+    Clusters(BTreeMap<String, ClusterCounts>),
+}
+
+/// A question on its way to one shard, with where the answer goes.
+#[derive(Debug)]
+pub struct Asked {
+    pub query: Query,
+    pub reply: oneshot::Sender<Answer>,
+}
+
+/// No answer: the pipeline is shutting down (or a shard has stopped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the pipeline is not running")]
+pub struct Unavailable;
+
+/// The asker's end: every shard's queue, held weakly.
+#[derive(Debug, Clone, Default)]
+pub struct Questions {
+    shards: Vec<mpsc::WeakSender<ShardMsg>>,
+}
+
+impl Questions {
+    pub fn new(shards: &[mpsc::Sender<ShardMsg>]) -> Self {
+        Questions {
+            shards: shards.iter().map(mpsc::Sender::downgrade).collect(),
+        }
+    }
+
+    /// Ask every shard; their answers, in shard order.
+    pub async fn ask(&self, query: &Query) -> Result<Vec<Answer>, Unavailable> {
+        let mut replies = Vec::with_capacity(self.shards.len());
+        for shard in &self.shards {
+            let tx = shard.upgrade().ok_or(Unavailable)?;
+            let (reply, answer) = oneshot::channel();
+            let asked = Box::new(Asked {
+                query: query.clone(),
+                reply,
+            });
+            tx.send(ShardMsg::Query(asked))
+                .await
+                .map_err(|_| Unavailable)?;
+            replies.push(answer);
+        }
+        let mut answers = Vec::with_capacity(replies.len());
+        for answer in replies {
+            answers.push(answer.await.map_err(|_| Unavailable)?);
+        }
+        Ok(answers)
+    }
+}

@@ -1,0 +1,437 @@
+//! Questions asked of the keyed state while it runs (the query API of
+//! `fluxpipe run`): which jobs are held, one job, each cluster's counts.
+//! Each part of the state (a shard) answers for its own jobs and ranks; the
+//! asker merges the parts. Pure: no I/O, no async.
+//!
+//! Jobs come in the order `flux jobs` lists them: pending first (highest
+//! priority first, then oldest), then running (newest start first), then
+//! inactive (newest end first); ties by cluster and id, so the order is
+//! total and a page can start after any job ([`Position`]).
+
+use super::JobKey;
+use super::state::State;
+use crate::flux::job::{Job, JobState};
+use crate::flux::jobid::JobId;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+use thiserror::Error;
+
+/// Which jobs a listing takes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobFilter {
+    pub cluster: Option<String>,
+    /// States taken, by [`JobState::index`] bit; `None`: all.
+    pub states: Option<u8>,
+    pub userid: Option<i64>,
+    /// Jobs active at or after this time: still active, or inactive since.
+    pub since: Option<f64>,
+    pub id: Option<JobId>,
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum QueryError {
+    #[error(
+        "unknown state `{0}`; expected a state name (depend, priority, sched, run, cleanup, inactive, new) or pending, running, active, inactive"
+    )]
+    State(String),
+    #[error("bad position `{0}`")]
+    Position(String),
+}
+
+impl JobFilter {
+    /// States by name or group, as `flux jobs --filter`: comma-separated,
+    /// any case (`pending,run`).
+    pub fn parse_states(text: &str) -> Result<u8, QueryError> {
+        let bit = |s: JobState| 1u8 << s.index();
+        let pending = bit(JobState::Depend) | bit(JobState::Priority) | bit(JobState::Sched);
+        let running = bit(JobState::Run) | bit(JobState::Cleanup);
+        let mut bits = 0;
+        for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            bits |= match word.to_ascii_lowercase().as_str() {
+                "pending" => pending,
+                "running" => running,
+                "active" => pending | running,
+                name => JobState::ALL
+                    .into_iter()
+                    .find(|s| s.as_str().eq_ignore_ascii_case(name))
+                    .map(bit)
+                    .ok_or_else(|| QueryError::State(word.to_string()))?,
+            };
+        }
+        Ok(bits)
+    }
+
+    /// Whether this filter takes the job.
+    pub fn takes(&self, key: &JobKey, job: &Job) -> bool {
+        let s = job.summary_view();
+        self.cluster.as_deref().is_none_or(|c| *key.cluster == *c)
+            && self.id.is_none_or(|id| id == key.id)
+            && self.states.is_none_or(|b| b & (1 << s.state.index()) != 0)
+            && self.userid.is_none_or(|u| s.userid == Some(u))
+            && self.since.is_none_or(|t| {
+                s.state != JobState::Inactive || s.t_inactive.is_some_and(|i| i >= t)
+            })
+    }
+}
+
+/// A job's place in the listing order (see the module's doc).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Position {
+    /// 0 pending (and NEW), 1 running, 2 inactive.
+    group: u8,
+    /// Ascending within the group: minus the priority, start or end time.
+    primary: f64,
+    pub cluster: String,
+    pub id: u64,
+}
+
+impl Eq for Position {}
+
+impl Ord for Position {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.group
+            .cmp(&other.group)
+            .then(self.primary.total_cmp(&other.primary))
+            .then_with(|| self.cluster.cmp(&other.cluster))
+            .then(self.id.cmp(&other.id))
+    }
+}
+
+impl PartialOrd for Position {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Position {
+    pub fn of(key: &JobKey, job: &Job) -> Self {
+        let s = job.summary_view();
+        let (group, primary) = match s.state {
+            JobState::Run | JobState::Cleanup => (1, -s.t_run.unwrap_or(0.0)),
+            JobState::Inactive => (2, -s.t_inactive.unwrap_or(0.0)),
+            // Before the priority is known, as the lowest (flux-core's
+            // job-list lists such jobs last among the pending).
+            _ => (0, -(s.priority.unwrap_or(-1) as f64)),
+        };
+        Position {
+            group,
+            primary,
+            cluster: key.cluster.to_string(),
+            id: key.id.0,
+        }
+    }
+
+    /// As text, for the `next` of a page: opaque to the client.
+    pub fn encode(&self) -> String {
+        format!(
+            "{}.{:x}.{:x}.{}",
+            self.group,
+            self.primary.to_bits(),
+            self.id,
+            self.cluster
+        )
+    }
+
+    pub fn decode(text: &str) -> Result<Self, QueryError> {
+        let bad = || QueryError::Position(text.to_string());
+        let mut parts = text.splitn(4, '.');
+        let mut next = || parts.next().ok_or_else(bad);
+        let group = next()?.parse().map_err(|_| bad())?;
+        let primary = f64::from_bits(u64::from_str_radix(next()?, 16).map_err(|_| bad())?);
+        let id = u64::from_str_radix(next()?, 16).map_err(|_| bad())?;
+        let cluster = next()?.to_string();
+        Ok(Position {
+            group,
+            primary,
+            cluster,
+            id,
+        })
+    }
+}
+
+/// The first `limit` jobs the filter takes after `after`, in order. One
+/// pass over the jobs, keeping only the best `limit` (a bounded heap): the
+/// work is the number of jobs held, the memory the page.
+pub fn select_jobs(
+    state: &State,
+    filter: &JobFilter,
+    after: Option<&Position>,
+    limit: usize,
+) -> Vec<(Position, JobKey)> {
+    if limit == 0 {
+        return Vec::new();
+    }
+    // One job, when asked by id: no pass over the rest.
+    if let (Some(id), Some(cluster)) = (filter.id, filter.cluster.as_deref()) {
+        let key = JobKey {
+            cluster: cluster.into(),
+            id,
+        };
+        return state
+            .jobs
+            .get_key_value(&key)
+            .filter(|(k, e)| filter.takes(k, &e.job))
+            .map(|(k, e)| (Position::of(k, &e.job), k.clone()))
+            .filter(|(p, _)| after.is_none_or(|a| p > a))
+            .into_iter()
+            .collect();
+    }
+    let mut best: BinaryHeap<(Position, &JobKey)> = BinaryHeap::with_capacity(limit + 1);
+    for (key, entry) in &state.jobs {
+        if !filter.takes(key, &entry.job) {
+            continue;
+        }
+        let pos = Position::of(key, &entry.job);
+        if after.is_some_and(|a| pos <= *a) {
+            continue;
+        }
+        if best.len() == limit {
+            match best.peek() {
+                Some((worst, _)) if pos < *worst => {
+                    best.pop();
+                }
+                _ => continue,
+            }
+        }
+        best.push((pos, key));
+    }
+    best.into_sorted_vec()
+        .into_iter()
+        .map(|(p, k)| (p, k.clone()))
+        .collect()
+}
+
+/// What one cluster has, as far as this part of the state knows.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ClusterCounts {
+    /// Jobs held per state name.
+    pub jobs: BTreeMap<&'static str, u64>,
+    /// Ranks per state: `online`, `offline`, `unknown`, `drained`,
+    /// `draining`, `torpid` (a rank may count in several).
+    pub nodes: BTreeMap<&'static str, u64>,
+    /// The newest event time seen in this cluster's jobs and ranks.
+    pub newest_event: Option<f64>,
+}
+
+impl ClusterCounts {
+    /// Add another part's counts.
+    pub fn merge(&mut self, other: &ClusterCounts) {
+        for (k, v) in &other.jobs {
+            *self.jobs.entry(k).or_default() += v;
+        }
+        for (k, v) in &other.nodes {
+            *self.nodes.entry(k).or_default() += v;
+        }
+        self.newest_event = match (self.newest_event, other.newest_event) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// Every cluster's counts in this part of the state.
+pub fn cluster_counts(state: &State) -> BTreeMap<String, ClusterCounts> {
+    let mut out: BTreeMap<String, ClusterCounts> = BTreeMap::new();
+    let newer = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    for (key, entry) in &state.jobs {
+        let c = out.entry(key.cluster.to_string()).or_default();
+        *c.jobs
+            .entry(entry.job.summary_view().state.as_str())
+            .or_default() += 1;
+        c.newest_event = newer(c.newest_event, entry.job.last_timestamp());
+    }
+    for (cluster, res) in &state.resources {
+        let c = out.entry(cluster.clone()).or_default();
+        for r in res.ranks() {
+            let mut count = |k: &'static str| *c.nodes.entry(k).or_default() += 1;
+            match r.online {
+                Some(true) => count("online"),
+                Some(false) => count("offline"),
+                None => count("unknown"),
+            }
+            if r.draining {
+                count("draining");
+            } else if r.drained {
+                count("drained");
+            }
+            if r.torpid {
+                count("torpid");
+            }
+        }
+        c.newest_event = newer(c.newest_event, res.last_timestamp());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::{Body, EventStream, Record};
+    use crate::flux::event::Event;
+    use proptest::prelude::*;
+
+    fn job_event(state: &mut State, cluster: &str, id: u64, t: f64, name: &str, ctx: &str) {
+        let record = Record {
+            cluster: Some(cluster.into()),
+            id: Some(JobId(id)),
+            stream: EventStream::Job,
+            body: Body::Event(
+                Event::parse(&format!(
+                    r#"{{"timestamp":{t},"name":"{name}","context":{ctx}}}"#
+                ))
+                .unwrap(),
+            ),
+        };
+        state.apply("c", record);
+    }
+
+    /// c: 1 pending (priority 5), 2 pending (priority 9), 3 running
+    /// (since 20), 4 running (since 30), 5 inactive (at 40); d: 6 pending.
+    fn sample() -> State {
+        let mut s = State::new();
+        for (cluster, id) in [("c", 1), ("c", 2), ("c", 3), ("c", 4), ("c", 5), ("d", 6)] {
+            job_event(
+                &mut s,
+                cluster,
+                id,
+                id as f64,
+                "submit",
+                r#"{"userid":7,"urgency":16,"flags":0,"version":1}"#,
+            );
+            job_event(&mut s, cluster, id, id as f64 + 0.1, "validate", "{}");
+            job_event(&mut s, cluster, id, id as f64 + 0.2, "depend", "{}");
+        }
+        for (id, p) in [(1, 5), (2, 9), (3, 1), (4, 1), (5, 1)] {
+            job_event(
+                &mut s,
+                "c",
+                id,
+                10.0,
+                "priority",
+                &format!(r#"{{"priority":{p}}}"#),
+            );
+        }
+        job_event(&mut s, "d", 6, 10.0, "priority", r#"{"priority":1}"#);
+        for (id, t) in [(3, 20.0), (4, 30.0), (5, 35.0)] {
+            job_event(&mut s, "c", id, t, "alloc", "{}");
+            job_event(&mut s, "c", id, t + 0.1, "start", "{}");
+        }
+        job_event(&mut s, "c", 5, 39.0, "finish", r#"{"status":0}"#);
+        job_event(
+            &mut s,
+            "c",
+            5,
+            39.5,
+            "release",
+            r#"{"ranks":"all","final":true}"#,
+        );
+        job_event(&mut s, "c", 5, 39.6, "free", "{}");
+        job_event(&mut s, "c", 5, 40.0, "clean", "{}");
+        s
+    }
+
+    fn ids(page: &[(Position, JobKey)]) -> Vec<u64> {
+        page.iter().map(|(_, k)| k.id.0).collect()
+    }
+
+    #[test]
+    fn jobs_come_in_flux_jobs_order() {
+        let s = sample();
+        let all = select_jobs(&s, &JobFilter::default(), None, 100);
+        // pending by priority (9, 5, 1 on c and d), running newest first, inactive.
+        assert_eq!(ids(&all), [2, 1, 6, 4, 3, 5]);
+        let pending = JobFilter {
+            states: Some(JobFilter::parse_states("pending").unwrap()),
+            cluster: Some("c".into()),
+            ..JobFilter::default()
+        };
+        assert_eq!(ids(&select_jobs(&s, &pending, None, 100)), [2, 1]);
+        let since = JobFilter {
+            since: Some(41.0),
+            ..JobFilter::default()
+        };
+        assert!(!ids(&select_jobs(&s, &since, None, 100)).contains(&5));
+    }
+
+    #[test]
+    fn pages_join_up_to_the_whole_listing() {
+        let s = sample();
+        let all = select_jobs(&s, &JobFilter::default(), None, 100);
+        let mut paged = Vec::new();
+        let mut after: Option<Position> = None;
+        loop {
+            let page = select_jobs(&s, &JobFilter::default(), after.as_ref(), 2);
+            let Some((last, _)) = page.last() else { break };
+            // A position survives being written out and read back.
+            after = Some(Position::decode(&last.encode()).unwrap());
+            paged.extend(ids(&page));
+        }
+        assert_eq!(paged, ids(&all));
+    }
+
+    #[test]
+    fn one_job_by_cluster_and_id() {
+        let s = sample();
+        let f = JobFilter {
+            cluster: Some("c".into()),
+            id: Some(JobId(4)),
+            ..JobFilter::default()
+        };
+        assert_eq!(ids(&select_jobs(&s, &f, None, 10)), [4]);
+        let f = JobFilter {
+            id: Some(JobId(4)),
+            ..JobFilter::default()
+        };
+        assert_eq!(ids(&select_jobs(&s, &f, None, 10)), [4]);
+    }
+
+    #[test]
+    fn states_parse_by_name_and_group() {
+        let b = |s: JobState| 1u8 << s.index();
+        assert_eq!(
+            JobFilter::parse_states("run,CLEANUP").unwrap(),
+            b(JobState::Run) | b(JobState::Cleanup)
+        );
+        assert_eq!(
+            JobFilter::parse_states("running").unwrap(),
+            b(JobState::Run) | b(JobState::Cleanup)
+        );
+        assert!(JobFilter::parse_states("active").unwrap() & b(JobState::Inactive) == 0);
+        assert_eq!(
+            JobFilter::parse_states("bogus"),
+            Err(QueryError::State("bogus".into()))
+        );
+    }
+
+    #[test]
+    fn counts_per_cluster() {
+        let counts = cluster_counts(&sample());
+        assert_eq!(counts["c"].jobs["SCHED"], 2);
+        assert_eq!(counts["c"].jobs["RUN"], 2);
+        assert_eq!(counts["c"].jobs["INACTIVE"], 1);
+        assert_eq!(counts["c"].newest_event, Some(40.0));
+        assert_eq!(counts["d"].jobs.values().sum::<u64>(), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn positions_round_trip(group in 0u8..3, primary in any::<f64>(), id in any::<u64>(), cluster in ".*") {
+            let p = Position { group, primary, cluster, id };
+            let back = Position::decode(&p.encode()).unwrap();
+            prop_assert_eq!(p.cmp(&back), Ordering::Equal);
+        }
+
+        #[test]
+        fn decoding_never_panics(text in ".*") {
+            let _ = Position::decode(&text);
+        }
+
+        #[test]
+        fn state_lists_never_panic(text in ".*") {
+            let _ = JobFilter::parse_states(&text);
+        }
+    }
+}
