@@ -124,6 +124,19 @@ pub fn to_openmetrics(text: &str) -> String {
     out
 }
 
+/// The values of every sample of the family `name` in the 0.0.4 text
+/// (any labels), for a page that shows a few of the pipeline's own
+/// figures. Samples carry no timestamp here, so the value is the last word.
+pub fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = f64> + 'a {
+    text.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?;
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            return None;
+        }
+        line.rsplit_once(' ')?.1.parse().ok()
+    })
+}
+
 /// A HELP line; in 0.0.4 only `\\` and newlines are escaped in its text,
 /// OpenMetrics also escapes `"`.
 fn write_help(name: &str, help: &str, out: &mut String) {
@@ -148,6 +161,13 @@ fn write_help(name: &str, help: &str, out: &mut String) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn samples_of_one_family_only() {
+        let text = "# TYPE a_total counter\na_total{x=\"1 2\"} 3\na_total 4\na_total_more 9\nb 1\n";
+        assert_eq!(samples(text, "a_total").collect::<Vec<_>>(), [3.0, 4.0]);
+        assert_eq!(samples(text, "c").count(), 0);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

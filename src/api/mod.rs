@@ -5,6 +5,8 @@
 //! unless configured otherwise; it is part of the pipeline, not a sink:
 //! it takes no output streams, it shows what the pipeline measures.
 
+mod auth;
+mod page;
 pub mod query;
 
 use crate::channels::fanout::SinkCounters;
@@ -30,6 +32,12 @@ pub struct ApiConfig {
     /// per user with active jobs (off: user ids make many series).
     #[serde(default)]
     pub per_user_jobs: bool,
+    /// A file holding a secret that the query API and the status page
+    /// require (`Authorization: Bearer SECRET`, or HTTP Basic with it as
+    /// the password, which a browser asks for). `/metrics`, `/healthz` and
+    /// `/readyz` stay open, as probes and scrapers expect.
+    #[serde(default)]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 fn default_address() -> String {
@@ -75,16 +83,23 @@ pub struct Views {
 pub struct Server {
     listener: TcpListener,
     address: String,
+    token: Option<auth::Token>,
 }
 
 impl Server {
     pub async fn bind(config: &ApiConfig) -> anyhow::Result<Self> {
+        let token = config
+            .token_file
+            .as_deref()
+            .map(auth::Token::read)
+            .transpose()?;
         let listener = TcpListener::bind(&config.address)
             .await
             .with_context(|| format!("api: cannot listen on {}", config.address))?;
         Ok(Server {
             listener,
             address: config.address.clone(),
+            token,
         })
     }
 
@@ -135,7 +150,10 @@ impl Server {
                     }
                 }),
             )
-            .merge(query::routes(questions));
+            .merge(auth::guard(
+                query::routes(questions.clone()).merge(page::routes(questions, Some(handle))),
+                self.token,
+            ));
         tracing::info!(address = %self.address, "serving the api (/metrics, /healthz, /readyz, /api/v1)");
         axum::serve(self.listener, app)
             .with_graceful_shutdown(stop.cancelled_owned())

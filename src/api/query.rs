@@ -11,7 +11,9 @@
 //! - `GET /api/v1/jobs/{id}`: one job (`cluster` when the id is in several).
 //! - `GET /api/v1/nodes`: every rank, filters `cluster` and `state`.
 //! - `GET /api/v1/clusters`: each cluster's jobs per state, ranks per
-//!   state, newest event.
+//!   state, newest event, event clock.
+//! - `GET /api/v1/alerts`: what fires now, as the alerts stream has it,
+//!   oldest first; filter `cluster`, `limit` and `after` as for jobs.
 
 use crate::channels::query::{Answer, JobNow, Query, Questions};
 use crate::flux::jobid::JobId;
@@ -40,6 +42,7 @@ pub fn routes(questions: Questions) -> axum::Router {
         .route("/api/v1/jobs/{id}", get(job))
         .route("/api/v1/nodes", get(nodes))
         .route("/api/v1/clusters", get(clusters))
+        .route("/api/v1/alerts", get(alerts))
         .with_state(questions)
 }
 
@@ -309,8 +312,53 @@ async fn clusters(State(questions): State<Questions>) -> Result<Response, ApiErr
                 "jobs": c.jobs,
                 "nodes": c.nodes,
                 "newest_event": c.newest_event,
+                "clock": c.clock,
             })
         })
         .collect();
     Ok(Json(json!({ "clusters": clusters })).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlertParams {
+    cluster: Option<String>,
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// An alert's place in the listing: when it began, then its record id.
+fn alert_position(alert: &Value) -> String {
+    let starts = alert["since"].as_f64().unwrap_or(0.0);
+    let id = alert["record_id"].as_str().unwrap_or("");
+    // Hex of the bits sorts as the time does for the non-negative times
+    // Flux writes; fixed width so that text order is number order.
+    format!("{:016x}.{id}", starts.to_bits())
+}
+
+async fn alerts(
+    State(questions): State<Questions>,
+    params: Result<Params<AlertParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let p = match params {
+        Ok(Params(p)) => p,
+        Err(e) => return Err(bad_query(e, "cluster, limit, after")),
+    };
+    let limit = p.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+    let answers = ask(&questions, Query::Alerts { cluster: p.cluster }).await?;
+    let mut all: Vec<(String, Value)> = answers
+        .into_iter()
+        .flat_map(|a| match a {
+            Answer::Alerts(list) => list,
+            _ => Vec::new(),
+        })
+        .map(|a| (alert_position(&a), a))
+        .filter(|(pos, _)| p.after.as_ref().is_none_or(|after| pos > after))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let more = all.len() > limit;
+    all.truncate(limit);
+    let next = more.then(|| all.last().map(|(p, _)| p.clone())).flatten();
+    let alerts: Vec<Value> = all.into_iter().map(|(_, a)| a).collect();
+    Ok(Json(json!({ "alerts": alerts, "next": next })).into_response())
 }

@@ -26,6 +26,8 @@ pub enum Query {
     Nodes { cluster: Option<String> },
     /// Each cluster's counts.
     Clusters,
+    /// The alerts firing now, in every cluster (or one).
+    Alerts { cluster: Option<String> },
 }
 
 /// What a job looks like to the query API: its summary record and where
@@ -39,6 +41,15 @@ pub struct JobNow {
     /// The ranks it holds (an idset), while it holds any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ranks: Option<String>,
+    /// Asked about one job: its alert conditions (`firing`, or `pending`
+    /// until their rule's duration has passed), as the alerts stream
+    /// shapes them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<Vec<serde_json::Value>>,
+    /// Asked about one job: how far its execution has come (prolog,
+    /// epilog, exec eventlog).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exec: Option<serde_json::Value>,
 }
 
 /// One shard's answer.
@@ -47,6 +58,8 @@ pub enum Answer {
     Jobs(Vec<(Position, JobNow)>),
     Nodes(Vec<(String, RankState)>),
     Clusters(BTreeMap<String, ClusterCounts>),
+    /// Alert records, as the alerts stream has them.
+    Alerts(Vec<serde_json::Value>),
 }
 
 /// A question on its way to one shard, with where the answer goes.

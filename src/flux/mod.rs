@@ -5,6 +5,7 @@ pub mod allocation;
 pub mod anomaly;
 pub mod event;
 pub mod exec;
+pub mod fsd;
 pub mod hostlist;
 pub mod idset;
 pub mod job;

@@ -211,6 +211,11 @@ pub struct ClusterCounts {
     pub nodes: BTreeMap<&'static str, u64>,
     /// The newest event time seen in this cluster's jobs and ranks.
     pub newest_event: Option<f64>,
+    /// The cluster's event clock (the newest event time of any record
+    /// read for it), which times its alerts.
+    pub clock: Option<f64>,
+    /// The pending job submitted longest ago: its id and submit time.
+    pub oldest_pending: Option<(u64, f64)>,
 }
 
 impl ClusterCounts {
@@ -222,26 +227,44 @@ impl ClusterCounts {
         for (k, v) in &other.nodes {
             *self.nodes.entry(k).or_default() += v;
         }
-        self.newest_event = match (self.newest_event, other.newest_event) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
+        self.newest_event = newer(self.newest_event, other.newest_event);
+        self.clock = newer(self.clock, other.clock);
+        self.oldest_pending = older_job(self.oldest_pending, other.oldest_pending);
+    }
+}
+
+/// The later of two times, either of which may be unknown.
+fn newer(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Of two jobs (id, submit time), the one submitted first (by id on a tie).
+fn older_job(a: Option<(u64, f64)>, b: Option<(u64, f64)>) -> Option<(u64, f64)> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if (b.1, b.0) < (a.1, a.0) { b } else { a }),
+        (a, b) => a.or(b),
     }
 }
 
 /// Every cluster's counts in this part of the state.
 pub fn cluster_counts(state: &State) -> BTreeMap<String, ClusterCounts> {
     let mut out: BTreeMap<String, ClusterCounts> = BTreeMap::new();
-    let newer = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    };
     for (key, entry) in &state.jobs {
-        let c = out.entry(key.cluster.to_string()).or_default();
-        *c.jobs
-            .entry(entry.job.summary_view().state.as_str())
-            .or_default() += 1;
+        // Looked up before inserted: no copy of the name per job.
+        let c = match out.get_mut(&*key.cluster) {
+            Some(c) => c,
+            None => out.entry(key.cluster.to_string()).or_default(),
+        };
+        let s = entry.job.summary_view();
+        *c.jobs.entry(s.state.as_str()).or_default() += 1;
         c.newest_event = newer(c.newest_event, entry.job.last_timestamp());
+        if s.state.is_pending() {
+            let submitted = s.t_submit.map(|t| (key.id.0, t));
+            c.oldest_pending = older_job(c.oldest_pending, submitted);
+        }
     }
     for (cluster, res) in &state.resources {
         let c = out.entry(cluster.clone()).or_default();
@@ -414,6 +437,12 @@ mod tests {
         assert_eq!(counts["c"].jobs["INACTIVE"], 1);
         assert_eq!(counts["c"].newest_event, Some(40.0));
         assert_eq!(counts["d"].jobs.values().sum::<u64>(), 1);
+        // Jobs 1 and 2 pend on c; 1 was submitted first.
+        assert_eq!(counts["c"].oldest_pending, Some((1, 1.0)));
+        assert_eq!(counts["d"].oldest_pending, Some((6, 6.0)));
+        let mut merged = counts["c"].clone();
+        merged.merge(&counts["d"]);
+        assert_eq!(merged.oldest_pending, Some((1, 1.0)));
     }
 
     proptest! {

@@ -4,6 +4,7 @@
 //! deals records out to them.
 
 pub mod ages;
+mod answer;
 mod entry_times;
 pub mod job_metrics;
 pub mod shard;

@@ -8,7 +8,6 @@
 
 use super::shard_metrics::ShardMetrics;
 use crate::channels::fanout::{HeldOutputs, Outputs};
-use crate::channels::query::{Answer, JobNow, Query};
 use crate::channels::router::{BarrierReply, Routed, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::decode::{Body, EventStream};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
@@ -20,7 +19,6 @@ use crate::keyed::alerts::engine::{AlertEvent, SavedCondition, Status, Subject};
 use crate::keyed::alerts::rule::Rule;
 use crate::keyed::processor::Outcome;
 use crate::keyed::processor::{Processed, Processor};
-use crate::keyed::query;
 use crate::keyed::state::{JobEntry, KeyedAnomaly};
 use crate::output::OutputStream;
 use crate::output::{self, JobRecord, OutputRecord};
@@ -551,51 +549,9 @@ impl Shard {
             ShardMsg::Release { source, partitions } => self.release(&source, &partitions),
             ShardMsg::Adopt(saved) => self.adopt(*saved).await,
             ShardMsg::Query(asked) => {
-                let answer = self.answer(&asked.query);
+                let answer = super::answer::answer(&self.processor, &asked.query);
                 let _ = asked.reply.send(answer);
             }
-        }
-    }
-
-    /// This shard's part of an answer to the query API.
-    fn answer(&self, query: &Query) -> Answer {
-        let state = &self.processor.state;
-        match query {
-            Query::Jobs {
-                filter,
-                after,
-                limit,
-            } => Answer::Jobs(
-                query::select_jobs(state, filter, after.as_ref(), *limit)
-                    .into_iter()
-                    .filter_map(|(pos, key)| {
-                        let entry = state.jobs.get(&key)?;
-                        let job = &entry.job;
-                        let ranks = job.holds_ranks().then(|| {
-                            let mut set = crate::flux::idset::IdSet::default();
-                            for &(lo, hi) in job.allocated_ranges() {
-                                set.insert_range(lo, hi);
-                            }
-                            set.to_string()
-                        });
-                        let now = JobNow {
-                            record: JobRecord::new(&key, entry),
-                            state_since: job.t_state(),
-                            ranks,
-                        };
-                        Some((pos, now))
-                    })
-                    .collect(),
-            ),
-            Query::Nodes { cluster } => Answer::Nodes(
-                state
-                    .resources
-                    .iter()
-                    .filter(|(c, _)| cluster.as_ref().is_none_or(|want| want == *c))
-                    .flat_map(|(c, res)| res.ranks().map(|r| (c.clone(), r.clone())))
-                    .collect(),
-            ),
-            Query::Clusters => Answer::Clusters(query::cluster_counts(state)),
         }
     }
 

@@ -657,6 +657,55 @@ impl Engine {
         out
     }
 
+    /// The alerts firing now, as the alerts stream announced them: every
+    /// fired condition of the jobs in `jobs` and of the nodes, in one
+    /// cluster or all. The work is the number of conditions held.
+    pub fn firing_now<J: JobConditions>(&self, jobs: &J, cluster: Option<&str>) -> Vec<AlertEvent> {
+        let wanted = |c: &str| cluster.is_none_or(|w| w == c);
+        let jobs = jobs
+            .conditions()
+            .filter(|(k, c)| !c.is_empty() && wanted(&k.cluster))
+            .map(|(k, c)| (Subject::Job(k.clone()), &c.0[..]));
+        let nodes = self
+            .nodes
+            .iter()
+            .filter(|(k, _)| wanted(&k.cluster))
+            .map(|(k, l)| (Subject::Node(k.clone()), &l[..]));
+        jobs.chain(nodes)
+            .flat_map(|(subject, list)| self.events_of(subject, list))
+            .filter_map(|(event, fired)| fired.then_some(event))
+            .collect()
+    }
+
+    /// A job's conditions, fired or not, as alert events, each with whether
+    /// it has fired: a fired one as announced, the others with the time
+    /// they are due to fire as `starts_at`.
+    pub fn job_conditions(&self, key: &JobKey, conditions: &Conditions) -> Vec<(AlertEvent, bool)> {
+        self.events_of(Subject::Job(key.clone()), &conditions.0)
+            .collect()
+    }
+
+    fn events_of<'a>(
+        &'a self,
+        subject: Subject,
+        list: &'a [Active],
+    ) -> impl Iterator<Item = (AlertEvent, bool)> + 'a {
+        list.iter()
+            .filter(|a| self.rules.get(a.rule as usize).is_some())
+            .map(move |a| {
+                let event = AlertEvent {
+                    rule: a.rule as usize,
+                    subject: subject.clone(),
+                    status: Status::Firing,
+                    since: a.since,
+                    starts_at: a.starts,
+                    ends_at: None,
+                    detail: a.detail.clone(),
+                };
+                (event, a.fired)
+            })
+    }
+
     fn save_list(&self, subject: &Subject, list: &[Active], out: &mut Vec<SavedCondition>) {
         for a in list {
             let Some(rule) = self.rules.get(a.rule as usize) else {
@@ -1120,6 +1169,38 @@ mod tests {
         );
         assert_eq!(e.firing(), 0);
         assert_eq!(e.pending_timers(), 0);
+    }
+
+    #[test]
+    fn what_fires_now_is_what_was_announced() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        e.observe_job(
+            &job(1),
+            &[(0, Some((1000.0, SCHED)))],
+            1000.0,
+            0.0,
+            &mut out,
+        );
+        e.observe_job(
+            &job(2),
+            &[(0, Some((1050.0, SCHED)))],
+            1050.0,
+            0.0,
+            &mut out,
+        );
+        e.advance(|_| Some(1120.0), 10, &mut out);
+        assert_eq!(out.len(), 1, "job 1 fired, job 2 not yet");
+        let now = e.firing_now(&e.jobs, None);
+        assert_eq!(now, out);
+        assert!(e.firing_now(&e.jobs, Some("elsewhere")).is_empty());
+        let c = &e.jobs.0[&job(2)];
+        let pending = e.job_conditions(&job(2), c);
+        assert_eq!(pending.len(), 1);
+        assert!(!pending[0].1, "not fired");
+        assert_eq!(pending[0].0.starts_at, 1150.0, "when it would fire");
+        let c = &e.jobs.0[&job(1)];
+        assert!(e.job_conditions(&job(1), c)[0].1);
     }
 
     /// A subject's conditions take the room they need, no more: a million

@@ -1,0 +1,334 @@
+//! The status page at `/`: plain HTML rendered on the server (no script),
+//! readable on a phone, refreshing itself. Per cluster: its nodes as a
+//! grid coloured by state (the drain reason on hover), pending and running
+//! counts with the oldest pending job, what fires; and the pipeline's own
+//! health. Everything comes from the same questions the API asks.
+
+use crate::channels::query::{Answer, Query, Questions};
+use crate::exposition;
+use crate::flux::fsd;
+use crate::flux::jobid::JobId;
+use crate::flux::resource::RankState;
+use crate::keyed::alerts::wall_now;
+use crate::keyed::query::ClusterCounts;
+use axum::extract::State;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use maud::{DOCTYPE, Markup, html};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Seconds between the page's own reloads.
+const REFRESH_SECS: u32 = 15;
+/// Longest the page waits for the shards.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most firing alerts listed (the rest are counted).
+const ALERTS_SHOWN: usize = 50;
+
+#[derive(Clone)]
+struct Page {
+    questions: Questions,
+    metrics: Option<&'static PrometheusHandle>,
+}
+
+/// The `/` route.
+pub fn routes(questions: Questions, metrics: Option<&'static PrometheusHandle>) -> axum::Router {
+    axum::Router::new()
+        .route("/", get(page))
+        .with_state(Page { questions, metrics })
+}
+
+/// What the page shows of one cluster.
+#[derive(Default)]
+struct Cluster {
+    counts: ClusterCounts,
+    ranks: Vec<RankState>,
+    alerts: Vec<Value>,
+}
+
+async fn page(State(page): State<Page>) -> Response {
+    let asked = async {
+        let q = &page.questions;
+        let clusters = q.ask(&Query::Clusters).await?;
+        let nodes = q.ask(&Query::Nodes { cluster: None }).await?;
+        let alerts = q.ask(&Query::Alerts { cluster: None }).await?;
+        Ok::<_, crate::channels::query::Unavailable>((clusters, nodes, alerts))
+    };
+    let (clusters, nodes, alerts) = match tokio::time::timeout(ANSWER_TIMEOUT, asked).await {
+        Ok(Ok(answers)) => answers,
+        Ok(Err(e)) => return unavailable(&e.to_string()),
+        Err(_) => return unavailable("the shards did not answer in time (busy)"),
+    };
+    let mut by_cluster: BTreeMap<String, Cluster> = BTreeMap::new();
+    for answer in clusters.into_iter().chain(nodes).chain(alerts) {
+        match answer {
+            Answer::Clusters(counts) => {
+                for (name, c) in counts {
+                    by_cluster.entry(name).or_default().counts.merge(&c);
+                }
+            }
+            Answer::Nodes(ranks) => {
+                for (name, r) in ranks {
+                    by_cluster.entry(name).or_default().ranks.push(r);
+                }
+            }
+            Answer::Alerts(list) => {
+                for a in list {
+                    let name = a["cluster"].as_str().unwrap_or("").to_string();
+                    by_cluster.entry(name).or_default().alerts.push(a);
+                }
+            }
+            Answer::Jobs(_) => {}
+        }
+    }
+    for c in by_cluster.values_mut() {
+        c.ranks.sort_by_key(|r| r.rank);
+        c.alerts.sort_by(|a, b| {
+            let t = |v: &Value| v["since"].as_f64().unwrap_or(0.0);
+            t(a).total_cmp(&t(b))
+        });
+    }
+    let metrics = page.metrics.map(|h| h.render()).unwrap_or_default();
+    Html(render(&by_cluster, &Health::read(&metrics), wall_now()).into_string()).into_response()
+}
+
+fn unavailable(why: &str) -> Response {
+    let body = html! {
+        (DOCTYPE)
+        html { head { title { "fluxpipe" } meta http-equiv="refresh" content=(REFRESH_SECS); }
+               body { h1 { "fluxpipe" } p { "No answer: " (why) } } }
+    };
+    (
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        Html(body.into_string()),
+    )
+        .into_response()
+}
+
+/// The pipeline's own figures, read from what `/metrics` shows.
+#[derive(Debug, Default, PartialEq)]
+struct Health {
+    received: f64,
+    invalid: f64,
+    refused: f64,
+    dropped: f64,
+    source_lag_bytes: f64,
+    kafka_lag: f64,
+    last_checkpoint: Option<f64>,
+}
+
+impl Health {
+    fn read(text: &str) -> Self {
+        let sum = |name| exposition::samples(text, name).sum::<f64>();
+        Health {
+            received: sum("fluxpipe_events_received_total"),
+            invalid: sum("fluxpipe_events_invalid_total"),
+            refused: sum("fluxpipe_jobs_refused_total"),
+            dropped: sum("fluxpipe_records_dropped_total"),
+            source_lag_bytes: sum("fluxpipe_source_lag_bytes"),
+            kafka_lag: sum("fluxpipe_kafka_consumer_lag"),
+            last_checkpoint: exposition::samples(
+                text,
+                "fluxpipe_checkpoint_last_success_timestamp_seconds",
+            )
+            .filter(|t| *t > 0.0)
+            .reduce(f64::max),
+        }
+    }
+}
+
+/// A rank's colour class and what its tooltip says.
+fn rank_look(r: &RankState) -> (&'static str, String) {
+    let host = r
+        .hostname
+        .clone()
+        .unwrap_or_else(|| format!("rank{}", r.rank));
+    let (class, state) = match r.online {
+        Some(false) => ("offline", "offline"),
+        _ if r.draining => ("draining", "draining"),
+        _ if r.drained => ("drained", "drained"),
+        _ if r.torpid => ("torpid", "torpid"),
+        None => ("unknown", "unknown"),
+        Some(true) => ("up", "online"),
+    };
+    let mut tip = format!("{host} (rank {}): {state}", r.rank);
+    if r.drained {
+        if class == "offline" {
+            tip.push_str(", drained");
+        }
+        if let Some(reason) = r.drain_reason.as_deref().filter(|s| !s.is_empty()) {
+            tip.push_str(": ");
+            tip.push_str(reason);
+        }
+    }
+    (class, tip)
+}
+
+fn ago(now: f64, then: f64) -> String {
+    fsd::format((now - then).max(0.0))
+}
+
+const STYLE: &str = "
+body{font-family:system-ui,sans-serif;margin:0.8em;color:#222;max-width:70em}
+h1{font-size:1.3em;margin:0 0 .3em}h2{font-size:1.1em;margin:1em 0 .3em}
+.grid{display:flex;flex-wrap:wrap;gap:2px;margin:.4em 0}
+.n{width:14px;height:14px;border-radius:2px;display:inline-block}
+.up{background:#3a3}.drained{background:#e80}.draining{background:#fc3}
+.offline{background:#c33}.torpid{background:#a4c}.unknown{background:#bbb}
+.key span{margin-right:.8em;white-space:nowrap}
+table{border-collapse:collapse;font-size:.9em}td,th{padding:2px 6px;text-align:left;border-bottom:1px solid #ddd}
+.fig{display:inline-block;margin-right:1.2em}.muted{color:#777}
+";
+
+fn render(clusters: &BTreeMap<String, Cluster>, health: &Health, now: f64) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                meta http-equiv="refresh" content=(REFRESH_SECS);
+                title { "fluxpipe: " (clusters.len()) " clusters" }
+                style { (maud::PreEscaped(STYLE)) }
+            }
+            body {
+                h1 { "fluxpipe" }
+                p.muted { "Refreshes every " (REFRESH_SECS) " s. The same answers as "
+                    a href="/api/v1/clusters" { "/api/v1" } " and " a href="/metrics" { "/metrics" } "." }
+                section id="health" {
+                    h2 { "Pipeline" }
+                    span.fig { "events read: " b { (health.received) } }
+                    span.fig { "invalid: " b { (health.invalid) } }
+                    span.fig { "jobs refused: " b { (health.refused) } }
+                    span.fig { "records dropped: " b { (health.dropped) } }
+                    span.fig { "lag: " b { (health.source_lag_bytes) " bytes" } }
+                    @if health.kafka_lag > 0.0 {
+                        span.fig { "kafka lag: " b { (health.kafka_lag) " records" } }
+                    }
+                    span.fig { "last checkpoint: " b { @match health.last_checkpoint {
+                        Some(t) => { (ago(now, t)) " ago" }
+                        None => { "none yet" }
+                    } } }
+                }
+                @if clusters.is_empty() {
+                    p { "Nothing read yet." }
+                }
+                @for (name, c) in clusters {
+                    (cluster(name, c, now))
+                }
+            }
+        }
+    }
+}
+
+fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
+    let jobs =
+        |states: &[&str]| -> u64 { states.iter().filter_map(|s| c.counts.jobs.get(s)).sum() };
+    let pending = jobs(&["NEW", "DEPEND", "PRIORITY", "SCHED"]);
+    let running = jobs(&["RUN", "CLEANUP"]);
+    let nodes = |k: &str| c.counts.nodes.get(k).copied().unwrap_or(0);
+    html! {
+        section.cluster id={ "cluster-" (name) } {
+            h2 { "Cluster " (name) }
+            div {
+                span.fig { "pending: " b.pending { (pending) } }
+                span.fig { "running: " b.running { (running) } }
+                @if let Some((id, t)) = c.counts.oldest_pending {
+                    span.fig { "oldest pending: " b { (JobId(id).to_f58()) } " for " (ago(now, t)) }
+                }
+                @if let Some(t) = c.counts.newest_event {
+                    span.fig.muted { "newest event " (ago(now, t)) " ago" }
+                }
+            }
+            div.key {
+                span { span.n.up {} " online " (nodes("online").saturating_sub(nodes("drained") + nodes("draining"))) }
+                span { span.n.drained {} " drained " (nodes("drained")) }
+                span { span.n.draining {} " draining " (nodes("draining")) }
+                span { span.n.offline {} " offline " (nodes("offline")) }
+                span { span.n.torpid {} " torpid " (nodes("torpid")) }
+                @if nodes("unknown") > 0 {
+                    span { span.n.unknown {} " unknown " (nodes("unknown")) }
+                }
+            }
+            div.grid {
+                @for r in &c.ranks {
+                    @let (class, tip) = rank_look(r);
+                    span class={ "n " (class) } title=(tip) data-rank=(r.rank) {}
+                }
+            }
+            @if c.alerts.is_empty() {
+                p.muted { "Nothing firing." }
+            } @else {
+                table.alerts {
+                    tr { th { "alert" } th { "about" } th { "since" } th { "summary" } }
+                    @for a in c.alerts.iter().take(ALERTS_SHOWN) {
+                        tr.alert {
+                            td { (a["alertname"].as_str().unwrap_or("")) }
+                            td { (about(a)) }
+                            td { (ago(now, a["since"].as_f64().unwrap_or(now))) }
+                            td { (a["annotations"]["summary"].as_str().unwrap_or(""))
+                                @if let Some(r) = a["annotations"]["reason"].as_str() { " (" (r) ")" } }
+                        }
+                    }
+                }
+                @if c.alerts.len() > ALERTS_SHOWN {
+                    p.muted { (c.alerts.len() - ALERTS_SHOWN) " more: " a href={ "/api/v1/alerts?cluster=" (name) } { "all" } }
+                }
+            }
+        }
+    }
+}
+
+/// A job's F58 id or a node's name, from an alert record.
+fn about(alert: &Value) -> String {
+    let labels = &alert["labels"];
+    labels["jobid"]
+        .as_str()
+        .or_else(|| labels["node"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_is_read_from_the_metrics_text() {
+        let text = "fluxpipe_events_received_total{source=\"a\"} 10\n\
+                    fluxpipe_events_received_total{source=\"b\"} 5\n\
+                    fluxpipe_checkpoint_last_success_timestamp_seconds 1700000000\n";
+        let h = Health::read(text);
+        assert_eq!(h.received, 15.0);
+        assert_eq!(h.last_checkpoint, Some(1_700_000_000.0));
+        assert_eq!(Health::read(""), Health::default());
+    }
+
+    #[test]
+    fn a_drained_rank_says_why_on_hover_and_text_is_escaped() {
+        let r = RankState {
+            hostname: Some("node3".into()),
+            online: Some(true),
+            drained: true,
+            drain_reason: Some("<bad> fan".into()),
+            ..RankState::new(3)
+        };
+        assert_eq!(
+            rank_look(&r),
+            ("drained", "node3 (rank 3): drained: <bad> fan".into())
+        );
+        let mut clusters = BTreeMap::new();
+        clusters.insert(
+            "c".to_string(),
+            Cluster {
+                ranks: vec![r],
+                ..Cluster::default()
+            },
+        );
+        let page = render(&clusters, &Health::default(), 0.0).into_string();
+        assert!(page.contains("&lt;bad&gt; fan"), "{page}");
+        assert!(!page.contains("<bad>"));
+    }
+}
