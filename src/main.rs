@@ -49,6 +49,16 @@ and its options, sink inputs naming real output streams, listen addresses, and e
 alert rule (kind, state, duration). Nothing is opened or bound."
     )]
     Validate(cli::run::ValidateArgs),
+    /// List the jobs a running fluxpipe holds, as `flux jobs` does.
+    #[command(
+        after_help = "Asks the query API of one or several running pipelines (--url, repeated for \
+the members of a Kafka consumer group) and merges their answers. The columns are those of \
+`flux jobs` that fluxpipe's job records carry; a CLUSTER column appears when jobs of several \
+clusters are listed. Unlike `flux jobs`, every user's jobs are listed unless -u is given."
+    )]
+    Jobs(cli::jobs::JobsArgs),
+    /// Show the nodes a running fluxpipe holds, as `flux resource` does.
+    Resource(cli::resource::ResourceArgs),
     /// Write synthetic Flux traffic (journal JSON Lines or a KVS dump tree).
     Generate(cli::generate::GenerateArgs),
     /// Measure throughput, memory and latency on a generated workload.
@@ -62,6 +72,8 @@ fn main() -> ExitCode {
         Some(Command::Id(a)) => cli::id::run(a),
         Some(Command::Run(a)) => cli::run::run(a),
         Some(Command::Validate(a)) => cli::run::validate(a),
+        Some(Command::Jobs(a)) => cli::jobs::run(a),
+        Some(Command::Resource(a)) => cli::resource::run(a),
         Some(Command::Generate(a)) => cli::generate::run(a),
         Some(Command::Bench(a)) => cli::bench::run(a),
         // The embedded default: the default pipeline over the sample corpus.

@@ -121,7 +121,8 @@ struct Health {
 
 impl Health {
     fn read(text: &str) -> Self {
-        let sum = |name| exposition::samples(text, name).sum::<f64>();
+        // A fold from 0: an empty `sum()` of floats is -0.
+        let sum = |name| exposition::samples(text, name).fold(0.0, |a, b| a + b);
         Health {
             received: sum("fluxpipe_events_received_total"),
             invalid: sum("fluxpipe_events_invalid_total"),
@@ -166,6 +167,16 @@ fn rank_look(r: &RankState) -> (&'static str, String) {
     (class, tip)
 }
 
+/// The grid's colours, in the key's order: each node has one.
+const KEY: [(&str, &str); 6] = [
+    ("up", "online"),
+    ("drained", "drained"),
+    ("draining", "draining"),
+    ("offline", "offline"),
+    ("torpid", "torpid"),
+    ("unknown", "unknown"),
+];
+
 fn ago(now: f64, then: f64) -> String {
     fsd::format((now - then).max(0.0))
 }
@@ -178,7 +189,9 @@ h1{font-size:1.3em;margin:0 0 .3em}h2{font-size:1.1em;margin:1em 0 .3em}
 .up{background:#3a3}.drained{background:#e80}.draining{background:#fc3}
 .offline{background:#c33}.torpid{background:#a4c}.unknown{background:#bbb}
 .key span{margin-right:.8em;white-space:nowrap}
-table{border-collapse:collapse;font-size:.9em}td,th{padding:2px 6px;text-align:left;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em;max-width:100%}td,th{padding:2px 6px;text-align:left;border-bottom:1px solid #ddd}
+td{overflow-wrap:break-word}
+summary{cursor:pointer;margin:.3em 0}
 .fig{display:inline-block;margin-right:1.2em}.muted{color:#777}
 ";
 
@@ -190,6 +203,8 @@ fn render(clusters: &BTreeMap<String, Cluster>, health: &Health, now: f64) -> Ma
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 meta http-equiv="refresh" content=(REFRESH_SECS);
+                // No icon to fetch: a browser's request for one would fail.
+                link rel="icon" href="data:,";
                 title { "fluxpipe: " (clusters.len()) " clusters" }
                 style { (maud::PreEscaped(STYLE)) }
             }
@@ -228,7 +243,8 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
         |states: &[&str]| -> u64 { states.iter().filter_map(|s| c.counts.jobs.get(s)).sum() };
     let pending = jobs(&["NEW", "DEPEND", "PRIORITY", "SCHED"]);
     let running = jobs(&["RUN", "CLEANUP"]);
-    let nodes = |k: &str| c.counts.nodes.get(k).copied().unwrap_or(0);
+    let looks: Vec<(&str, String)> = c.ranks.iter().map(rank_look).collect();
+    let drained: Vec<&RankState> = c.ranks.iter().filter(|r| r.drained).collect();
     html! {
         section.cluster id={ "cluster-" (name) } {
             h2 { "Cluster " (name) }
@@ -243,32 +259,45 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
                 }
             }
             div.key {
-                span { span.n.up {} " online " (nodes("online").saturating_sub(nodes("drained") + nodes("draining"))) }
-                span { span.n.drained {} " drained " (nodes("drained")) }
-                span { span.n.draining {} " draining " (nodes("draining")) }
-                span { span.n.offline {} " offline " (nodes("offline")) }
-                span { span.n.torpid {} " torpid " (nodes("torpid")) }
-                @if nodes("unknown") > 0 {
-                    span { span.n.unknown {} " unknown " (nodes("unknown")) }
+                @for (class, label) in &KEY {
+                    @let n = looks.iter().filter(|(c, _)| c == class).count();
+                    @if n > 0 || *class != "unknown" {
+                        span { span class={ "n " (class) } {} " " (label) " " (n) }
+                    }
                 }
             }
             div.grid {
-                @for r in &c.ranks {
-                    @let (class, tip) = rank_look(r);
+                @for (r, (class, tip)) in c.ranks.iter().zip(&looks) {
                     span class={ "n " (class) } title=(tip) data-rank=(r.rank) {}
+                }
+            }
+            @if !drained.is_empty() {
+                details.drains {
+                    summary { (drained.len()) " drained or draining" }
+                    table {
+                        tr { th { "node" } th { "state" } th { "since" } th { "reason" } }
+                        @for r in &drained {
+                            tr {
+                                td { (r.hostname.clone().unwrap_or_else(|| format!("rank{}", r.rank))) }
+                                td { (if r.draining { "draining" } else { "drained" })
+                                     @if r.online == Some(false) { " (offline)" } }
+                                td { @if let Some(t) = r.drain_timestamp { (ago(now, t)) " ago" } }
+                                td { (r.drain_reason.as_deref().unwrap_or("")) }
+                            }
+                        }
+                    }
                 }
             }
             @if c.alerts.is_empty() {
                 p.muted { "Nothing firing." }
             } @else {
                 table.alerts {
-                    tr { th { "alert" } th { "about" } th { "since" } th { "summary" } }
+                    tr { th { "since" } th { "alert" } }
                     @for a in c.alerts.iter().take(ALERTS_SHOWN) {
-                        tr.alert {
-                            td { (a["alertname"].as_str().unwrap_or("")) }
-                            td { (about(a)) }
+                        tr.alert data-about=(about(a)) {
                             td { (ago(now, a["since"].as_f64().unwrap_or(now))) }
-                            td { (a["annotations"]["summary"].as_str().unwrap_or(""))
+                            td { b { (a["alertname"].as_str().unwrap_or("")) } ": "
+                                (a["annotations"]["summary"].as_str().unwrap_or(""))
                                 @if let Some(r) = a["annotations"]["reason"].as_str() { " (" (r) ")" } }
                         }
                     }

@@ -38,7 +38,8 @@ pub struct JobNow {
     pub record: JobRecord,
     /// When it entered its current state.
     pub state_since: Option<f64>,
-    /// The ranks it holds (an idset), while it holds any.
+    /// The ranks its R allocated (an idset), once it has R; it holds them
+    /// from `alloc` to `free`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ranks: Option<String>,
     /// Asked about one job: its alert conditions (`firing`, or `pending`

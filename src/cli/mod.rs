@@ -1,7 +1,11 @@
 //! The subcommands of `fluxpipe`.
 
+mod ask;
 pub mod bench;
 pub mod generate;
 pub mod id;
+pub mod jobs;
+mod listing;
 pub mod replay;
+pub mod resource;
 pub mod run;

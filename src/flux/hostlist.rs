@@ -338,6 +338,25 @@ impl Hostlist {
         }
     }
 
+    /// Sorted with duplicates kept, as flux-core's `hostlist_sort` (how
+    /// `flux resource` lists the hosts of a row merged from several).
+    pub fn sorted(&self) -> Hostlist {
+        let mut hosts: Vec<(Item, String)> = Vec::with_capacity(self.count);
+        for host in self.iter() {
+            let mut one = Hostlist::default();
+            one.push(&host);
+            if let Some(item) = one.items.pop() {
+                hosts.push((item, host));
+            }
+        }
+        hosts.sort_by(|a, b| sort_key(&a.0).cmp(&sort_key(&b.0)));
+        let mut out = Hostlist::default();
+        for (_, host) in &hosts {
+            out.push(host);
+        }
+        out
+    }
+
     /// Sorted with duplicates removed, as flux-core's `hostlist_uniq`
     /// (`flux hostlist --sort --uniq`): by prefix, then padding width, then
     /// number; hosts without a number sort before numbered ones of the same
@@ -546,6 +565,15 @@ impl<'a> FromIterator<&'a str> for Hostlist {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sorting_keeps_duplicates() {
+        let hl = Hostlist::parse("vm,vm").unwrap();
+        assert_eq!(hl.sorted().to_string(), "vm,vm");
+        let hl = Hostlist::parse("node6,node2,node1").unwrap();
+        assert_eq!(hl.sorted().to_string(), "node[1-2,6]");
+        assert_eq!(hl.sorted().len(), 3);
+    }
+
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeSet;

@@ -64,7 +64,7 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
 
 fn job_now(processor: &Processor, key: &JobKey, entry: &JobEntry, detail: bool) -> JobNow {
     let job = &entry.job;
-    let ranks = job.holds_ranks().then(|| {
+    let ranks = (!job.allocated_ranges().is_empty()).then(|| {
         let mut set = IdSet::default();
         for &(lo, hi) in job.allocated_ranges() {
             set.insert_range(lo, hi);

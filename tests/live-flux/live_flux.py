@@ -157,12 +157,13 @@ class Instance:
         if self.proc is not None:
             self.proc.wait(timeout=60)
 
-    def run(self, *args: str, check: bool = True, input: str | None = None) -> str:
+    def run(self, *args: str, check: bool = True, input: str | None = None,
+            strip: bool = True) -> str:
         out = subprocess.run([self.flux, *args], env=dict(self.env, FLUX_URI=self.uri),
                              capture_output=True, text=True, input=input, timeout=120)
         if check and out.returncode != 0:
             raise RuntimeError(f"flux {' '.join(args)}: {out.stderr.strip()}")
-        return out.stdout.strip()
+        return out.stdout.strip() if strip else out.stdout
 
     def submit(self, *args: str) -> str:
         return self.run("submit", *args)
@@ -211,9 +212,17 @@ changelog = true
 cluster = "live"
 librdkafka_options = {{ "session.timeout.ms" = "6000" }}
 """
+        self.api_port = free_port()
+        self.api = f"http://127.0.0.1:{self.api_port}"
+        # Inactive jobs stay held for the whole run: `fluxpipe jobs -a`
+        # lists them beside `flux jobs -a`.
         self.config.write_text(f"""data_dir = "{work / 'data'}"
 [checkpoint]
 interval_secs = 2
+[operators]
+inactive_grace_secs = 86400
+[api]
+address = "127.0.0.1:{self.api_port}"
 {source}
 [sinks.out]
 type = "file"
@@ -522,6 +531,9 @@ def main() -> int:
                 break
             time.sleep(0.5)
         time.sleep(3)
+        # Asked while both run: `fluxpipe jobs` and `fluxpipe resource`
+        # print what `flux jobs` and `flux resource` print.
+        compare_cli(args.fluxpipe, pipe.api, inst, problems)
         if "connected to the Flux instance again" not in fwd.log_text():
             problems.append("the forwarder did not say it reconnected")
         if pipe.stop() != 0:
@@ -553,6 +565,58 @@ def main() -> int:
         print(f"DISAGREE: {p}")
     log(("OK" if not problems else f"{len(problems)} disagreements") + f" (work folder {work})")
     return 1 if problems else 0
+
+
+# `flux jobs`'s default columns that fluxpipe's job records carry (NAME,
+# NTASKS and QUEUE come from the jobspec, which the records do not keep).
+JOBS_FORMAT = ("{id.f58:>12} +:{username:<8} {status_abbrev:>2.2} {nnodes:>6h} "
+               "{contextual_time!F:>8h} {contextual_info}")
+
+
+def compare_cli(binary: str, api: str, inst: Instance, problems: list[str]) -> None:
+    """`fluxpipe jobs -a`, `fluxpipe resource status` and `fluxpipe
+    resource drain` against flux's own output, line by line."""
+    def ours(*args: str) -> str:
+        out = subprocess.run([binary, *args, "--url", api], capture_output=True, text=True,
+                             timeout=60)
+        if out.returncode != 0:
+            problems.append(f"fluxpipe {' '.join(args)} exited {out.returncode}: "
+                            f"{out.stderr.strip()[-300:]}")
+        return out.stdout
+
+    def lines_equal(what: str, flux: str, mine: str, exempt=None) -> int:
+        fl, ml = flux.splitlines(), mine.splitlines()
+        exempted = 0
+        if len(fl) != len(ml):
+            problems.append(f"{what}: flux printed {len(fl)} lines, fluxpipe {len(ml)}")
+        for f, m in zip(fl, ml):
+            if f == m:
+                continue
+            if exempt is not None and exempt(f, m):
+                exempted += 1
+                continue
+            problems.append(f"{what}: flux {f!r} fluxpipe {m!r}")
+        return exempted
+
+    def nnodes_from_jobspec(f: str, m: str) -> bool:
+        # A job that never got R: flux takes NNODES from its jobspec (-N),
+        # fluxpipe has no R to count and shows `-`; nothing else differs.
+        fw, mw = f.split(None, 5), m.split(None, 5)
+        return (len(fw) == len(mw) == 5 and mw[3] == "-" and fw[3].isdigit()
+                and fw[:3] == mw[:3] and fw[4:] == mw[4:])
+
+    flux_jobs = inst.run("jobs", "-a", "-A", "-o", JOBS_FORMAT, strip=False)
+    exempted = lines_equal("jobs", flux_jobs, ours("jobs", "-a"), nnodes_from_jobspec)
+    rows = []
+    for args in (("resource", "status"), ("resource", "drain"),
+                 ("resource", "status", "-s", "offline,drain")):
+        flux = inst.run(*args, strip=False)
+        lines_equal(" ".join(args), flux, ours(*args))
+        rows.append(f"{' '.join(args)}: {len(flux.splitlines()) - 1} rows")
+    if rows[1].endswith(" 0 rows"):
+        problems.append("flux resource drain listed nothing: the comparison showed nothing")
+    log(f"fluxpipe jobs: {len(flux_jobs.splitlines()) - 1} jobs against flux jobs "
+        f"({exempted} with NNODES only in the jobspec); " + "; ".join(rows))
 
 
 def all_ranks_of(status: dict) -> set[int]:

@@ -1,0 +1,424 @@
+//! `fluxpipe jobs`: the jobs a running fluxpipe holds, printed as `flux
+//! jobs` prints them (its default columns that the job records carry:
+//! JOBID, USER, ST, NNODES, TIME, INFO; a CLUSTER column when there are
+//! several), or as JSON. Merges the answers of several servers.
+
+use super::ask::{Client, Servers};
+use super::listing::{self, Columns};
+use crate::flux::fsd;
+use crate::flux::hostlist::Hostlist;
+use crate::flux::idset::IdSet;
+use crate::flux::jobid::JobId;
+use crate::keyed::alerts::wall_now;
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+#[derive(Args, Debug)]
+pub struct JobsArgs {
+    #[command(flatten)]
+    pub servers: Servers,
+    /// Inactive jobs too (those still held: within the inactive grace).
+    #[arg(short = 'a')]
+    pub all: bool,
+    /// States to list, comma-separated: names (depend, priority, sched,
+    /// run, cleanup, inactive) or pending, running, active, inactive.
+    #[arg(short = 'f', long, value_name = "STATES")]
+    pub filter: Option<String>,
+    /// Only this user's jobs (a name or a uid). Unlike `flux jobs`, every
+    /// user's jobs are listed by default: fluxpipe runs apart from the
+    /// users.
+    #[arg(short = 'u', long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Only this cluster's jobs.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Jobs active since this time (seconds since the epoch).
+    #[arg(long)]
+    pub since: Option<f64>,
+    /// At most this many jobs.
+    #[arg(short = 'c', long, default_value_t = 1000)]
+    pub count: usize,
+    /// No header line.
+    #[arg(short = 'n', long = "no-header")]
+    pub no_header: bool,
+    /// The job records as JSON (`{"jobs": [...]}`), not a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only these jobs (any id encoding), in this order.
+    pub ids: Vec<String>,
+}
+
+pub fn run(args: JobsArgs) -> Result<ExitCode> {
+    let client = Client::new(&args.servers)?;
+    let (mut jobs, truncated, code) = if args.ids.is_empty() {
+        let (jobs, truncated) = listed(&client, &args)?;
+        (jobs, truncated, ExitCode::SUCCESS)
+    } else {
+        by_id(&client, &args)?
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        for job in &mut jobs {
+            if let Some(m) = job.as_object_mut() {
+                m.remove("record_id");
+                m.remove("kind");
+            }
+        }
+        writeln!(out, "{}", json!({ "jobs": jobs }))?;
+        return Ok(code);
+    }
+    let hosts = Hostnames::fetch(&client, &jobs)?;
+    let table = table(&jobs, &hosts, &Users::default(), wall_now());
+    listing::print(&mut out, &table, !args.no_header)?;
+    if truncated && !args.no_header {
+        eprintln!(
+            "warning: output truncated at {} jobs.\nUse --count to increase returned results or use filters to alter results.",
+            args.count
+        );
+    }
+    Ok(code)
+}
+
+/// The jobs the filters take, every server's merged in `flux jobs` order.
+fn listed(client: &Client, args: &JobsArgs) -> Result<(Vec<Value>, bool)> {
+    let states = match (&args.filter, args.all) {
+        (Some(f), _) => f.clone(),
+        (None, true) => "pending,running,inactive".into(),
+        (None, false) => "pending,running".into(),
+    };
+    let mut query = vec![("state", states)];
+    if let Some(u) = &args.user {
+        query.push(("userid", uid_of(u)?.to_string()));
+    }
+    if let Some(c) = &args.cluster {
+        query.push(("cluster", c.clone()));
+    }
+    if let Some(s) = args.since {
+        query.push(("since", s.to_string()));
+    }
+    let mut jobs = Vec::new();
+    let mut more = false;
+    for base in client.urls() {
+        let (page, left) = client.get_pages(base, "/api/v1/jobs", "jobs", &query, args.count)?;
+        jobs.extend(page);
+        more |= left;
+    }
+    jobs.sort_by(listing_order);
+    let truncated = more || jobs.len() > args.count;
+    jobs.truncate(args.count);
+    Ok((jobs, truncated))
+}
+
+/// The jobs named, in the order named; an unknown one is said on stderr.
+fn by_id(client: &Client, args: &JobsArgs) -> Result<(Vec<Value>, bool, ExitCode)> {
+    let mut jobs = Vec::new();
+    let mut missing = 0;
+    for text in &args.ids {
+        let id = JobId::parse(text).with_context(|| format!("job id `{text}`"))?;
+        let mut query = vec![("id", id.0.to_string())];
+        if let Some(c) = &args.cluster {
+            query.push(("cluster", c.clone()));
+        }
+        let found: Vec<Value> = client
+            .get_all("/api/v1/jobs", &query)?
+            .into_iter()
+            .flat_map(|page| page["jobs"].as_array().cloned().unwrap_or_default())
+            .collect();
+        if found.is_empty() {
+            eprintln!("JobID {text} unknown");
+            missing += 1;
+        }
+        jobs.extend(found);
+    }
+    let code = if missing == args.ids.len() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    };
+    Ok((jobs, false, code))
+}
+
+/// A user name or uid, as a uid.
+fn uid_of(user: &str) -> Result<i64> {
+    if let Ok(uid) = user.parse() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Ok(i64::from(u.uid.as_raw())),
+        _ => bail!("unknown user `{user}`"),
+    }
+}
+
+/// `flux jobs` order: pending (highest priority first, then lowest id),
+/// running (newest start first), inactive (newest end first); then
+/// cluster and id, so the order is total.
+pub fn listing_order(a: &Value, b: &Value) -> Ordering {
+    let key = |j: &Value| {
+        let f = |k: &str| j[k].as_f64().unwrap_or(0.0);
+        match j["state"].as_str().unwrap_or("") {
+            "RUN" | "CLEANUP" => (1, -f("t_run")),
+            "INACTIVE" => (2, -f("t_inactive")),
+            _ => (0, -j["priority"].as_f64().unwrap_or(-1.0)),
+        }
+    };
+    let (ga, pa) = key(a);
+    let (gb, pb) = key(b);
+    ga.cmp(&gb)
+        .then(pa.total_cmp(&pb))
+        .then_with(|| a["cluster"].as_str().cmp(&b["cluster"].as_str()))
+        .then_with(|| a["id"].as_u64().cmp(&b["id"].as_u64()))
+}
+
+/// Names of users by uid, looked up once each; a uid with no entry is
+/// shown as the number (as `flux jobs` does).
+#[derive(Default)]
+pub struct Users(std::cell::RefCell<HashMap<i64, String>>);
+
+impl Users {
+    fn name(&self, uid: i64) -> String {
+        self.0
+            .borrow_mut()
+            .entry(uid)
+            .or_insert_with(|| {
+                u32::try_from(uid)
+                    .ok()
+                    .and_then(|u| nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(u)).ok())
+                    .flatten()
+                    .map_or_else(|| uid.to_string(), |u| u.name)
+            })
+            .clone()
+    }
+}
+
+/// Host names by cluster and rank, from the servers' nodes.
+#[derive(Default)]
+pub struct Hostnames(HashMap<(String, u32), String>);
+
+impl Hostnames {
+    fn fetch(client: &Client, jobs: &[Value]) -> Result<Self> {
+        let mut out = Hostnames::default();
+        if !jobs.iter().any(|j| j["ranks"].is_string()) {
+            return Ok(out);
+        }
+        for answer in client.get_all("/api/v1/nodes", &[])? {
+            for node in answer["nodes"].as_array().into_iter().flatten() {
+                if let (Some(c), Some(r), Some(h)) = (
+                    node["cluster"].as_str(),
+                    node["rank"].as_u64().and_then(|r| u32::try_from(r).ok()),
+                    node["hostname"].as_str(),
+                ) {
+                    out.0.insert((c.to_string(), r), h.to_string());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    #[cfg(test)]
+    pub fn insert(&mut self, cluster: &str, rank: u32, host: &str) {
+        self.0.insert((cluster.into(), rank), host.into());
+    }
+
+    /// The hostlist of a job's ranks, or the ranks themselves if a name
+    /// is missing.
+    fn nodelist(&self, cluster: &str, ranks: &IdSet) -> String {
+        let mut hosts = Hostlist::default();
+        for rank in ranks.iter() {
+            match self.0.get(&(cluster.to_string(), rank)) {
+                Some(h) => hosts.push(h),
+                None => return ranks.to_string(),
+            }
+        }
+        hosts.to_string()
+    }
+}
+
+/// The `ST` column: the state while pending or running, the result after.
+pub fn status_abbrev(job: &Value) -> &'static str {
+    match job["state"].as_str().unwrap_or("") {
+        "DEPEND" => "D",
+        "PRIORITY" => "P",
+        "SCHED" => "S",
+        "RUN" => "R",
+        "CLEANUP" => "C",
+        "INACTIVE" => match job["result"].as_str().unwrap_or("") {
+            "COMPLETED" => "CD",
+            "FAILED" => "F",
+            "CANCELED" => "CA",
+            "TIMEOUT" => "TO",
+            _ => "",
+        },
+        _ => "",
+    }
+}
+
+/// The `TIME` column: for a pending job its time limit (not in the job
+/// records: `-`), else how long it ran (or has run until `now`).
+fn contextual_time(job: &Value, now: f64) -> f64 {
+    let f = |k: &str| job[k].as_f64().filter(|t| *t > 0.0);
+    match job["state"].as_str().unwrap_or("") {
+        "DEPEND" | "PRIORITY" | "SCHED" => 0.0,
+        _ => match (f("t_run"), f("t_cleanup")) {
+            (Some(run), Some(cleanup)) => cleanup - run,
+            (Some(run), None) => now - run,
+            _ => 0.0,
+        },
+    }
+}
+
+/// The `INFO` column.
+fn contextual_info(job: &Value, hosts: &Hostnames) -> String {
+    match job["state"].as_str().unwrap_or("") {
+        "PRIORITY" => "priority-wait".into(),
+        "DEPEND" => {
+            let deps: Vec<String> = job["dependencies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(listing::dependency)
+                .collect();
+            format!("depends:{}", deps.join(","))
+        }
+        "SCHED" => {
+            if job["urgency"].as_i64() == Some(0) {
+                "held".into()
+            } else if job["priority"].as_i64() == Some(0) {
+                "priority-hold".into()
+            } else {
+                String::new()
+            }
+        }
+        _ => {
+            let cluster = job["cluster"].as_str().unwrap_or("");
+            match job["ranks"].as_str().map(IdSet::parse) {
+                Some(Ok(ranks)) => hosts.nodelist(cluster, &ranks),
+                _ => String::new(),
+            }
+        }
+    }
+}
+
+/// The table `flux jobs` prints, for these jobs.
+pub fn table(jobs: &[Value], hosts: &Hostnames, users: &Users, now: f64) -> Columns {
+    let several = {
+        let mut names = jobs.iter().map(|j| j["cluster"].as_str());
+        let first = names.next().flatten();
+        names.any(|c| c != first)
+    };
+    let mut t = Columns::new();
+    t.right("JOBID", 12);
+    if several {
+        t.left_grow("CLUSTER", 8);
+    }
+    t.left_grow("USER", 8);
+    t.right("ST", 2);
+    t.right("NNODES", 6);
+    t.right("TIME", 8);
+    t.last("INFO");
+    for job in jobs {
+        let id = job["id"]
+            .as_u64()
+            .map_or_else(String::new, |i| listing::f58(JobId(i)));
+        let user = job["userid"]
+            .as_i64()
+            .map_or_else(String::new, |u| users.name(u));
+        let nnodes = job["ranks"]
+            .as_str()
+            .and_then(|r| IdSet::parse(r).ok())
+            .map_or_else(|| "-".to_string(), |r| r.len().to_string());
+        let time = listing::hyphen_if_empty(fsd::format(contextual_time(job, now)));
+        let mut row = vec![id];
+        if several {
+            row.push(job["cluster"].as_str().unwrap_or("").to_string());
+        }
+        row.extend([
+            user,
+            status_abbrev(job).to_string(),
+            nnodes,
+            time,
+            contextual_info(job, hosts),
+        ]);
+        t.row(row);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(v: Value) -> Value {
+        let mut base = json!({"cluster": "c", "userid": 4_000_000_000i64});
+        for (k, x) in v.as_object().unwrap() {
+            base[k] = x.clone();
+        }
+        base
+    }
+
+    #[test]
+    fn lines_as_flux_jobs_prints_them() {
+        // Rows from `flux jobs` of flux-core 0.88 (the columns fluxpipe has).
+        let jobs = [
+            job(json!({"id": 1, "state": "SCHED", "urgency": 0, "priority": 0})),
+            job(json!({"id": 2, "state": "DEPEND", "dependencies": ["after-success=ƒki9ptf"]})),
+            job(json!({"id": 3, "state": "PRIORITY"})),
+            job(json!({"id": 4, "state": "RUN", "t_run": 100.0, "ranks": "1-2"})),
+            job(
+                json!({"id": 5, "state": "INACTIVE", "result": "COMPLETED", "t_run": 10.0, "t_cleanup": 60.0, "ranks": "4"}),
+            ),
+            job(json!({"id": 6, "state": "INACTIVE", "result": "CANCELED"})),
+        ];
+        let mut hosts = Hostnames::default();
+        for r in 0..8 {
+            hosts.insert("c", r, &format!("node{r}"));
+        }
+        let t = table(&jobs, &hosts, &Users::default(), 175.1);
+        let mut out = Vec::new();
+        listing::print(&mut out, &t, true).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let want = "       JOBID USER       ST NNODES     TIME INFO\n\
+                    \x20         ƒ2 4000000000  S      -        - held\n\
+                    \x20         ƒ3 4000000000  D      -        - depends:after-success=ƒki9ptf\n\
+                    \x20         ƒ4 4000000000  P      -        - priority-wait\n\
+                    \x20         ƒ5 4000000000  R      2   1.252m node[1-2]\n\
+                    \x20         ƒ6 4000000000 CD      1      50s node4\n\
+                    \x20         ƒ7 4000000000 CA      -        - \n";
+        assert_eq!(text, want);
+    }
+
+    #[test]
+    fn several_clusters_get_a_cluster_column() {
+        let jobs = [
+            job(json!({"id": 1, "state": "PRIORITY", "cluster": "alpha"})),
+            job(json!({"id": 1, "state": "PRIORITY", "cluster": "b"})),
+        ];
+        let t = table(&jobs, &Hostnames::default(), &Users::default(), 0.0);
+        let mut out = Vec::new();
+        listing::print(&mut out, &t, true).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("       JOBID CLUSTER  USER"), "{text}");
+        assert!(text.contains("ƒ2 alpha    4000000000"), "{text}");
+    }
+
+    #[test]
+    fn the_order_is_flux_jobs_order() {
+        let mut jobs = [
+            job(json!({"id": 9, "state": "INACTIVE", "t_inactive": 5.0})),
+            job(json!({"id": 8, "state": "RUN", "t_run": 1.0})),
+            job(json!({"id": 7, "state": "RUN", "t_run": 2.0})),
+            job(json!({"id": 6, "state": "DEPEND"})),
+            job(json!({"id": 5, "state": "SCHED", "priority": 0})),
+            job(json!({"id": 4, "state": "SCHED", "priority": 16})),
+            job(json!({"id": 3, "state": "SCHED", "priority": 16})),
+        ];
+        jobs.sort_by(listing_order);
+        let ids: Vec<u64> = jobs.iter().map(|j| j["id"].as_u64().unwrap()).collect();
+        assert_eq!(ids, [3, 4, 5, 6, 7, 8, 9]);
+    }
+}
