@@ -679,6 +679,62 @@ async fn three_members_of_a_group_one_killed_and_replaced_agree_with_one_instanc
             "the group's gauges {:#?}\ndiffer from one instance's {:#?}",
             last.0, last.1
         );
+
+        // The query API: `fluxpipe jobs` and `fluxpipe resource` asking the
+        // three live members print what they print asking one instance, and
+        // say so when a member is left out.
+        let ask = |ports: &[u16], args: &[&str]| -> (String, String) {
+            let mut cmd = common::fluxpipe();
+            cmd.args(args);
+            for p in ports {
+                cmd.arg("--url").arg(format!("127.0.0.1:{p}"));
+            }
+            let out = cmd.output().expect("fluxpipe");
+            assert!(out.status.success(), "fluxpipe {args:?}: {out:?}");
+            (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+        let members = [a.2, c.2, d.2];
+        let jobs_of = |ports: &[u16]| -> (Value, String) {
+            let (out, said) = ask(ports, &["jobs", "--json", "-c", "100000"]);
+            (
+                serde_json::from_str::<Value>(&out).expect("json")["jobs"].clone(),
+                said,
+            )
+        };
+        let mut last = (Value::Null, Value::Null, String::new());
+        let agreed = (0..150).any(|_| {
+            let (group_jobs, said) = jobs_of(&members);
+            let (single_jobs, _) = jobs_of(&[single_port]);
+            let same = group_jobs == single_jobs && said.is_empty();
+            last = (group_jobs, single_jobs, said);
+            if !same {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            same
+        });
+        let active = last.1.as_array().map_or(0, Vec::len);
+        assert!(
+            agreed && active > 0,
+            "fluxpipe jobs of the group ({}), warnings {:?}, differ from one instance's ({active})",
+            last.0.as_array().map_or(0, Vec::len),
+            last.2
+        );
+        eprintln!(
+            "fluxpipe jobs: {active} active jobs, the same from the group and from one instance"
+        );
+        assert_eq!(
+            ask(&members, &["resource", "status"]).0,
+            ask(&[single_port], &["resource", "status"]).0,
+            "fluxpipe resource status"
+        );
+        let (_, said) = ask(&[a.2, c.2], &["jobs"]);
+        assert!(
+            said.contains("had no answer"),
+            "a member left out is said: {said:?}"
+        );
         for run in [run_a, run_c, run_d, run_single] {
             stop(run);
         }

@@ -67,6 +67,16 @@ fn bad_query(e: QueryRejection, keys: &str) -> ApiError {
     )
 }
 
+/// A list answer, with the input partitions it covers when the pipeline
+/// reads partitions (a member of a Kafka consumer group answers for those
+/// it owns): `"partitions": [{"source", "topic", "owned", "partitions"}]`.
+fn answer(questions: &Questions, mut body: Value) -> Response {
+    if let Some(owned) = questions.ownership.report() {
+        body["partitions"] = json!(owned);
+    }
+    Json(body).into_response()
+}
+
 async fn ask(questions: &Questions, query: Query) -> Result<Vec<Answer>, ApiError> {
     match tokio::time::timeout(ANSWER_TIMEOUT, questions.ask(&query)).await {
         Ok(Ok(answers)) => Ok(answers),
@@ -152,7 +162,7 @@ async fn jobs(
     };
     let limit = p.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
     let (jobs, next) = jobs_page(&questions, filter, after, limit).await?;
-    Ok(Json(json!({ "jobs": jobs, "next": next })).into_response())
+    Ok(answer(&questions, json!({ "jobs": jobs, "next": next })))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -291,7 +301,7 @@ async fn nodes(
             }))
         })
         .collect();
-    Ok(Json(json!({ "nodes": nodes })).into_response())
+    Ok(answer(&questions, json!({ "nodes": nodes })))
 }
 
 async fn clusters(State(questions): State<Questions>) -> Result<Response, ApiError> {
@@ -316,7 +326,7 @@ async fn clusters(State(questions): State<Questions>) -> Result<Response, ApiErr
             })
         })
         .collect();
-    Ok(Json(json!({ "clusters": clusters })).into_response())
+    Ok(answer(&questions, json!({ "clusters": clusters })))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -360,5 +370,8 @@ async fn alerts(
     all.truncate(limit);
     let next = more.then(|| all.last().map(|(p, _)| p.clone())).flatten();
     let alerts: Vec<Value> = all.into_iter().map(|(_, a)| a).collect();
-    Ok(Json(json!({ "alerts": alerts, "next": next })).into_response())
+    Ok(answer(
+        &questions,
+        json!({ "alerts": alerts, "next": next }),
+    ))
 }

@@ -10,7 +10,8 @@ use super::router::ShardMsg;
 use crate::flux::resource::RankState;
 use crate::keyed::query::{ClusterCounts, JobFilter, Position};
 use crate::output::JobRecord;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 /// A question every shard answers for its part.
@@ -75,16 +76,75 @@ pub struct Asked {
 #[error("the pipeline is not running")]
 pub struct Unavailable;
 
-/// The asker's end: every shard's queue, held weakly.
+/// The partitions of one topic that a source of this pipeline owns now.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Owned {
+    pub source: String,
+    pub topic: String,
+    pub owned: BTreeSet<i32>,
+    /// How many partitions the topic has (`None` until known).
+    pub partitions: Option<i32>,
+}
+
+/// Which input partitions this pipeline owns, as its Kafka sources say:
+/// in a consumer group each member answers for these, and says so with
+/// every answer, so that whoever merges the members' answers knows when a
+/// partition had no answer.
+#[derive(Debug, Clone, Default)]
+pub struct Ownership(Arc<Mutex<BTreeMap<(String, String), Owned>>>);
+
+impl Ownership {
+    fn edit(&self, source: &str, topic: &str, f: impl FnOnce(&mut Owned)) {
+        if let Ok(mut map) = self.0.lock() {
+            let entry = map
+                .entry((source.to_string(), topic.to_string()))
+                .or_insert_with(|| Owned {
+                    source: source.to_string(),
+                    topic: topic.to_string(),
+                    ..Owned::default()
+                });
+            f(entry);
+        }
+    }
+
+    /// A source's topic has `n` partitions.
+    pub fn set_partitions(&self, source: &str, topic: &str, n: i32) {
+        self.edit(source, topic, |o| o.partitions = Some(n));
+    }
+
+    /// A source owns these partitions of its topics now (and no others of
+    /// `topics`).
+    pub fn set_owned(&self, source: &str, topics: &[String], owned: &BTreeSet<(String, i32)>) {
+        for topic in topics {
+            let mine = owned
+                .iter()
+                .filter(|(t, _)| t == topic)
+                .map(|(_, p)| *p)
+                .collect();
+            self.edit(source, topic, |o| o.owned = mine);
+        }
+    }
+
+    /// Every topic's, or `None` when no source reads partitions.
+    pub fn report(&self) -> Option<Vec<Owned>> {
+        let map = self.0.lock().ok()?;
+        (!map.is_empty()).then(|| map.values().cloned().collect())
+    }
+}
+
+/// The asker's end: every shard's queue, held weakly; and which
+/// partitions the answers cover.
 #[derive(Debug, Clone, Default)]
 pub struct Questions {
     shards: Vec<mpsc::WeakSender<ShardMsg>>,
+    pub ownership: Ownership,
 }
 
 impl Questions {
-    pub fn new(shards: &[mpsc::Sender<ShardMsg>]) -> Self {
+    pub fn new(shards: &[mpsc::Sender<ShardMsg>], ownership: Ownership) -> Self {
         Questions {
             shards: shards.iter().map(mpsc::Sender::downgrade).collect(),
+            ownership,
         }
     }
 

@@ -6,6 +6,7 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -109,8 +110,7 @@ impl Client {
     }
 
     /// `GET path` of one server, following its pages (`next`) until `want`
-    /// items of the list `key` are in hand or there are no more. Returns
-    /// the items and whether more were left.
+    /// items of the list `key` are in hand or there are no more.
     pub fn get_pages(
         &self,
         base: &str,
@@ -118,9 +118,10 @@ impl Client {
         key: &str,
         query: &[(&str, String)],
         want: usize,
-    ) -> Result<(Vec<Value>, bool)> {
+    ) -> Result<Paged> {
         self.runtime.block_on(async {
             let mut items = Vec::new();
+            let mut partitions = None;
             let mut after: Option<String> = None;
             loop {
                 let mut q = query.to_vec();
@@ -132,14 +133,95 @@ impl Client {
                 if let Some(list) = page[key].as_array() {
                     items.extend(list.iter().cloned());
                 }
-                match page["next"].as_str() {
-                    Some(next) if items.len() < want => after = Some(next.to_string()),
-                    Some(_) => return Ok((items, true)),
-                    None => return Ok((items, false)),
+                if partitions.is_none() {
+                    partitions = page.get("partitions").cloned();
                 }
+                let more = match page["next"].as_str() {
+                    Some(next) if items.len() < want => {
+                        after = Some(next.to_string());
+                        continue;
+                    }
+                    Some(_) => true,
+                    None => false,
+                };
+                return Ok(Paged {
+                    items,
+                    more,
+                    partitions,
+                });
             }
         })
     }
+}
+
+/// One server's pages of a list.
+pub struct Paged {
+    pub items: Vec<Value>,
+    /// More were left.
+    pub more: bool,
+    /// The input partitions its answer covers (a consumer group's member).
+    pub partitions: Option<Value>,
+}
+
+/// What the members' answers did not cover, said plainly: partitions of a
+/// topic that no member given owns (their jobs and nodes are missing from
+/// the merged answer), or that two members both claim (a rebalance under
+/// way). Each member's `partitions` report, or `None` from a pipeline
+/// that reads no partitions.
+pub fn coverage(reports: &[Option<&Value>]) -> Vec<String> {
+    let mut topics: BTreeMap<(String, String), (Vec<i64>, Option<i64>)> = BTreeMap::new();
+    for report in reports.iter().flatten() {
+        for t in report.as_array().into_iter().flatten() {
+            let key = (
+                t["source"].as_str().unwrap_or("").to_string(),
+                t["topic"].as_str().unwrap_or("").to_string(),
+            );
+            let entry = topics.entry(key).or_default();
+            entry.0.extend(
+                t["owned"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_i64),
+            );
+            entry.1 = entry.1.max(t["partitions"].as_i64());
+        }
+    }
+    let mut said = Vec::new();
+    for ((source, topic), (mut owned, count)) in topics {
+        owned.sort_unstable();
+        let twice: BTreeSet<i64> = owned
+            .windows(2)
+            .filter(|w| w[0] == w[1])
+            .map(|w| w[0])
+            .collect();
+        owned.dedup();
+        if !twice.is_empty() {
+            said.push(format!(
+                "source {source}, topic {topic}: partitions {} answered by more than one member (a rebalance under way?)",
+                list(&twice)
+            ));
+        }
+        match count {
+            Some(n) => {
+                let missing: BTreeSet<i64> = (0..n).filter(|p| owned.binary_search(p).is_err()).collect();
+                if !missing.is_empty() {
+                    said.push(format!(
+                        "source {source}, topic {topic}: partitions {} of {n} had no answer (no member given owns them): what they carry is missing",
+                        list(&missing)
+                    ));
+                }
+            }
+            None => said.push(format!(
+                "source {source}, topic {topic}: its partition count is not known yet: whether every partition answered cannot be told"
+            )),
+        }
+    }
+    said
+}
+
+fn list(set: &BTreeSet<i64>) -> String {
+    set.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// `GET base/path?query`, as JSON; an error answer says its reason.
@@ -171,4 +253,32 @@ async fn get<K: serde::Serialize, V: serde::Serialize>(
         bail!("{url}: {status}: {why}");
     }
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn partitions_nobody_answered_for_are_said() {
+        let a = json!([{"source": "k", "topic": "t", "owned": [0, 1], "partitions": 4}]);
+        let b = json!([{"source": "k", "topic": "t", "owned": [3], "partitions": 4}]);
+        let said = coverage(&[Some(&a), Some(&b)]);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains("partitions 2 of 4 had no answer"),
+            "{said:?}"
+        );
+        let c = json!([{"source": "k", "topic": "t", "owned": [1, 2], "partitions": 4}]);
+        let said = coverage(&[Some(&a), Some(&b), Some(&c)]);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains("partitions 1 answered by more than one"),
+            "{said:?}"
+        );
+        assert!(coverage(&[None, None]).is_empty());
+        let d = json!([{"source": "k", "topic": "t", "owned": [0, 1, 2, 3], "partitions": 4}]);
+        assert!(coverage(&[Some(&d)]).is_empty());
+    }
 }

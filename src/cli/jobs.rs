@@ -3,7 +3,7 @@
 //! JOBID, USER, ST, NNODES, TIME, INFO; a CLUSTER column when there are
 //! several), or as JSON. Merges the answers of several servers.
 
-use super::ask::{Client, Servers};
+use super::ask::{Client, Servers, coverage};
 use super::listing::{self, Columns};
 use crate::flux::fsd;
 use crate::flux::hostlist::Hostlist;
@@ -103,12 +103,19 @@ fn listed(client: &Client, args: &JobsArgs) -> Result<(Vec<Value>, bool)> {
     }
     let mut jobs = Vec::new();
     let mut more = false;
+    let mut reports = Vec::new();
     for base in client.urls() {
-        let (page, left) = client.get_pages(base, "/api/v1/jobs", "jobs", &query, args.count)?;
-        jobs.extend(page);
-        more |= left;
+        let paged = client.get_pages(base, "/api/v1/jobs", "jobs", &query, args.count)?;
+        jobs.extend(paged.items);
+        more |= paged.more;
+        reports.push(paged.partitions);
+    }
+    for warning in coverage(&reports.iter().map(Option::as_ref).collect::<Vec<_>>()) {
+        eprintln!("fluxpipe jobs: warning: {warning}");
     }
     jobs.sort_by(listing_order);
+    // A job two members both hold (a partition changing hands) once.
+    jobs.dedup_by(|a, b| a["cluster"] == b["cluster"] && a["id"] == b["id"]);
     let truncated = more || jobs.len() > args.count;
     jobs.truncate(args.count);
     Ok((jobs, truncated))

@@ -3,7 +3,7 @@
 //! resource drain` (with no targets) print them when piped, or as JSON.
 //! Read-only: fluxpipe watches instances, it does not drain nodes.
 
-use super::ask::{Client, Servers};
+use super::ask::{Client, Servers, coverage};
 use super::listing::{self, Columns};
 use crate::flux::hostlist::Hostlist;
 use anyhow::{Result, bail};
@@ -118,7 +118,12 @@ fn nodes(servers: &Servers, cluster: Option<&str>) -> Result<(Vec<Value>, ByClus
         .collect();
     let mut raw = Vec::new();
     let mut by_cluster: BTreeMap<String, Vec<Node>> = BTreeMap::new();
-    for answer in client.get_all("/api/v1/nodes", &query)? {
+    let answers = client.get_all("/api/v1/nodes", &query)?;
+    let reports: Vec<Option<&Value>> = answers.iter().map(|a| a.get("partitions")).collect();
+    for warning in coverage(&reports) {
+        eprintln!("fluxpipe resource: warning: {warning}");
+    }
+    for answer in &answers {
         for v in answer["nodes"].as_array().into_iter().flatten() {
             let node: Node = serde_json::from_value(v.clone())?;
             by_cluster

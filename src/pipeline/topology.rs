@@ -227,7 +227,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         shard_txs.push(tx);
         shard_tasks.spawn(on_own_thread(index, shard, rx)?);
     }
-    let questions = Questions::new(&shard_txs);
+    let ownership = crate::channels::query::Ownership::default();
+    let questions = Questions::new(&shard_txs, ownership.clone());
     let router = Router::new(shard_txs);
     let mut coordinator = Coordinator::new(
         config.data_dir.clone(),
@@ -249,7 +250,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             outputs.clone(),
             shutdown.child_token(),
             link.clone(),
-        );
+        )
+        .with_ownership(ownership.clone());
         let (name, source) = (name.clone(), source.clone());
         source_tasks.spawn(async move {
             let result = sources::run(source, ctx).await;

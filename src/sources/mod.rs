@@ -12,6 +12,7 @@ pub mod lines;
 
 use crate::channels::checkpoint::CheckpointLink;
 use crate::channels::fanout::Outputs;
+use crate::channels::query::Ownership;
 use crate::channels::router::{Closed, Routed, Router, Tally};
 use crate::component::{Claim, Problem};
 use crate::decode::{self, Origin, Record};
@@ -56,6 +57,9 @@ pub struct SourceContext {
     /// take part in.
     pub checkpoint: CheckpointLink,
     invalid: Arc<AtomicU64>,
+    /// Where a source that reads partitions says which it owns (the
+    /// query API's answers carry it).
+    pub ownership: Ownership,
     /// `fluxpipe_events_received_total` of this source, registered once:
     /// the macro would build and look up its labelled key for every line.
     received: metrics::Counter,
@@ -81,8 +85,16 @@ impl SourceContext {
             shutdown,
             checkpoint,
             invalid: Arc::new(AtomicU64::new(0)),
+            ownership: Ownership::default(),
             received: metrics::counter!("fluxpipe_events_received_total", "source" => name.to_string()),
         }
+    }
+
+    /// Report owned partitions to `ownership` (the pipeline's, shared by
+    /// its sources and its API).
+    pub fn with_ownership(mut self, ownership: Ownership) -> Self {
+        self.ownership = ownership;
+        self
     }
 
     /// The origin of lines that have no path to tell: the configured

@@ -113,7 +113,7 @@ pub async fn ensure_topic(config: &KafkaSourceConfig, changelog: &str) -> Result
 
 /// A topic's partition count; `None`: no such topic (after waiting a
 /// while for it if `wait`: a topic just created takes a moment to show).
-fn partition_count<C: ClientContext>(
+pub(super) fn partition_count<C: ClientContext>(
     client: &rdkafka::client::Client<C>,
     topic: &str,
     wait: bool,

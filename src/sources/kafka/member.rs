@@ -488,6 +488,9 @@ impl Member {
     fn count_owned(&self) {
         metrics::gauge!("fluxpipe_kafka_partitions_owned", "source" => self.ctx.name.to_string())
             .set(self.owned.len() as f64);
+        self.ctx
+            .ownership
+            .set_owned(&self.ctx.name, &self.config.topics, &self.owned);
     }
 
     /// The group's committed offset of a partition.
@@ -584,6 +587,17 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
         .subscribe(&topics)
         .context("cannot subscribe to the topics")?;
     tracing::info!(source = %ctx.name, topics = ?config.topics, group = %config.group_id, changelog = ?changelog_topic, "consumer started");
+    // How many partitions each topic has, for the query API's answers
+    // (a member says which it owns; the asker, which had none).
+    for topic in &config.topics {
+        let (probe, t) = (consumer.clone(), topic.clone());
+        let (ownership, name) = (ctx.ownership.clone(), ctx.name.clone());
+        tokio::task::spawn_blocking(move || {
+            if let Ok(Some(n)) = changelog::partition_count(probe.client(), &t, true) {
+                ownership.set_partitions(&name, &t, n);
+            }
+        });
+    }
     if let Some(topic) = &changelog_topic
         && let Some(batches) = ctx.checkpoint.take_changelog()
     {
