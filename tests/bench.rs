@@ -31,6 +31,7 @@ fn bench_short_prints_every_figure() {
         "peak resident memory",
         "bytes per active job",
         "latency socket write -> transition out",
+        "queried back to back",
     ];
     for figure in figures {
         let line = text

@@ -15,7 +15,9 @@
 //! - memory: K never-finishing jobs fed on standard input (kept open), read
 //!   from /proc once every planned transition has come out;
 //! - latency: a TCP socket source fed at a fixed rate, transitions read
-//!   from the child's standard output, both instants taken here.
+//!   from the child's standard output, both instants taken here;
+//! - queries: the 1-worker blackhole run again, with a client asking the
+//!   query API back to back while the input flows.
 
 use crate::workload::{self, Entry, Spec, Workload};
 use anyhow::{Context, Result, anyhow, bail};
@@ -165,11 +167,13 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         .collect();
     let mut times = vec![Vec::new(); configs.len()];
     let mut replays = Vec::new();
+    let mut queries: Vec<Queried> = Vec::new();
     for _ in 0..PIPELINE_RUNS {
         for (i, &(sink, workers)) in configs.iter().enumerate() {
-            times[i].push(pipeline(&exe, &dir.0, &input, workers, sink)?);
+            times[i].push(pipeline(&exe, &dir.0, &input, workers, sink, None)?);
         }
         replays.push(replay(&exe, &input)?);
+        queries.push(queried(&exe, &dir.0, &input)?);
     }
     for (&(sink, workers), secs) in configs.iter().zip(&times) {
         let best = secs.iter().copied().fold(f64::INFINITY, f64::min);
@@ -182,6 +186,21 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             if workers == 1 { "" } else { "s" },
             eps / typed_eps,
             rate_line(slowest).0,
+        )?;
+    }
+    // The same as the first line, with one client asking the query API
+    // back to back while the input flows.
+    if let Some(q) = queries.iter().min_by(|a, b| a.secs.total_cmp(&b.secs)) {
+        let unqueried = times[0].iter().copied().fold(f64::INFINITY, f64::min);
+        let (eps, mibs) = rate_line(q.secs);
+        writeln!(
+            out,
+            "fluxpipe stdin -> operators -> blackhole, 1 worker, queried back to back: {eps:.0} events/s, {mibs:.1} MiB/s, {:.3}x typed baseline, {:.2}x the unqueried run; {} answers (/api/v1/jobs?limit=100 and /api/v1/clusters by turns), p50 {:.3} ms, p99 {:.3} ms (best of {PIPELINE_RUNS} runs)",
+            eps / typed_eps,
+            unqueried / q.secs,
+            q.answers,
+            q.p50_ms,
+            q.p99_ms,
         )?;
     }
     let best = replays.iter().copied().fold(f64::INFINITY, f64::min);
@@ -495,8 +514,22 @@ fn toml_path(p: &Path) -> String {
 
 /// Run the pipeline over `input` on its standard input; seconds until it
 /// has drained and exited.
-fn pipeline(exe: &Path, dir: &Path, input: &Path, workers: usize, sink: SinkKind) -> Result<f64> {
-    let name = format!("{}-{workers}", sink.name());
+fn pipeline(
+    exe: &Path,
+    dir: &Path,
+    input: &Path,
+    workers: usize,
+    sink: SinkKind,
+    api: Option<u16>,
+) -> Result<f64> {
+    let name = format!(
+        "{}-{workers}{}",
+        sink.name(),
+        if api.is_some() { "-api" } else { "" }
+    );
+    let api_text = api.map_or_else(String::new, |port| {
+        format!("[api]\naddress = \"127.0.0.1:{port}\"\n")
+    });
     let state = dir.join(format!("state-{name}"));
     let records = dir.join(format!("records-{name}.jsonl"));
     let sink_text = match sink {
@@ -510,7 +543,7 @@ fn pipeline(exe: &Path, dir: &Path, input: &Path, workers: usize, sink: SinkKind
         dir,
         &name,
         &format!(
-            "data_dir = {}\nworkers = {workers}\n[sources.in]\ntype = \"stdin\"\ncluster = \"bench\"\n{sink_text}",
+            "data_dir = {}\nworkers = {workers}\n[sources.in]\ntype = \"stdin\"\ncluster = \"bench\"\n{sink_text}{api_text}",
             toml_path(&state)
         ),
     )?;
@@ -534,6 +567,75 @@ fn pipeline(exe: &Path, dir: &Path, input: &Path, workers: usize, sink: SinkKind
     }
     let _ = std::fs::remove_file(&records);
     Ok(secs.max(1e-9))
+}
+
+/// A run of the 1-worker blackhole pipeline with its query API asked.
+struct Queried {
+    secs: f64,
+    answers: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// The 1-worker blackhole pipeline with the query API on, one client
+/// asking it back to back (a page of jobs, then the clusters' counts) for
+/// as long as it runs: does a query stall ingest, and how long does an
+/// answer take behind a flood of records.
+fn queried(exe: &Path, dir: &Path, input: &Path) -> Result<Queried> {
+    let port = free_port()?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let asking = {
+        let stop = stop.clone();
+        std::thread::spawn(move || -> Result<Vec<f64>> {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let client = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(30))
+                    .build()?;
+                let paths = ["/api/v1/jobs?limit=100", "/api/v1/clusters"];
+                let mut times = Vec::new();
+                let mut turn = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let url = format!("http://127.0.0.1:{port}{}", paths[turn % 2]);
+                    let start = Instant::now();
+                    let answered = match client.get(&url).send().await {
+                        Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
+                        _ => false,
+                    };
+                    if answered {
+                        times.push(start.elapsed().as_secs_f64() * 1e3);
+                        turn += 1;
+                    } else {
+                        // Not listening yet, or gone.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+                Ok(times)
+            })
+        })
+    };
+    let secs = pipeline(exe, dir, input, 1, SinkKind::Blackhole, Some(port));
+    stop.store(true, Ordering::Relaxed);
+    let mut times = asking
+        .join()
+        .map_err(|_| anyhow!("the querying thread panicked"))??;
+    let secs = secs?;
+    times.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        times
+            .get(((times.len() as f64 * q) as usize).min(times.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Ok(Queried {
+        secs,
+        answers: times.len(),
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+    })
 }
 
 /// `fluxpipe replay` of the workload with the built-in rules, its JSON
