@@ -1,0 +1,23 @@
+//! What the query API and its commands read from text never panics: a page
+//! position (`after`), a state list (`state`), a duration (RFC 23); and a
+//! duration that reads back prints and reads again to about itself.
+#![no_main]
+
+use fluxpipe::flux::fsd;
+use fluxpipe::keyed::query::{JobFilter, Position};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(s) = std::str::from_utf8(data) else { return };
+    if let Ok(p) = Position::decode(s) {
+        let back = Position::decode(&p.encode()).expect("an encoded position decodes");
+        assert_eq!(back.cmp(&p), std::cmp::Ordering::Equal);
+    }
+    let _ = JobFilter::parse_states(s);
+    if let Ok(secs) = fsd::parse(s)
+        && secs.is_finite()
+    {
+        let back = fsd::parse(&fsd::format(secs)).expect("a printed duration reads back");
+        assert!(back.is_finite());
+    }
+});
