@@ -11,6 +11,7 @@ use crate::keyed::alerts::rule::default_rules;
 use crate::keyed::processor::Processor;
 use crate::keyed::state::{KeyedAnomaly, State};
 use crate::output;
+use crate::sources::file::rotation;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::Value;
@@ -48,7 +49,8 @@ pub struct ReplayArgs {
     /// Report no alerts.
     #[arg(long)]
     pub no_alerts: bool,
-    /// Files and folders (read recursively, in sorted path order).
+    /// Files and folders (read recursively, in sorted path order; the
+    /// rotated files of a journal or eventlog oldest first, before it).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
 }
@@ -194,11 +196,25 @@ impl Reader {
         let meta =
             std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
         if meta.is_dir() {
+            let mut files = Vec::new();
             for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
                 let entry = entry.with_context(|| format!("cannot walk {}", path.display()))?;
                 if entry.file_type().is_file() {
-                    self.file(entry.path(), false)?;
+                    files.push(entry.into_path());
                 }
+            }
+            // As the file source reads them: a feed's rotated files
+            // oldest first, before its live file.
+            rotation::in_read_order(&mut files);
+            for file in &files {
+                if rotation::is_compressed_log(file) {
+                    eprintln!(
+                        "fluxpipe replay: {}: compressed, not read (decompress it to replay it)",
+                        file.display()
+                    );
+                    continue;
+                }
+                self.file(file, false)?;
             }
             Ok(())
         } else {
@@ -209,7 +225,8 @@ impl Reader {
     /// Read one file; `named` is true when the user named it, so even a
     /// file whose path says nothing is read (its lines must name their keys).
     fn file(&mut self, path: &Path, named: bool) -> Result<()> {
-        let origin = match decode::classify_path(path) {
+        // A rotated name reads as its live name (`journal.jsonl.1`).
+        let origin = match rotation::classify(path) {
             PathKind::Eventlog(origin) => origin,
             PathKind::Lines => Origin::default(),
             PathKind::Other if named => Origin::default(),

@@ -28,38 +28,37 @@ pub enum ResourceCommand {
     Drain(DrainArgs),
 }
 
+/// What both subcommands take: where to ask, which cluster, how to print.
 #[derive(Args, Debug)]
-pub struct StatusArgs {
+pub struct NodeQuery {
     #[command(flatten)]
     pub servers: Servers,
-    /// States to show, comma-separated: all, online, offline, avail,
-    /// exclude, drain, draining, drained, torpid.
-    #[arg(short = 's', long = "states", value_name = "STATES")]
-    pub states: Option<String>,
     /// Only this cluster.
     #[arg(long)]
     pub cluster: Option<String>,
     /// No header line.
     #[arg(short = 'n', long = "no-header")]
     pub no_header: bool,
-    /// The nodes as JSON (`{"nodes": [...]}`), not a table.
+    /// The nodes as JSON (`{"nodes": [...]}`: drain lists the drained
+    /// ones), not a table.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub query: NodeQuery,
+    /// States to show, comma-separated: all, online, offline, avail,
+    /// exclude, drain, draining, drained, torpid.
+    #[arg(short = 's', long = "states", value_name = "STATES")]
+    pub states: Option<String>,
+}
+
+#[derive(Args, Debug)]
 pub struct DrainArgs {
     #[command(flatten)]
-    pub servers: Servers,
-    /// Only this cluster.
-    #[arg(long)]
-    pub cluster: Option<String>,
-    /// No header line.
-    #[arg(short = 'n', long = "no-header")]
-    pub no_header: bool,
-    /// The drained nodes as JSON, not a table.
-    #[arg(long)]
-    pub json: bool,
+    pub query: NodeQuery,
 }
 
 pub fn run(args: ResourceArgs) -> Result<ExitCode> {
@@ -353,13 +352,14 @@ fn status_lines(
 
 fn status(args: StatusArgs) -> Result<ExitCode> {
     let sel = Selection::parse(args.states.as_deref())?;
-    let (raw, clusters) = nodes(&args.servers, args.cluster.as_deref())?;
+    let q = &args.query;
+    let (raw, clusters) = nodes(&q.servers, q.cluster.as_deref())?;
     let mut out = std::io::stdout().lock();
-    if args.json {
+    if q.json {
         writeln!(out, "{}", json!({ "nodes": raw }))?;
         return Ok(ExitCode::SUCCESS);
     }
-    for line in status_lines(&clusters, &sel, !args.no_header) {
+    for line in status_lines(&clusters, &sel, !q.no_header) {
         writeln!(out, "{line}")?;
     }
     Ok(ExitCode::SUCCESS)
@@ -409,14 +409,15 @@ fn drain_table(clusters: &BTreeMap<String, Vec<Node>>) -> Columns {
 }
 
 fn drain(args: DrainArgs) -> Result<ExitCode> {
-    let (raw, clusters) = nodes(&args.servers, args.cluster.as_deref())?;
+    let q = &args.query;
+    let (raw, clusters) = nodes(&q.servers, q.cluster.as_deref())?;
     let mut out = std::io::stdout().lock();
-    if args.json {
+    if q.json {
         let drained: Vec<&Value> = raw.iter().filter(|n| n["drained"] == true).collect();
         writeln!(out, "{}", json!({ "nodes": drained }))?;
         return Ok(ExitCode::SUCCESS);
     }
-    listing::print(&mut out, &drain_table(&clusters), !args.no_header)?;
+    listing::print(&mut out, &drain_table(&clusters), !q.no_header)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -3,6 +3,7 @@
 //! reads what reached the router (and the dead-letter stream).
 
 use super::*;
+use std::cmp::Reverse;
 use crate::channels::fanout::{Outputs, SinkCommon, SinkRx, WhenFull};
 use crate::channels::router::{Routed, Router, ShardMsg};
 use crate::channels::checkpoint::CheckpointLink;
