@@ -10,7 +10,7 @@ use crate::flux::fsd;
 use crate::flux::jobid::JobId;
 use crate::flux::resource::RankState;
 use crate::keyed::alerts::wall_now;
-use crate::keyed::query::ClusterCounts;
+use crate::keyed::query::{AlertPosition, ClusterCounts};
 use axum::extract::State;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
@@ -45,50 +45,55 @@ pub fn routes(questions: Questions, metrics: Option<&'static PrometheusHandle>) 
 struct Cluster {
     counts: ClusterCounts,
     ranks: Vec<RankState>,
-    alerts: Vec<Value>,
+    /// The oldest firing alerts, with their places.
+    alerts: Vec<(AlertPosition, Value)>,
+    /// How many fire in all.
+    firing: usize,
 }
 
 async fn page(State(page): State<Page>) -> Response {
     let asked = async {
         let q = &page.questions;
-        let clusters = q.ask(&Query::Clusters).await?;
-        let nodes = q.ask(&Query::Nodes { cluster: None }).await?;
-        let alerts = q.ask(&Query::Alerts { cluster: None }).await?;
-        Ok::<_, crate::channels::query::Unavailable>((clusters, nodes, alerts))
-    };
-    let (clusters, nodes, alerts) = match tokio::time::timeout(ANSWER_TIMEOUT, asked).await {
-        Ok(Ok(answers)) => answers,
-        Ok(Err(e)) => return unavailable(&e.to_string()),
-        Err(_) => return unavailable("the shards did not answer in time (busy)"),
-    };
-    let mut by_cluster: BTreeMap<String, Cluster> = BTreeMap::new();
-    for answer in clusters.into_iter().chain(nodes).chain(alerts) {
-        match answer {
-            Answer::Clusters(counts) => {
+        let mut by_cluster: BTreeMap<String, Cluster> = BTreeMap::new();
+        for answer in q.ask(&Query::Clusters).await? {
+            if let Answer::Clusters(counts) = answer {
                 for (name, c) in counts {
                     by_cluster.entry(name).or_default().counts.merge(&c);
                 }
             }
-            Answer::Nodes(ranks) => {
+        }
+        for answer in q.ask(&Query::Nodes { cluster: None }).await? {
+            if let Answer::Nodes(ranks) = answer {
                 for (name, r) in ranks {
                     by_cluster.entry(name).or_default().ranks.push(r);
                 }
             }
-            Answer::Alerts(list) => {
-                for a in list {
-                    let name = a["cluster"].as_str().unwrap_or("").to_string();
-                    by_cluster.entry(name).or_default().alerts.push(a);
+        }
+        // Each cluster's oldest few: only those are rendered.
+        for (name, c) in by_cluster.iter_mut() {
+            let query = Query::Alerts {
+                cluster: Some(name.clone()),
+                after: None,
+                limit: ALERTS_SHOWN,
+            };
+            for answer in q.ask(&query).await? {
+                if let Answer::Alerts(page, total) = answer {
+                    c.alerts.extend(page);
+                    c.firing += total;
                 }
             }
-            Answer::Jobs(_) => {}
         }
-    }
+        Ok::<_, crate::channels::query::Unavailable>(by_cluster)
+    };
+    let mut by_cluster = match tokio::time::timeout(ANSWER_TIMEOUT, asked).await {
+        Ok(Ok(answers)) => answers,
+        Ok(Err(e)) => return unavailable(&e.to_string()),
+        Err(_) => return unavailable("the shards did not answer in time (busy)"),
+    };
     for c in by_cluster.values_mut() {
         c.ranks.sort_by_key(|r| r.rank);
-        c.alerts.sort_by(|a, b| {
-            let t = |v: &Value| v["since"].as_f64().unwrap_or(0.0);
-            t(a).total_cmp(&t(b))
-        });
+        c.alerts.sort_by(|a, b| a.0.cmp(&b.0));
+        c.alerts.truncate(ALERTS_SHOWN);
     }
     let metrics = page.metrics.map(|h| h.render()).unwrap_or_default();
     Html(render(&by_cluster, &Health::read(&metrics), wall_now()).into_string()).into_response()
@@ -293,7 +298,7 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
             } @else {
                 table.alerts {
                     tr { th { "since" } th { "alert" } }
-                    @for a in c.alerts.iter().take(ALERTS_SHOWN) {
+                    @for (_, a) in &c.alerts {
                         tr.alert data-about=(about(a)) {
                             td { (ago(now, a["since"].as_f64().unwrap_or(now))) }
                             td { b { (a["alertname"].as_str().unwrap_or("")) } ": "
@@ -302,8 +307,8 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
                         }
                     }
                 }
-                @if c.alerts.len() > ALERTS_SHOWN {
-                    p.muted { (c.alerts.len() - ALERTS_SHOWN) " more: " a href={ "/api/v1/alerts?cluster=" (name) } { "all" } }
+                @if c.firing > c.alerts.len() {
+                    p.muted { (c.firing - c.alerts.len()) " more: " a href={ "/api/v1/alerts?cluster=" (name) } { "all" } }
                 }
             }
         }

@@ -13,12 +13,13 @@
 //! - `GET /api/v1/clusters`: each cluster's jobs per state, ranks per
 //!   state, newest event, event clock.
 //! - `GET /api/v1/alerts`: what fires now, as the alerts stream has it,
-//!   oldest first; filter `cluster`, `limit` and `after` as for jobs.
+//!   oldest first, and how many fire in all; filter `cluster`, `limit` and
+//!   `after` as for jobs.
 
 use crate::channels::query::{Answer, JobNow, Query, Questions};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::RankState;
-use crate::keyed::query::{ClusterCounts, JobFilter, Position};
+use crate::keyed::query::{AlertPosition, ClusterCounts, JobFilter, Position};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query as Params, State};
@@ -337,15 +338,6 @@ struct AlertParams {
     after: Option<String>,
 }
 
-/// An alert's place in the listing: when it began, then its record id.
-fn alert_position(alert: &Value) -> String {
-    let starts = alert["since"].as_f64().unwrap_or(0.0);
-    let id = alert["record_id"].as_str().unwrap_or("");
-    // Hex of the bits sorts as the time does for the non-negative times
-    // Flux writes; fixed width so that text order is number order.
-    format!("{:016x}.{id}", starts.to_bits())
-}
-
 async fn alerts(
     State(questions): State<Questions>,
     params: Result<Params<AlertParams>, QueryRejection>,
@@ -355,23 +347,31 @@ async fn alerts(
         Err(e) => return Err(bad_query(e, "cluster, limit, after")),
     };
     let limit = p.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-    let answers = ask(&questions, Query::Alerts { cluster: p.cluster }).await?;
-    let mut all: Vec<(String, Value)> = answers
-        .into_iter()
-        .flat_map(|a| match a {
-            Answer::Alerts(list) => list,
-            _ => Vec::new(),
-        })
-        .map(|a| (alert_position(&a), a))
-        .filter(|(pos, _)| p.after.as_ref().is_none_or(|after| pos > after))
-        .collect();
+    let after = match p.after.as_deref().map(AlertPosition::decode).transpose() {
+        Ok(a) => a,
+        Err(e) => return Err(problem(StatusCode::BAD_REQUEST, e.to_string())),
+    };
+    // One more than asked: whether there is a next page.
+    let query = Query::Alerts {
+        cluster: p.cluster,
+        after,
+        limit: limit + 1,
+    };
+    let mut all: Vec<(AlertPosition, Value)> = Vec::new();
+    let mut total = 0;
+    for answer in ask(&questions, query).await? {
+        if let Answer::Alerts(page, n) = answer {
+            all.extend(page);
+            total += n;
+        }
+    }
     all.sort_by(|a, b| a.0.cmp(&b.0));
     let more = all.len() > limit;
     all.truncate(limit);
-    let next = more.then(|| all.last().map(|(p, _)| p.clone())).flatten();
+    let next = more.then(|| all.last().map(|(p, _)| p.encode())).flatten();
     let alerts: Vec<Value> = all.into_iter().map(|(_, a)| a).collect();
     Ok(answer(
         &questions,
-        json!({ "alerts": alerts, "next": next }),
+        json!({ "alerts": alerts, "next": next, "firing": total }),
     ))
 }

@@ -8,7 +8,7 @@
 
 use super::router::ShardMsg;
 use crate::flux::resource::RankState;
-use crate::keyed::query::{ClusterCounts, JobFilter, Position};
+use crate::keyed::query::{AlertPosition, ClusterCounts, JobFilter, Position};
 use crate::output::JobRecord;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -27,8 +27,13 @@ pub enum Query {
     Nodes { cluster: Option<String> },
     /// Each cluster's counts.
     Clusters,
-    /// The alerts firing now, in every cluster (or one).
-    Alerts { cluster: Option<String> },
+    /// The first `limit` alerts firing now after `after`, in every
+    /// cluster (or one).
+    Alerts {
+        cluster: Option<String>,
+        after: Option<AlertPosition>,
+        limit: usize,
+    },
 }
 
 /// What a job looks like to the query API: its summary record and where
@@ -60,8 +65,9 @@ pub enum Answer {
     Jobs(Vec<(Position, JobNow)>),
     Nodes(Vec<(String, RankState)>),
     Clusters(BTreeMap<String, ClusterCounts>),
-    /// Alert records, as the alerts stream has them.
-    Alerts(Vec<serde_json::Value>),
+    /// Alert records, as the alerts stream has them, with their places;
+    /// and how many fire in this part in all.
+    Alerts(Vec<(AlertPosition, serde_json::Value)>, usize),
 }
 
 /// A question on its way to one shard, with where the answer goes.

@@ -48,16 +48,19 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
             }
             Answer::Clusters(counts)
         }
-        Query::Alerts { cluster } => {
+        Query::Alerts {
+            cluster,
+            after,
+            limit,
+        } => {
             let rules = processor.alerts.rules();
-            Answer::Alerts(
-                processor
-                    .alerts
-                    .firing_now(&state.jobs, cluster.as_deref())
-                    .iter()
-                    .filter_map(|a| Some(output::alert(rules.get(a.rule)?, a)))
-                    .collect(),
-            )
+            let firing = processor.alerts.firing_now(&state.jobs, cluster.as_deref());
+            let (page, total) = query::select_alerts(firing, after.as_ref(), *limit);
+            let rendered = page
+                .into_iter()
+                .filter_map(|(pos, a)| Some((pos, output::alert(rules.get(a.rule)?, &a))))
+                .collect();
+            Answer::Alerts(rendered, total)
         }
     }
 }
