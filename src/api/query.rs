@@ -105,6 +105,21 @@ fn parse_id(text: &str) -> Result<JobId, ApiError> {
     JobId::parse(text).map_err(|e| problem(StatusCode::BAD_REQUEST, format!("id `{text}`: {e}")))
 }
 
+/// The shards' pages (each asked for one more than `limit`), merged: the
+/// first `limit` items in order, and the position the next page starts
+/// after when there is more.
+fn first_page<P: Ord, T>(
+    mut all: Vec<(P, T)>,
+    limit: usize,
+    encode: impl Fn(&P) -> String,
+) -> (Vec<T>, Option<String>) {
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let more = all.len() > limit;
+    all.truncate(limit);
+    let next = more.then(|| all.last().map(|(p, _)| encode(p))).flatten();
+    (all.into_iter().map(|(_, t)| t).collect(), next)
+}
+
 /// Every shard's page, merged into one page of `limit` and the position
 /// the next one starts after (if there is more).
 async fn jobs_page(
@@ -125,11 +140,7 @@ async fn jobs_page(
             all.extend(page);
         }
     }
-    all.sort_by(|a, b| a.0.cmp(&b.0));
-    let more = all.len() > limit;
-    all.truncate(limit);
-    let next = more.then(|| all.last().map(|(p, _)| p.encode())).flatten();
-    Ok((all.into_iter().map(|(_, j)| j).collect(), next))
+    Ok(first_page(all, limit, Position::encode))
 }
 
 async fn jobs(
@@ -365,11 +376,7 @@ async fn alerts(
             total += n;
         }
     }
-    all.sort_by(|a, b| a.0.cmp(&b.0));
-    let more = all.len() > limit;
-    all.truncate(limit);
-    let next = more.then(|| all.last().map(|(p, _)| p.encode())).flatten();
-    let alerts: Vec<Value> = all.into_iter().map(|(_, a)| a).collect();
+    let (alerts, next) = first_page(all, limit, AlertPosition::encode);
     Ok(answer(
         &questions,
         json!({ "alerts": alerts, "next": next, "firing": total }),

@@ -220,6 +220,25 @@ fn parse_range(range: &str, input: &str) -> Result<(u64, u64, usize), HostlistEr
     Ok((lo, hi, lo_s.len()))
 }
 
+impl Item {
+    /// One host name, taken literally (see [`Hostlist::push`]); `None` for
+    /// an empty name.
+    fn of_host(host: &str) -> Option<Item> {
+        if host.is_empty() {
+            return None;
+        }
+        Some(match split_number(host) {
+            Some((prefix, n, width)) if !host.contains([',', '[', ']', ' ', '\t']) => Item::Range {
+                prefix: prefix.to_owned(),
+                lo: n,
+                hi: n,
+                width: canonical_width(n, width),
+            },
+            _ => Item::Single(host.to_owned()),
+        })
+    }
+}
+
 impl Hostlist {
     /// Decodes an RFC 29 hostlist. `""` (or only separators) is empty.
     pub fn parse(s: &str) -> Result<Hostlist, HostlistError> {
@@ -316,19 +335,9 @@ impl Hostlist {
     /// `[`, `]`, space or tab is kept, but then the encoding will not
     /// decode back to it.
     pub fn push(&mut self, host: &str) {
-        if host.is_empty() {
-            return;
+        if let Some(item) = Item::of_host(host) {
+            self.append_item(item);
         }
-        let item = match split_number(host) {
-            Some((prefix, n, width)) if !host.contains([',', '[', ']', ' ', '\t']) => Item::Range {
-                prefix: prefix.to_owned(),
-                lo: n,
-                hi: n,
-                width: canonical_width(n, width),
-            },
-            _ => Item::Single(host.to_owned()),
-        };
-        self.append_item(item);
     }
 
     /// Appends every host of `other`.
@@ -341,14 +350,10 @@ impl Hostlist {
     /// Sorted with duplicates kept, as flux-core's `hostlist_sort` (how
     /// `flux resource` lists the hosts of a row merged from several).
     pub fn sorted(&self) -> Hostlist {
-        let mut hosts: Vec<(Item, String)> = Vec::with_capacity(self.count);
-        for host in self.iter() {
-            let mut one = Hostlist::default();
-            one.push(&host);
-            if let Some(item) = one.items.pop() {
-                hosts.push((item, host));
-            }
-        }
+        let mut hosts: Vec<(Item, String)> = self
+            .iter()
+            .filter_map(|host| Some((Item::of_host(&host)?, host)))
+            .collect();
         hosts.sort_by(|a, b| sort_key(&a.0).cmp(&sort_key(&b.0)));
         let mut out = Hostlist::default();
         for (_, host) in &hosts {
