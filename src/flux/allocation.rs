@@ -12,18 +12,22 @@ use foldhash::HashMap;
 
 /// Jobs holding each rank, per cluster, and the ranks whose held-ness
 /// changed since the owner of the cluster's resource state last looked.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Allocations {
     clusters: HashMap<String, ClusterHolds>,
 }
 
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 struct ClusterHolds {
     /// How many jobs hold each rank (no entry: none).
     jobs: HashMap<u32, u32>,
     /// Ranks that became held or free since [`Allocations::take_flipped`].
     /// At most every rank once: bounded by the instance's size.
     flipped: IdSet,
+    /// Of those that became free, the event time they were given back
+    /// (the `free`'s): a drained rank whose job took and gave it back
+    /// between two looks was draining in between, if the drain came first.
+    freed: HashMap<u32, f64>,
 }
 
 impl Allocations {
@@ -49,9 +53,10 @@ impl Allocations {
         }
     }
 
-    /// A job of `cluster` gave `ranks` back. Ranks no job holds are left
-    /// alone (a release is never counted twice into the negative).
-    pub fn release(&mut self, cluster: &str, ranks: &[(u32, u32)]) {
+    /// A job of `cluster` gave `ranks` back, by an event of time `at` if
+    /// one. Ranks no job holds are left alone (a release is never counted
+    /// twice into the negative).
+    pub fn release(&mut self, cluster: &str, ranks: &[(u32, u32)], at: Option<f64>) {
         let Some(c) = self.clusters.get_mut(cluster) else {
             return;
         };
@@ -61,6 +66,10 @@ impl Allocations {
                 if *n == 0 {
                     c.jobs.remove(&r);
                     c.flipped.insert(r);
+                    if let Some(at) = at {
+                        let t = c.freed.entry(r).or_insert(at);
+                        *t = t.max(at);
+                    }
                 }
             }
         }
@@ -93,6 +102,28 @@ impl Allocations {
             .flat_map(|c| c.flipped.iter())
     }
 
+    /// When `rank` of `cluster` was last given back since the last look,
+    /// if it was (by an event).
+    pub fn freed_at(&self, cluster: &str, rank: u32) -> Option<f64> {
+        self.clusters.get(cluster)?.freed.get(&rank).copied()
+    }
+
+    /// Have `ranks` looked at again as though they flipped (a restored
+    /// resource state, whose saved draining may be older than the holds).
+    pub fn mark_flipped(&mut self, cluster: &str, ranks: impl IntoIterator<Item = u32>) {
+        let mut ranks = ranks.into_iter().peekable();
+        if ranks.peek().is_none() {
+            return;
+        }
+        let c = match self.clusters.get_mut(cluster) {
+            Some(c) => c,
+            None => self.clusters.entry(cluster.to_string()).or_default(),
+        };
+        for r in ranks {
+            c.flipped.insert(r);
+        }
+    }
+
     /// Those ranks were looked at.
     pub fn clear_flipped(&mut self, cluster: &str) {
         let Some(c) = self.clusters.get_mut(cluster) else {
@@ -100,6 +131,7 @@ impl Allocations {
         };
         // Cleared in place: its room serves the next flips.
         c.flipped.clear();
+        c.freed.clear();
         if c.jobs.is_empty() {
             self.clusters.remove(cluster);
         }
@@ -146,11 +178,11 @@ mod tests {
         a.hold("c", set("1-2").ranges());
         assert_eq!(a.held("c"), set("0-2"));
         assert_eq!(a.take_flipped("c"), set("0-2"));
-        a.release("c", set("0-1").ranges());
+        a.release("c", set("0-1").ranges(), None);
         assert_eq!(a.held("c"), set("1-2"));
         assert_eq!(a.take_flipped("c"), set("0"));
         assert!(a.is_held("c", 1) && !a.is_held("c", 0) && !a.is_held("d", 1));
-        a.release("c", set("1-2").ranges());
+        a.release("c", set("1-2").ranges(), None);
         assert_eq!(a.take_flipped("c"), set("1-2"));
         assert_eq!(a, Allocations::new(), "nothing is left behind");
     }
@@ -158,11 +190,28 @@ mod tests {
     #[test]
     fn releasing_what_is_not_held_changes_nothing() {
         let mut a = Allocations::new();
-        a.release("c", set("0-3").ranges());
+        a.release("c", set("0-3").ranges(), None);
         a.hold("c", set("2").ranges());
-        a.release("c", set("0-1").ranges());
+        a.release("c", set("0-1").ranges(), None);
         assert_eq!(a.held("c"), set("2"));
         assert_eq!(a.take_flipped("c"), set("2"));
+    }
+
+    #[test]
+    fn a_rank_given_back_keeps_its_time_until_looked_at() {
+        let mut a = Allocations::new();
+        a.hold("c", set("0-1").ranges());
+        a.release("c", set("0-1").ranges(), Some(20.0));
+        a.hold("c", set("1").ranges());
+        a.release("c", set("1").ranges(), Some(10.0));
+        assert_eq!(a.freed_at("c", 0), Some(20.0));
+        assert_eq!(a.freed_at("c", 1), Some(20.0), "the latest time is kept");
+        assert_eq!(a.take_flipped("c"), set("0-1"));
+        assert_eq!(a.freed_at("c", 0), None);
+        assert_eq!(a, Allocations::new(), "nothing is left behind");
+        a.mark_flipped("c", [3]);
+        assert!(a.is_flipped("c"));
+        assert_eq!(a.take_flipped("c"), set("3"));
     }
 
     proptest! {
@@ -181,7 +230,7 @@ mod tests {
                         holding[job] = Some(ranks);
                     }
                     (Some(ranks), false) => {
-                        a.release("c", ranks.ranges());
+                        a.release("c", ranks.ranges(), None);
                         holding[job] = None;
                     }
                     _ => continue,

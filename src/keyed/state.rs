@@ -165,14 +165,15 @@ impl SharedAllocations {
         f(&mut a)
     }
 
-    /// The ranks `job` was allocated count as held (`take`), or free again.
-    fn count(&self, cluster: &str, job: &Job, take: bool) {
+    /// The ranks `job` was allocated count as held (`take`), or free again
+    /// (by an event of time `at`, if one).
+    fn count(&self, cluster: &str, job: &Job, take: bool, at: Option<f64>) {
         let ranks = job.allocated_ranges();
         self.with(|a| {
             if take {
                 a.hold(cluster, ranks);
             } else {
-                a.release(cluster, ranks);
+                a.release(cluster, ranks, at);
             }
         });
     }
@@ -206,19 +207,16 @@ impl State {
         self.allocations = allocations;
     }
 
-    /// Set every rank's draining from the holds as they are now, silently
-    /// (a restored state: its saved draining may be older than its jobs').
-    pub fn recompute_draining(&mut self) {
-        let allocations = &self.allocations;
-        for (cluster, res) in self.resources.iter_mut() {
-            let ranks: Vec<u32> = res
+    /// Have every drained rank looked at again at the next refresh (a
+    /// restored state: its saved draining may be older than its jobs'
+    /// holds, and what differs was never written out).
+    pub fn recheck_draining(&mut self) {
+        for (cluster, res) in &self.resources {
+            let ranks = res
                 .ranks()
                 .filter(|r| r.drained || r.draining)
-                .map(|r| r.rank)
-                .collect();
-            allocations.with(|a| {
-                res.set_draining(ranks, |r| a.is_held(cluster, r), &mut Vec::new());
-            });
+                .map(|r| r.rank);
+            self.allocations.with(|a| a.mark_flipped(cluster, ranks));
         }
     }
 
@@ -226,12 +224,12 @@ impl State {
     /// replaced and returned. The ranks it holds count as held.
     pub fn insert_job(&mut self, key: JobKey, entry: Box<JobEntry>) -> Option<Box<JobEntry>> {
         if entry.job.holds_ranks() {
-            self.allocations.count(&key.cluster, &entry.job, true);
+            self.allocations.count(&key.cluster, &entry.job, true, None);
         }
         let cluster = key.cluster.clone();
         let old = self.jobs.insert(key, entry);
         if let Some(old) = old.as_ref().filter(|o| o.job.holds_ranks()) {
-            self.allocations.count(&cluster, &old.job, false);
+            self.allocations.count(&cluster, &old.job, false, None);
         }
         old
     }
@@ -241,7 +239,8 @@ impl State {
     pub fn remove_job(&mut self, key: &JobKey) -> Option<Box<JobEntry>> {
         let entry = self.jobs.remove(key)?;
         if entry.job.holds_ranks() {
-            self.allocations.count(&key.cluster, &entry.job, false);
+            self.allocations
+                .count(&key.cluster, &entry.job, false, None);
         }
         Some(entry)
     }
@@ -274,12 +273,48 @@ impl State {
         let mut changes = also.map(std::mem::take).unwrap_or_default();
         // Ranks a resource event changed (rare): nothing allocated for none.
         let changed: Vec<u32> = changes.iter().map(|c| c.rank).collect();
+        let mut passed = Vec::new();
         self.allocations.with(|a| {
-            let ranks = a.flipped(cluster).chain(changed);
-            res.set_draining(ranks, |r| a.is_held(cluster, r), &mut changes);
+            // Those not draining before this look.
+            let flipped: Vec<u32> = a.flipped(cluster).collect();
+            let not_draining: Vec<u32> = flipped
+                .iter()
+                .copied()
+                .filter(|&r| res.rank(r).is_some_and(|s| !s.draining))
+                .collect();
+            res.set_draining(
+                flipped.iter().copied().chain(changed),
+                |r| a.is_held(cluster, r),
+                &mut changes,
+            );
+            // A job of another part took and gave back a drained rank
+            // between two looks: it was draining until the job's free, if
+            // the drain came before. Said as it was, not skipped.
+            for r in not_draining {
+                let drained_before_free = res.rank(r).is_some_and(|s| {
+                    s.drained
+                        && !s.draining
+                        && !a.is_held(cluster, r)
+                        && a.freed_at(cluster, r)
+                            .is_some_and(|t| s.drain_timestamp.is_none_or(|d| d < t))
+                });
+                if drained_before_free {
+                    // Apart: one list would coalesce them into nothing.
+                    for held in [true, false] {
+                        let mut one = Vec::new();
+                        res.set_draining([r], |_| held, &mut one);
+                        passed.extend(one);
+                    }
+                }
+            }
             a.clear_flipped(cluster);
         });
-        out.extend(changes.into_iter().map(|c| (cluster.to_string(), c)));
+        out.extend(
+            changes
+                .into_iter()
+                .chain(passed)
+                .map(|c| (cluster.to_string(), c)),
+        );
     }
 
     /// The shared copy of a cluster name: a million job keys of one
@@ -389,7 +424,8 @@ impl State {
         let mut counted = entry.job.holds_ranks();
         let mut recounted = false;
         if counted && matches!(body, Body::R(_)) {
-            self.allocations.count(&key.cluster, &entry.job, false);
+            self.allocations
+                .count(&key.cluster, &entry.job, false, None);
             (counted, recounted) = (false, true);
         }
         match (stream, body) {
@@ -419,7 +455,8 @@ impl State {
         entry.cross_check(&mut anomalies);
         let holds = entry.job.holds_ranks();
         if holds != counted {
-            self.allocations.count(&key.cluster, &entry.job, holds);
+            let at = fx.event.as_ref().map(|(_, t)| *t);
+            self.allocations.count(&key.cluster, &entry.job, holds, at);
             recounted = true;
         }
         if recounted && self.resources.contains_key(&*key.cluster) {
@@ -675,6 +712,70 @@ mod tests {
         jobs.insert_job(key, entry);
         res.refresh_draining();
         assert_eq!(rank(&res, 0), (true, true));
+    }
+
+    fn draining_flips(res: &mut State) -> Vec<(u32, bool)> {
+        res.refresh_draining()
+            .into_iter()
+            .map(|(_, c)| (c.rank, c.after.unwrap().draining))
+            .collect()
+    }
+
+    /// Another part's job takes and gives back a drained rank between two
+    /// looks (a backlog read at once): it was draining in between if the
+    /// drain came before the free, and never if after.
+    #[test]
+    fn a_rank_taken_and_given_back_between_looks_was_draining_if_drained_first() {
+        let shared = SharedAllocations::default();
+        let (mut jobs, mut res) = (State::new(), State::new());
+        jobs.share_allocations(shared.clone());
+        res.share_allocations(shared);
+        feed(&mut res, &instance());
+        // drained at 10.5, while job 9 held rank 1 (10.4 to 11.2)
+        let (run, end) = job_lines(9, 10.0, "1");
+        feed(&mut jobs, &run);
+        feed(&mut jobs, &end);
+        let drain = resource("drain", 10.5, r#"{"idset":"1"}"#);
+        let said: Vec<(u32, bool)> = feed(&mut res, &[drain]);
+        assert_eq!(
+            said,
+            [(1, false), (1, true), (1, false)],
+            "the drain, then the job"
+        );
+        assert_eq!(rank(&res, 1), (true, false));
+        assert!(draining_flips(&mut res).is_empty(), "said once");
+        // the same, with the look after the drain: the refresh says it
+        let (run, end) = job_lines(12, 20.0, "1");
+        feed(&mut jobs, &run);
+        feed(&mut jobs, &end);
+        assert_eq!(draining_flips(&mut res), [(1, true), (1, false)]);
+        // drained at 30 after a job held rank 2 from 20.4 to 21.2: never
+        let (run, end) = job_lines(13, 20.0, "2");
+        feed(&mut jobs, &run);
+        feed(&mut jobs, &end);
+        feed(&mut res, &[resource("drain", 30.0, r#"{"idset":"2"}"#)]);
+        assert!(draining_flips(&mut res).is_empty());
+        assert_eq!(rank(&res, 2), (true, false));
+    }
+
+    /// A restored resource state whose saved draining is older than the
+    /// holds says the difference at the next look, not silently.
+    #[test]
+    fn a_restored_state_says_what_its_saved_draining_missed() {
+        let shared = SharedAllocations::default();
+        let (mut jobs, mut res) = (State::new(), State::new());
+        jobs.share_allocations(shared.clone());
+        feed(&mut res, &instance());
+        feed(&mut res, &[resource("drain", 5.0, r#"{"idset":"1"}"#)]);
+        let (run, _) = job_lines(9, 10.0, "1");
+        feed(&mut jobs, &run);
+        // restored beside the job's part: drained, saved not draining
+        let mut restored = State::new();
+        restored.share_allocations(shared);
+        restored.resources = std::mem::take(&mut res.resources);
+        restored.recheck_draining();
+        assert_eq!(rank(&restored, 1), (true, false), "not before it looks");
+        assert_eq!(draining_flips(&mut restored), [(1, true)]);
     }
 
     #[test]

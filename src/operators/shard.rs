@@ -470,7 +470,7 @@ impl Shard {
         // Draining as the jobs held now say (the shards restore side by
         // side: holds of other shards' jobs come in as they do, and the
         // next refresh looks at them), then the nodes as restored.
-        self.processor.state.recompute_draining();
+        self.processor.state.recheck_draining();
         for cluster in &restored_clusters {
             if let Some(res) = self.processor.state.resources.get(cluster) {
                 self.metrics
