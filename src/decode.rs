@@ -12,6 +12,7 @@
 use crate::flux::event::{Event, EventError};
 use crate::flux::exec::ExecResponse;
 use crate::flux::jobid::JobId;
+use crate::flux::jobspec::{JobSpec, JobSpecError};
 use crate::flux::object::JsonObject;
 use serde_json::Value;
 use smallvec::SmallVec;
@@ -91,6 +92,8 @@ pub enum PathKind {
     Eventlog(Origin),
     /// A job's R (`R`, `R.json`): its nodes and expiration.
     JobR(JobId),
+    /// A job's jobspec (`jobspec`, `jobspec.json`).
+    JobSpec(JobId),
     /// The instance's R (`resource/R`).
     ResourceR,
     /// Journal captures and other line files that name their own keys.
@@ -129,6 +132,11 @@ pub fn classify_path(path: &Path) -> PathKind {
             && let Ok(id) = JobId::parse(dothex)
         {
             return PathKind::JobR(id);
+        }
+        if let Some(dothex) = rest.strip_suffix(".jobspec")
+            && let Ok(id) = JobId::parse(dothex)
+        {
+            return PathKind::JobSpec(id);
         }
     }
     // `resource.eventlog` and rotated or renamed copies (`resource.eventlog.1`).
@@ -174,6 +182,11 @@ pub fn classify_path(path: &Path) -> PathKind {
                 return PathKind::JobR(id);
             }
         }
+        "jobspec" | "jobspec.json" => {
+            if let Some(id) = dump_id(1).or_else(|| parent(1).and_then(|d| JobId::parse(d).ok())) {
+                return PathKind::JobSpec(id);
+            }
+        }
         _ => {}
     }
     // Journal captures name their own keys on every line.
@@ -204,6 +217,9 @@ pub enum Body {
     /// An R object: a job's (job stream) or the instance's (resource
     /// stream), as read.
     R(JsonObject),
+    /// A job's jobspec, read down to the values kept of it (with the
+    /// reason some could not be read).
+    JobSpec(Box<JobSpec>, Option<JobSpecError>),
     /// A journal sentinel: the backlog ends here.
     Sentinel,
     /// An RFC 32 exec-protocol response.
@@ -316,8 +332,8 @@ mod fast {
         events: smallvec::SmallVec<[FastEvent; 1]>,
         #[serde(rename = "R", default)]
         r: Option<Box<RawValue>>,
-        #[serde(rename = "jobspec", default)]
-        _jobspec: Option<IgnoredAny>,
+        #[serde(default)]
+        jobspec: Option<Box<RawValue>>,
     }
 
     #[derive(Deserialize)]
@@ -413,7 +429,9 @@ mod fast {
         match (j.id, format) {
             (Some(id), Format::Auto | Format::JobJournal) => {
                 let record = |body| Record::job_journal(JobId(id), body);
-                // R first, as the general path does.
+                // The jobspec and R first, as the general path does.
+                out.records
+                    .extend(j.jobspec.map(|s| record(super::job_spec(s.get()))));
                 out.records.extend(r.map(|r| record(Body::R(r))));
                 out.records.extend(events.map(|e| record(Body::Event(e))));
                 true
@@ -578,6 +596,10 @@ fn job_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
         }
     };
     let record = |body| Record::job_journal(id, body);
+    // The jobspec comes with `submit`; what the job is, before its events.
+    if let Some(spec) = map.remove("jobspec") {
+        out.records.push(record(job_spec(&spec.to_string())));
+    }
     // R comes with the alloc event it belongs to; apply it first so the
     // job knows its expiration when it enters RUN.
     if let Some(Ok(r)) = map.remove("R").as_ref().map(JsonObject::from_value) {
@@ -589,6 +611,12 @@ fn job_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
             Err(e) => out.errors.push(e.into()),
         }
     }
+}
+
+/// A jobspec's text, read.
+pub fn job_spec(text: &str) -> Body {
+    let (spec, error) = JobSpec::parse(text);
+    Body::JobSpec(Box::new(spec), error)
 }
 
 fn resource_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
@@ -781,7 +809,11 @@ mod tests {
             ),
             ("dump/resource/R", PathKind::ResourceR),
             ("b/incarnation1.resource.journal.jsonl", PathKind::Lines),
-            ("jobs/6731191091817518/jobspec.json", PathKind::Other),
+            ("jobs/6731191091817518/jobspec.json", PathKind::JobSpec(id)),
+            (
+                "dump/job/0017/e9fb/8df1/6c2e/jobspec",
+                PathKind::JobSpec(id),
+            ),
             ("jobs/6731191091817518/label", PathKind::Other),
         ];
         for (p, want) in cases {

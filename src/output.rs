@@ -6,6 +6,7 @@ use crate::decode::EventStream;
 use crate::flux::event::Event;
 use crate::flux::job::{JobResult, JobState, Transition};
 use crate::flux::jobid::JobId;
+use crate::flux::jobspec::JobSpec;
 use crate::flux::resource::{RankChange, RankState};
 use crate::keyed::JobKey;
 use crate::keyed::alerts::engine::{AlertEvent, Detail, Subject};
@@ -239,8 +240,12 @@ pub fn job(key: &JobKey, entry: &JobEntry) -> Value {
 /// sink's thread) rather than on the shard's.
 #[derive(Debug, Clone, Serialize)]
 pub struct JobRecord {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bank: Option<CompactString>,
     cluster: Box<str>,
     dependencies: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     exception_note: Option<String>,
     exception_occurred: bool,
@@ -253,7 +258,23 @@ pub struct JobRecord {
     id: u64,
     kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<CompactString>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ncores: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nnodes: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nodelist: Option<CompactString>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ntasks: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     priority: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    project: Option<CompactString>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<CompactString>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ranks: Option<String>,
     record_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     result: Option<JobResult>,
@@ -285,9 +306,13 @@ impl JobRecord {
         let job = &entry.job;
         let s = job.summary_view();
         let t = job.last_timestamp().unwrap_or(0.0).to_bits().to_le_bytes();
+        let spec = s.spec;
+        let text = |f: fn(&JobSpec) -> &Option<CompactString>| spec.and_then(|s| f(s).clone());
         JobRecord {
+            bank: text(|s| &s.bank),
             cluster: key.cluster.as_ref().into(),
             dependencies: s.dependencies.to_vec(),
+            duration: spec.and_then(|s| s.duration),
             exception_note: s.exception.map(|e| e.note.clone()),
             exception_occurred: s.exception.is_some(),
             exception_severity: s.exception.map(|e| e.severity),
@@ -295,7 +320,15 @@ impl JobRecord {
             expiration: s.expiration,
             id: key.id.0,
             kind: "job",
+            name: text(|s| &s.name),
+            ncores: spec.and_then(JobSpec::ncores),
+            nnodes: spec.and_then(JobSpec::nnodes),
+            nodelist: text(|s| &s.nodelist),
+            ntasks: spec.and_then(JobSpec::ntasks),
             priority: s.priority,
+            project: text(|s| &s.project),
+            queue: text(|s| &s.queue),
+            ranks: s.ranks_text(),
             record_id: record_id(&[b"job", key.cluster.as_bytes(), &key.id.0.to_le_bytes(), &t]),
             result: s.result,
             returncode: s.returncode,

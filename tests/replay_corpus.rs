@@ -31,6 +31,17 @@ const FIELDS: &[&str] = &[
     "t_run",
     "t_cleanup",
     "t_inactive",
+    // From the jobspec (and its updates) and R.
+    "name",
+    "queue",
+    "project",
+    "bank",
+    "duration",
+    "ntasks",
+    "ncores",
+    "nnodes",
+    "nodelist",
+    "ranks",
 ];
 
 /// flux-core's answer for one job, in fluxpipe's field names.

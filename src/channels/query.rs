@@ -44,10 +44,6 @@ pub struct JobNow {
     pub record: JobRecord,
     /// When it entered its current state.
     pub state_since: Option<f64>,
-    /// The ranks its R allocated (an idset), once it has R; it holds them
-    /// from `alloc` to `free`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ranks: Option<String>,
     /// Asked about one job: its alert conditions (`firing`, or `pending`
     /// until their rule's duration has passed), as the alerts stream
     /// shapes them.

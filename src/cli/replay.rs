@@ -241,6 +241,17 @@ impl Reader {
                 });
                 return Ok(());
             }
+            PathKind::JobSpec(id) => {
+                let text = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                self.apply(Record {
+                    cluster: None,
+                    stream: EventStream::Job,
+                    id: Some(id),
+                    body: crate::decode::job_spec(&String::from_utf8_lossy(&text)),
+                });
+                return Ok(());
+            }
             PathKind::ResourceR => {
                 let r = read_json(path)?;
                 self.apply(Record {

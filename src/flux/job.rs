@@ -4,11 +4,14 @@
 
 use super::anomaly::{Anomaly, AnomalyKind, Stream};
 use super::event::{ContextError, Event};
+use super::hostlist::Hostlist;
 use super::idset::{IdSet, Ranks};
+use super::jobspec::JobSpec;
 use super::object::{self, JsonObject};
 use super::resource::bounded_idset;
 use super::stamp::Stamp;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt;
 use thin_vec::ThinVec;
@@ -183,6 +186,10 @@ pub struct Job {
     /// checkpoints read as before.
     #[serde(default)]
     ranks: ThinVec<(u32, u32)>,
+    /// What it asked for and was given (jobspec and R): boxed, one
+    /// allocation of the values kept, not the jobspec. Saved last.
+    #[serde(default)]
+    pub spec: Option<Box<JobSpec>>,
 }
 
 fn anomaly(kind: AnomalyKind, ev: &Event, message: impl Into<String>) -> Anomaly {
@@ -449,12 +456,20 @@ impl Job {
                 }
             },
             "jobspec-update" => {
-                if ev.context.as_ref().is_none_or(|c| c.is_empty()) {
-                    anomalies.push(anomaly(
+                match ev.context.as_ref().filter(|c| !c.is_empty()) {
+                    None => anomalies.push(anomaly(
                         AnomalyKind::MissingContext,
                         ev,
                         "jobspec-update event with no keys to update",
-                    ));
+                    )),
+                    Some(c) => {
+                        // Period-delimited paths: a few, read apart.
+                        let keys: std::collections::BTreeMap<String, Box<RawValue>> =
+                            serde_json::from_str(c.raw().get()).unwrap_or_default();
+                        self.spec
+                            .get_or_insert_default()
+                            .update(keys.iter().map(|(k, v)| (k.as_str(), &**v)));
+                    }
                 }
                 self.revert_to_priority(ts);
             }
@@ -750,25 +765,56 @@ impl Job {
             expiration: Option<serde_json::Value>,
             #[serde(rename = "R_lite", borrow, default)]
             r_lite: Vec<RLite<'a>>,
+            #[serde(borrow, default)]
+            nodelist: Option<Vec<Cow<'a, str>>>,
         }
         #[derive(serde::Deserialize)]
         struct RLite<'a> {
             #[serde(borrow)]
-            rank: Option<std::borrow::Cow<'a, str>>,
+            rank: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            children: Option<Children<'a>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Children<'a> {
+            #[serde(borrow, default)]
+            core: Option<Cow<'a, str>>,
         }
         let exp = match serde_json::from_str::<JobR>(r.raw().get()) {
             Ok(parsed) => parsed.execution.and_then(|e| {
                 let mut ranks = IdSet::new();
+                let mut cores = 0u64;
                 for entry in &e.r_lite {
                     // A rank idset that does not parse, or names more ranks
                     // than an instance can have, is left out: R's own
                     // checks belong to the resource stream.
                     if let Some(set) = entry.rank.as_deref().and_then(|s| bounded_idset(s).ok()) {
+                        let per_rank = entry
+                            .children
+                            .as_ref()
+                            .and_then(|c| c.core.as_deref())
+                            .and_then(|c| bounded_idset(c).ok())
+                            .map_or(0, |c| c.len());
+                        cores = cores.saturating_add(set.len().saturating_mul(per_rank));
                         ranks.union_with(&set);
                     }
                 }
                 if !ranks.is_empty() {
                     self.ranks = ranks.ranges().iter().copied().collect();
+                    // The hosts as one hostlist, in R's order.
+                    let nodelist = e.nodelist.as_ref().and_then(|parts| {
+                        let mut hosts = Hostlist::default();
+                        for part in parts {
+                            hosts.append(&Hostlist::parse(part).ok()?);
+                        }
+                        Some(hosts.to_string().into())
+                    });
+                    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+                    self.spec.get_or_insert_default().apply_r(
+                        clamp(ranks.len()),
+                        clamp(cores),
+                        nodelist,
+                    );
                 }
                 e.expiration
             }),
@@ -783,6 +829,15 @@ impl Job {
         {
             self.expiration.set(exp);
         }
+    }
+
+    /// What its jobspec says (read again from a later copy): what R
+    /// allocated stays.
+    pub fn apply_jobspec(&mut self, mut spec: JobSpec) {
+        if let Some(old) = self.spec.take() {
+            spec.keep_later_of(&old);
+        }
+        self.spec = Some(Box::new(spec));
     }
 
     /// The ranks R allocated to the job, as an idset's ranges (none
@@ -822,6 +877,16 @@ impl Job {
             t_inactive: v.t_inactive,
             expiration: v.expiration,
             dependencies: v.dependencies.to_vec(),
+            name: v.spec.and_then(|s| s.name.as_deref().map(String::from)),
+            queue: v.spec.and_then(|s| s.queue.as_deref().map(String::from)),
+            project: v.spec.and_then(|s| s.project.as_deref().map(String::from)),
+            bank: v.spec.and_then(|s| s.bank.as_deref().map(String::from)),
+            duration: v.spec.and_then(|s| s.duration),
+            ntasks: v.spec.and_then(JobSpec::ntasks),
+            ncores: v.spec.and_then(JobSpec::ncores),
+            nnodes: v.spec.and_then(JobSpec::nnodes),
+            nodelist: v.spec.and_then(|s| s.nodelist.as_deref().map(String::from)),
+            ranks: v.ranks_text(),
         }
     }
 
@@ -845,6 +910,8 @@ impl Job {
             t_inactive: self.t_inactive.get(),
             expiration: self.expiration.get(),
             dependencies: &self.dependencies,
+            spec: self.spec.as_deref(),
+            ranks: &self.ranks,
         }
     }
 }
@@ -868,6 +935,24 @@ pub struct SummaryView<'a> {
     pub t_inactive: Option<f64>,
     pub expiration: Option<f64>,
     pub dependencies: &'a [String],
+    /// What its jobspec and R say.
+    pub spec: Option<&'a JobSpec>,
+    /// The ranks R allocated, as an idset's ranges.
+    pub ranks: &'a [(u32, u32)],
+}
+
+impl SummaryView<'_> {
+    /// The ranks R allocated as an idset (`0-3,7`), once it has R.
+    pub fn ranks_text(&self) -> Option<String> {
+        (!self.ranks.is_empty()).then(|| {
+            let mut set = IdSet::default();
+            for &(lo, hi) in self.ranks {
+                set.insert_range(lo, hi);
+            }
+            // As job-list encodes it: brackets around more than one.
+            set.to_bracketed()
+        })
+    }
 }
 
 /// A job summary with the field names of `flux jobs --json`. Fields a job
@@ -909,6 +994,27 @@ pub struct JobSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expiration: Option<f64>,
     pub dependencies: Vec<String>,
+    // From the jobspec and R, as `flux jobs --json` names them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bank: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ntasks: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ncores: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nnodes: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodelist: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<String>,
 }
 
 #[cfg(test)]

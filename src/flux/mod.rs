@@ -10,6 +10,7 @@ pub mod hostlist;
 pub mod idset;
 pub mod job;
 pub mod jobid;
+pub mod jobspec;
 pub mod object;
 pub mod resource;
 pub mod stamp;

@@ -401,7 +401,7 @@ impl State {
                 applied
             }
             Body::R(r) => res.apply_r(&r.to_value()),
-            Body::Sentinel | Body::ExecResponse(_) => return,
+            Body::Sentinel | Body::ExecResponse(_) | Body::JobSpec(..) => return,
         };
         fx.duplicate = applied.skipped_duplicate;
         let mut changes = applied.changes;
@@ -442,6 +442,16 @@ impl State {
                 fx.event = Some((ev.name, ev.timestamp));
             }
             (EventStream::Job, Body::R(r)) => entry.job.apply_r(&r),
+            (EventStream::Job, Body::JobSpec(spec, error)) => {
+                entry.job.apply_jobspec(*spec);
+                if let Some(e) = error {
+                    anomalies.push(Anomaly::new(
+                        Stream::Job,
+                        AnomalyKind::Malformed,
+                        e.to_string(),
+                    ));
+                }
+            }
             (EventStream::Exec, Body::Event(ev)) => {
                 let applied = entry.exec.get_or_insert_default().apply(&ev);
                 fx.duplicate = applied.skipped_duplicate;

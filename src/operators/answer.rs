@@ -3,7 +3,6 @@
 
 use crate::channels::query::{Answer, JobNow, Query};
 use crate::flux::exec::ExecLog;
-use crate::flux::idset::IdSet;
 use crate::flux::job::Job;
 use crate::keyed::JobKey;
 use crate::keyed::processor::Processor;
@@ -67,13 +66,6 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
 
 fn job_now(processor: &Processor, key: &JobKey, entry: &JobEntry, detail: bool) -> JobNow {
     let job = &entry.job;
-    let ranks = (!job.allocated_ranges().is_empty()).then(|| {
-        let mut set = IdSet::default();
-        for &(lo, hi) in job.allocated_ranges() {
-            set.insert_range(lo, hi);
-        }
-        set.to_string()
-    });
     let (alerts, exec) = if detail {
         let rules = processor.alerts.rules();
         let alerts = processor
@@ -95,7 +87,6 @@ fn job_now(processor: &Processor, key: &JobKey, entry: &JobEntry, detail: bool) 
     JobNow {
         record: JobRecord::new(key, entry),
         state_since: job.t_state(),
-        ranks,
         alerts,
         exec,
     }

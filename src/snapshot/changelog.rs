@@ -352,7 +352,7 @@ mod tests {
         .unwrap();
         assert_eq!(again[0], FORMAT);
         assert!(
-            again.len() < old.len() - 20,
+            again.len() < old.len() - 15,
             "{} vs {}",
             again.len(),
             old.len()

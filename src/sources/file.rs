@@ -291,6 +291,8 @@ enum FoundKind {
     Doc {
         stream: EventStream,
         id: Option<JobId>,
+        /// A jobspec, not an R.
+        jobspec: bool,
         content: Option<Vec<u8>>,
     },
 }
@@ -471,7 +473,7 @@ impl Scanner {
                     }
                     continue;
                 }
-                PathKind::JobR(_) | PathKind::ResourceR => None,
+                PathKind::JobR(_) | PathKind::JobSpec(_) | PathKind::ResourceR => None,
             };
             let stat = match std::fs::metadata(&path) {
                 Ok(m) => Stat::of(&m),
@@ -500,9 +502,10 @@ impl Scanner {
                     FoundKind::Lines { origin, fp }
                 }
                 None => {
-                    let (stream, id) = match classify(&path) {
-                        PathKind::JobR(id) => (EventStream::Job, Some(id)),
-                        _ => (EventStream::Resource, None),
+                    let (stream, id, jobspec) = match classify(&path) {
+                        PathKind::JobR(id) => (EventStream::Job, Some(id), false),
+                        PathKind::JobSpec(id) => (EventStream::Job, Some(id), true),
+                        _ => (EventStream::Resource, None, false),
                     };
                     let content = if unchanged.is_some() {
                         None
@@ -519,6 +522,7 @@ impl Scanner {
                     FoundKind::Doc {
                         stream,
                         id,
+                        jobspec,
                         content,
                     }
                 }
@@ -1236,6 +1240,7 @@ impl FileSource {
             let FoundKind::Doc {
                 stream,
                 id,
+                jobspec,
                 content,
             } = &f.kind
             else {
@@ -1250,7 +1255,7 @@ impl FileSource {
             if self.docs.get(&f.path).is_some_and(|d| d.hash == hash) {
                 continue;
             }
-            self.send_doc(f, *stream, *id, content).await?;
+            self.send_doc(f, (*stream, *id, *jobspec), content).await?;
             self.docs.insert(
                 f.path.clone(),
                 Doc {
@@ -1269,18 +1274,19 @@ impl FileSource {
         Ok(())
     }
 
+    /// Send one whole-file document: an R, or (`jobspec`) a jobspec.
     async fn send_doc(
         &mut self,
         f: &Found,
-        stream: EventStream,
-        id: Option<JobId>,
+        (stream, id, jobspec): (EventStream, Option<JobId>, bool),
         content: &[u8],
     ) -> Result<(), Stop> {
         let ctx = &self.ctx;
         let location = format!("{}:1", f.path.display());
+        let what = if jobspec { "jobspec" } else { "R document" };
         if content.len() > ctx.decode.max_line_bytes {
             let error = format!(
-                "R document of {} bytes is longer than max_line_bytes ({})",
+                "{what} of {} bytes is longer than max_line_bytes ({})",
                 f.stat.len, ctx.decode.max_line_bytes
             );
             let prefix = &content[..ctx.decode.max_line_bytes];
@@ -1289,6 +1295,17 @@ impl FileSource {
         }
         metrics::counter!("fluxpipe_events_received_total", "source" => ctx.name.to_string())
             .increment(1);
+        if jobspec {
+            // Read whatever it is: what cannot be read is an anomaly of the
+            // job's, and the job keeps its record.
+            let record = Record {
+                cluster: None,
+                stream,
+                id,
+                body: crate::decode::job_spec(&String::from_utf8_lossy(content)),
+            };
+            return ctx.record(record).await.map_err(|_| Stop);
+        }
         match serde_json::from_slice::<serde_json::Value>(content) {
             Ok(value) => {
                 // Not an object: read as `{}`, which has no expiration or

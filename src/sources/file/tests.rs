@@ -110,6 +110,7 @@ fn name(r: &Routed) -> String {
     match &r.record.body {
         Body::Event(e) => e.name.to_string(),
         Body::R(_) => "R".into(),
+        Body::JobSpec(spec, _) => format!("jobspec {}", spec.name.as_deref().unwrap_or("?")),
         other => format!("{other:?}"),
     }
 }
@@ -558,10 +559,19 @@ async fn a_growing_dump_tree_is_followed_with_ids_from_paths() {
     std::fs::create_dir_all(&job_a).unwrap();
     append(&job_a.join("eventlog"), &ev(1));
     // Not an eventlog: never read.
-    append(&job_a.join("jobspec.json"), &ev(99));
+    append(&job_a.join("label"), &ev(99));
+    // A document read whole, as R is.
+    std::fs::write(
+        job_a.join("jobspec.json"),
+        r#"{"version":1,"resources":[{"type":"slot","count":1,"with":[{"type":"core","count":1}]}],"tasks":[{"command":["/bin/hostname"]}],"attributes":{"system":{"duration":0}}}"#,
+    )
+    .unwrap();
     let keys = format!("include = [\"{}/**\"]\n", dump.display());
     let mut src = start(dir.path(), &keys, fast());
-    let got = src.take(1).await;
+    let mut got = src.take(2).await;
+    got.sort_by_key(name);
+    assert_eq!(name(&got[1]), "jobspec hostname");
+    assert_eq!(got[1].record.id, got[0].record.id);
     assert_eq!(name(&got[0]), "e1");
     assert_eq!(got[0].record.stream, EventStream::Job);
     assert_eq!(
@@ -851,7 +861,7 @@ fn patterns_walk_their_fixed_folder_and_match_any_depth() {
     for p in [
         "dump/job/0000/000a/0000/0000/eventlog",
         "dump/job/0000/000a/0000/0000/guest/exec/eventlog",
-        "dump/job/0000/000a/0000/0000/jobspec.json",
+        "dump/job/0000/000a/0000/0000/label",
         "dump/skip/job.0000.000b.0000.0000.eventlog",
         "other/x.jsonl",
     ] {
@@ -870,7 +880,7 @@ fn patterns_walk_their_fixed_folder_and_match_any_depth() {
         .iter()
         .map(|f| f.path.strip_prefix(d).unwrap().display().to_string())
         .collect();
-    // jobspec.json matches but is not an eventlog; skip/ is excluded.
+    // label matches but is not an eventlog; skip/ is excluded.
     assert_eq!(
         found,
         [

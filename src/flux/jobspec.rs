@@ -1,0 +1,590 @@
+//! What a job asked for and was given, as `flux jobs` shows it: read from
+//! its jobspec (RFC 14, version 1 as RFC 25 restricts it) and its R the way
+//! flux-core's job-list reads them (its job name, queue, project, bank,
+//! duration, and the task, core and node counts of `jj_get_counts`).
+//!
+//! Only these few values are kept, never the jobspec: no environment, no
+//! command line beyond the job's name, no working directory.
+//!
+//! What cannot be read is left unknown, in stages as job-list leaves it: a
+//! bad `resources` tree loses the counts, not the name.
+
+use compact_str::CompactString;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use serde_json::value::RawValue;
+use thiserror::Error;
+
+/// A job's values from its jobspec and its R. Counts are unknown (`None`)
+/// where job-list leaves them unset (-1).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// `attributes.system.job.name`, else the base name of the first
+    /// task's `command[0]`.
+    pub name: Option<CompactString>,
+    pub queue: Option<CompactString>,
+    pub project: Option<CompactString>,
+    pub bank: Option<CompactString>,
+    /// The requested time limit in seconds (0: none).
+    pub duration: Option<f64>,
+    /// From the jobspec alone.
+    spec_ntasks: Option<u32>,
+    spec_ncores: Option<u32>,
+    spec_nnodes: Option<u32>,
+    /// `per-resource` tasks per node (per core) whose count waits for R.
+    tasks_per_node: u32,
+    tasks_per_core: u32,
+    /// From R: what it allocated, which wins over what was asked.
+    r_nnodes: Option<u32>,
+    r_ncores: Option<u32>,
+    /// R's hosts, as a hostlist (`node[0-3]`).
+    pub nodelist: Option<CompactString>,
+    /// The values a `jobspec-update` set (bits of [`Updated`]): a copy of
+    /// the jobspec read after it (a KVS `jobspec` is as submitted) keeps them.
+    #[serde(default)]
+    updated: u8,
+}
+
+/// The bits of [`JobSpec::updated`].
+struct Updated;
+
+impl Updated {
+    const NAME: u8 = 1;
+    const QUEUE: u8 = 2;
+    const PROJECT: u8 = 4;
+    const BANK: u8 = 8;
+    const DURATION: u8 = 16;
+}
+
+/// Why (part of) a jobspec could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum JobSpecError {
+    #[error("jobspec is not a JSON object: {0}")]
+    NotObject(String),
+    #[error("jobspec attributes: {0}")]
+    Attributes(String),
+    #[error("jobspec has no job name (no job.name and no tasks[0].command[0])")]
+    NoName,
+    #[error("jobspec counts: {0}")]
+    Counts(String),
+}
+
+/// What job-list reads of a jobspec's top level; the rest is skipped.
+#[derive(Deserialize)]
+struct Top<'a> {
+    #[serde(borrow, default)]
+    version: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    resources: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tasks: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    attributes: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct Attributes {
+    #[serde(default)]
+    system: Option<System>,
+}
+
+#[derive(Deserialize, Default)]
+struct System {
+    #[serde(default)]
+    job: Option<JobDict>,
+    #[serde(default)]
+    queue: Option<CompactString>,
+    #[serde(default)]
+    duration: Option<f64>,
+    #[serde(default)]
+    project: Option<CompactString>,
+    #[serde(default)]
+    bank: Option<CompactString>,
+    #[serde(default)]
+    shell: Option<Shell>,
+}
+
+#[derive(Deserialize, Default)]
+struct JobDict {
+    #[serde(default)]
+    name: Option<CompactString>,
+}
+
+#[derive(Deserialize, Default)]
+struct Shell {
+    #[serde(default)]
+    options: Option<ShellOptions>,
+}
+
+#[derive(Deserialize, Default)]
+struct ShellOptions {
+    #[serde(rename = "per-resource", default)]
+    per_resource: Option<PerResource>,
+}
+
+#[derive(Deserialize)]
+struct PerResource {
+    #[serde(rename = "type")]
+    kind: CompactString,
+    #[serde(default)]
+    count: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct Task<'a> {
+    #[serde(borrow, default)]
+    command: Option<&'a RawValue>,
+    #[serde(default)]
+    count: Option<TaskCount>,
+}
+
+#[derive(Deserialize)]
+struct TaskCount {
+    #[serde(default)]
+    total: Option<Value>,
+}
+
+/// One resource vertex: what `jj_read_vertex` reads.
+#[derive(Deserialize)]
+struct Vertex {
+    #[serde(rename = "type")]
+    kind: CompactString,
+    count: i64,
+    #[serde(default)]
+    exclusive: Option<bool>,
+    #[serde(default)]
+    with: Option<Vec<Vertex>>,
+}
+
+/// The counts of a resources tree (`struct jj_counts`).
+#[derive(Debug, Default)]
+struct Counts {
+    nnodes: i64,
+    nslots: i64,
+    slot_size: i64,
+    exclusive: bool,
+}
+
+impl Counts {
+    fn read(vertices: &[Vertex], factor: i64, out: &mut Counts) -> Result<(), String> {
+        for v in vertices {
+            if v.count <= 0 {
+                return Err(format!("invalid count {} for type '{}'", v.count, v.kind));
+            }
+            let factor = factor.saturating_mul(v.count);
+            match v.kind.as_str() {
+                "node" => {
+                    out.nnodes = factor;
+                    out.exclusive |= v.exclusive == Some(true);
+                }
+                "slot" => out.nslots = v.count,
+                "core" => out.slot_size = v.count,
+                _ => {}
+            }
+            if let Some(with) = &v.with {
+                Counts::read(with, factor, out)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn count(n: i64) -> Option<u32> {
+    u32::try_from(n).ok()
+}
+
+/// A path's base name, or the path when it ends in `/` (as job-list).
+fn base_name(path: &str) -> &str {
+    match path.rsplit_once('/') {
+        Some((_, "")) => path,
+        Some((_, base)) => base,
+        None => path,
+    }
+}
+
+impl JobSpec {
+    /// Read a jobspec's text. The values that could be read are kept; the
+    /// first reason some could not comes with them.
+    pub fn parse(text: &str) -> (JobSpec, Option<JobSpecError>) {
+        let mut spec = JobSpec::default();
+        let error = spec.read(text).err();
+        (spec, error)
+    }
+
+    fn read(&mut self, text: &str) -> Result<(), JobSpecError> {
+        // serde would read a struct from an array too.
+        if !text.trim_start().starts_with('{') {
+            return Err(JobSpecError::NotObject(text.chars().take(40).collect()));
+        }
+        let top: Top =
+            serde_json::from_str(text).map_err(|e| JobSpecError::NotObject(e.to_string()))?;
+        let attributes: Attributes = match top.attributes {
+            Some(raw) => serde_json::from_str(raw.get())
+                .map_err(|e| JobSpecError::Attributes(e.to_string()))?,
+            None => Attributes::default(),
+        };
+        let system = attributes.system.unwrap_or_default();
+        let tasks: Vec<Task> = top
+            .tasks
+            .and_then(|raw| serde_json::from_str(raw.get()).ok())
+            .unwrap_or_default();
+        self.name = match system.job.and_then(|j| j.name) {
+            Some(name) => Some(name),
+            None => {
+                let arg0 = tasks
+                    .first()
+                    .and_then(|t| t.command)
+                    .and_then(|c| serde_json::from_str::<Vec<Value>>(c.get()).ok())
+                    .and_then(|c| c.into_iter().next());
+                match arg0 {
+                    Some(Value::String(s)) => Some(base_name(&s).into()),
+                    _ => return Err(JobSpecError::NoName),
+                }
+            }
+        };
+        self.queue = system.queue;
+        self.project = system.project;
+        self.bank = system.bank;
+        self.duration = system.duration;
+        let per_resource = system
+            .shell
+            .and_then(|s| s.options)
+            .and_then(|o| o.per_resource);
+        let total = tasks
+            .first()
+            .and_then(|t| t.count.as_ref())
+            .and_then(|c| c.total.as_ref())
+            .and_then(Value::as_i64);
+        self.count(top.version, top.resources, per_resource, total)
+            .map_err(JobSpecError::Counts)
+    }
+
+    /// The task, core and node counts, as `parse_jobspec` sets them.
+    fn count(
+        &mut self,
+        version: Option<&RawValue>,
+        resources: Option<&RawValue>,
+        per_resource: Option<PerResource>,
+        total: Option<i64>,
+    ) -> Result<(), String> {
+        if version.and_then(|v| v.get().parse::<i64>().ok()).is_none() {
+            return Err("no integer version".into());
+        }
+        if self.duration.is_none() {
+            return Err("no attributes.system.duration".into());
+        }
+        let resources = resources.ok_or("no resources")?;
+        let vertices: Vec<Vertex> =
+            serde_json::from_str(resources.get()).map_err(|e| format!("resources: {e}"))?;
+        let mut jj = Counts::default();
+        Counts::read(&vertices, 1, &mut jj)?;
+        if jj.nslots <= 0 {
+            return Err("unable to determine slot count".into());
+        }
+        if jj.slot_size <= 0 {
+            return Err("unable to determine slot size".into());
+        }
+        if jj.nnodes > 0 {
+            jj.nslots = jj.nslots.saturating_mul(jj.nnodes);
+        }
+        self.spec_nnodes = (jj.nnodes > 0).then(|| count(jj.nnodes)).flatten();
+        self.spec_ntasks = None;
+        self.tasks_per_node = 0;
+        self.tasks_per_core = 0;
+        let per = match per_resource {
+            Some(p) => {
+                let n = p.count.unwrap_or(1);
+                if n < 1 {
+                    return Err(format!("invalid per-resource count {n}"));
+                }
+                Some((p.kind, n))
+            }
+            None => None,
+        };
+        match per {
+            Some((kind, n)) if kind == "node" => {
+                if jj.nnodes > 0 {
+                    self.spec_ntasks = count(jj.nnodes.saturating_mul(n));
+                } else {
+                    self.tasks_per_node = u32::try_from(n).unwrap_or(u32::MAX);
+                }
+            }
+            Some((kind, n)) if kind == "core" => {
+                if jj.nnodes == 0 {
+                    self.spec_ntasks =
+                        count(jj.nslots.saturating_mul(jj.slot_size).saturating_mul(n));
+                } else {
+                    self.tasks_per_core = u32::try_from(n).unwrap_or(u32::MAX);
+                }
+            }
+            _ => self.spec_ntasks = count(total.unwrap_or(jj.nslots)),
+        }
+        self.spec_ncores = if jj.nnodes > 0 && jj.exclusive {
+            None
+        } else {
+            count(jj.nslots.saturating_mul(jj.slot_size))
+        };
+        Ok(())
+    }
+
+    /// What R allocated: its number of nodes and cores, and its hosts.
+    pub fn apply_r(&mut self, nnodes: u32, ncores: u32, nodelist: Option<CompactString>) {
+        self.r_nnodes = Some(nnodes);
+        self.r_ncores = Some(ncores);
+        if nodelist.is_some() {
+            self.nodelist = nodelist;
+        }
+    }
+
+    /// Keep what `old` had that this copy of the jobspec does not know:
+    /// what R allocated, and what updates set (a jobspec read after them).
+    pub fn keep_later_of(&mut self, old: &JobSpec) {
+        self.r_nnodes = old.r_nnodes;
+        self.r_ncores = old.r_ncores;
+        self.nodelist.clone_from(&old.nodelist);
+        let kept = |bit: u8| old.updated & bit != 0;
+        if kept(Updated::NAME) {
+            self.name.clone_from(&old.name);
+        }
+        if kept(Updated::QUEUE) {
+            self.queue.clone_from(&old.queue);
+        }
+        if kept(Updated::PROJECT) {
+            self.project.clone_from(&old.project);
+        }
+        if kept(Updated::BANK) {
+            self.bank.clone_from(&old.bank);
+        }
+        if kept(Updated::DURATION) {
+            self.duration = old.duration;
+        }
+        self.updated = old.updated;
+    }
+
+    /// Apply a `jobspec-update` event's keys (RFC 21: period-delimited
+    /// paths into the jobspec). Only the paths of the values kept here
+    /// change anything; an update of `resources` or `tasks` would need the
+    /// jobspec itself, which is not kept. Returns the keys not applied.
+    pub fn update<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = (&'a str, &'a RawValue)>,
+    ) -> Vec<&'a str> {
+        let mut ignored = Vec::new();
+        for (key, raw) in keys {
+            let text = || serde_json::from_str::<CompactString>(raw.get()).ok();
+            let bit = match key {
+                "attributes.system.duration" => match serde_json::from_str::<f64>(raw.get()) {
+                    Ok(d) => {
+                        self.duration = Some(d);
+                        Updated::DURATION
+                    }
+                    Err(_) => 0,
+                },
+                "attributes.system.queue" => {
+                    self.queue = text();
+                    Updated::QUEUE
+                }
+                "attributes.system.project" => {
+                    self.project = text();
+                    Updated::PROJECT
+                }
+                "attributes.system.bank" => {
+                    self.bank = text();
+                    Updated::BANK
+                }
+                "attributes.system.job.name" => match text() {
+                    Some(name) => {
+                        self.name = Some(name);
+                        Updated::NAME
+                    }
+                    None => 0,
+                },
+                _ => 0,
+            };
+            if bit == 0 {
+                ignored.push(key);
+            }
+            self.updated |= bit;
+        }
+        ignored
+    }
+
+    /// `ntasks` as `flux jobs` shows it.
+    pub fn ntasks(&self) -> Option<u32> {
+        self.spec_ntasks
+            .or_else(|| {
+                (self.tasks_per_node > 0)
+                    .then(|| self.r_nnodes.map(|n| n.saturating_mul(self.tasks_per_node)))
+                    .flatten()
+            })
+            .or_else(|| {
+                (self.tasks_per_core > 0)
+                    .then(|| self.r_ncores.map(|n| n.saturating_mul(self.tasks_per_core)))
+                    .flatten()
+            })
+    }
+
+    /// `ncores`: R's once it has one, else what the jobspec asked.
+    pub fn ncores(&self) -> Option<u32> {
+        self.r_ncores.or(self.spec_ncores)
+    }
+
+    /// `nnodes`: R's once it has one, else the jobspec's node count.
+    pub fn nnodes(&self) -> Option<u32> {
+        self.r_nnodes.or(self.spec_nnodes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn spec(text: &str) -> JobSpec {
+        let (s, err) = JobSpec::parse(text);
+        assert_eq!(err, None, "{text}");
+        s
+    }
+
+    const HOSTNAME: &str = r#"{"resources":[{"type":"slot","count":1,"with":[{"type":"core","count":1}],"label":"task"}],"tasks":[{"command":["hostname"],"slot":"task","count":{"per_slot":1}}],"attributes":{"system":{"duration":0,"cwd":"/w"}},"version":1}"#;
+
+    #[test]
+    fn one_task_on_one_core() {
+        let s = spec(HOSTNAME);
+        assert_eq!(s.name.as_deref(), Some("hostname"));
+        assert_eq!(
+            (s.ntasks(), s.ncores(), s.nnodes()),
+            (Some(1), Some(1), None)
+        );
+        assert_eq!(s.duration, Some(0.0));
+        assert_eq!(s.queue, None);
+    }
+
+    #[test]
+    fn nodes_multiply_the_slots_and_r_wins() {
+        // flux run -N2 -n4 --exclusive -q batch --job-name=x /bin/app
+        let text = r#"{"version":1,"resources":[{"type":"node","count":2,"exclusive":true,"with":[{"type":"slot","count":2,"label":"task","with":[{"type":"core","count":3}]}]}],"tasks":[{"command":["/bin/app"],"slot":"task","count":{"per_slot":1}}],"attributes":{"system":{"duration":60.0,"queue":"batch","job":{"name":"x"},"bank":"b1"}}}"#;
+        let mut s = spec(text);
+        assert_eq!(s.name.as_deref(), Some("x"));
+        assert_eq!(
+            (s.queue.as_deref(), s.bank.as_deref()),
+            (Some("batch"), Some("b1"))
+        );
+        assert_eq!(
+            (s.ntasks(), s.ncores(), s.nnodes()),
+            (Some(4), None, Some(2))
+        );
+        s.apply_r(2, 16, Some("n[0-1]".into()));
+        assert_eq!(
+            (s.ntasks(), s.ncores(), s.nnodes()),
+            (Some(4), Some(16), Some(2))
+        );
+        assert_eq!(s.nodelist.as_deref(), Some("n[0-1]"));
+    }
+
+    #[test]
+    fn per_resource_counts_wait_for_r() {
+        let per = |kind: &str, nodes: bool| {
+            let res = if nodes {
+                r#"[{"type":"node","count":1,"with":[{"type":"slot","count":1,"with":[{"type":"core","count":2}]}]}]"#
+            } else {
+                r#"[{"type":"slot","count":3,"with":[{"type":"core","count":2}]}]"#
+            };
+            format!(
+                r#"{{"version":1,"resources":{res},"tasks":[{{"command":["a/b"],"slot":"task","count":{{"per_slot":1}}}}],"attributes":{{"system":{{"duration":0,"shell":{{"options":{{"per-resource":{{"type":"{kind}","count":2}}}}}}}}}}}}"#
+            )
+        };
+        assert_eq!(spec(&per("node", true)).ntasks(), Some(2));
+        assert_eq!(spec(&per("core", false)).ntasks(), Some(12));
+        let mut s = spec(&per("core", true));
+        assert_eq!(s.ntasks(), None);
+        s.apply_r(1, 4, None);
+        assert_eq!(s.ntasks(), Some(8));
+        let mut s = spec(&per("node", false));
+        assert_eq!(s.ntasks(), None);
+        s.apply_r(3, 6, None);
+        assert_eq!(s.ntasks(), Some(6));
+        assert_eq!(s.name.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn a_total_task_count_wins_over_slots() {
+        let text = HOSTNAME.replace(r#"{"per_slot":1}"#, r#"{"total":7}"#);
+        assert_eq!(spec(&text).ntasks(), Some(7));
+    }
+
+    #[test]
+    fn the_name_is_the_commands_base_name() {
+        assert_eq!(base_name("/usr/bin/sleep"), "sleep");
+        assert_eq!(base_name("sleep"), "sleep");
+        assert_eq!(base_name("dir/"), "dir/");
+    }
+
+    #[test]
+    fn what_cannot_be_read_is_unknown_in_stages() {
+        let (s, err) = JobSpec::parse("[1]");
+        assert!(matches!(err, Some(JobSpecError::NotObject(_))));
+        assert_eq!(s, JobSpec::default());
+        // bad counts keep the name
+        let text = HOSTNAME.replace(r#""count":1,"with""#, r#""count":0,"with""#);
+        let (s, err) = JobSpec::parse(&text);
+        assert!(matches!(err, Some(JobSpecError::Counts(_))), "{err:?}");
+        assert_eq!(s.name.as_deref(), Some("hostname"));
+        assert_eq!((s.ntasks(), s.ncores()), (None, None));
+        // a queue of the wrong type loses the attributes
+        let text = HOSTNAME.replace(r#""cwd":"/w""#, r#""queue":5"#);
+        let (s, err) = JobSpec::parse(&text);
+        assert!(matches!(err, Some(JobSpecError::Attributes(_))));
+        assert_eq!(s.name, None);
+    }
+
+    #[test]
+    fn an_update_changes_what_is_kept() {
+        let mut s = spec(HOSTNAME);
+        let raw = |t: &str| RawValue::from_string(t.to_string()).unwrap();
+        let (d, q, r) = (raw("3600.0"), raw(r#""debug""#), raw("[]"));
+        let ignored = s.update([
+            ("attributes.system.duration", &*d),
+            ("attributes.system.queue", &*q),
+            ("resources", &*r),
+        ]);
+        assert_eq!(ignored, ["resources"]);
+        assert_eq!(
+            (s.duration, s.queue.as_deref()),
+            (Some(3600.0), Some("debug"))
+        );
+        // the jobspec as submitted, read after the update, keeps it
+        let mut again = spec(HOSTNAME);
+        again.keep_later_of(&s);
+        assert_eq!(
+            (again.duration, again.queue.as_deref()),
+            (Some(3600.0), Some("debug"))
+        );
+        assert_eq!(again.name.as_deref(), Some("hostname"));
+    }
+
+    proptest! {
+        #[test]
+        fn parsing_never_panics(text in "\\PC{0,200}") {
+            let _ = JobSpec::parse(&text);
+        }
+
+        /// Any resources tree of small counts reads to counts whose product
+        /// is the tree's, or to a reason.
+        #[test]
+        fn counts_are_products(nodes in 0i64..4, slots in 1i64..5, cores in 1i64..5) {
+            let inner = format!(r#"{{"type":"slot","count":{slots},"with":[{{"type":"core","count":{cores}}}]}}"#);
+            let res = if nodes > 0 {
+                format!(r#"[{{"type":"node","count":{nodes},"with":[{inner}]}}]"#)
+            } else {
+                format!("[{inner}]")
+            };
+            let text = format!(r#"{{"version":1,"resources":{res},"tasks":[{{"command":["x"]}}],"attributes":{{"system":{{"duration":1}}}}}}"#);
+            let s = spec(&text);
+            let n = nodes.max(1);
+            prop_assert_eq!(s.ncores(), count(n * slots * cores));
+            prop_assert_eq!(s.ntasks(), count(n * slots));
+            prop_assert_eq!(s.nnodes(), (nodes > 0).then_some(nodes as u32));
+        }
+    }
+}
