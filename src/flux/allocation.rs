@@ -24,10 +24,17 @@ struct ClusterHolds {
     /// Ranks that became held or free since [`Allocations::take_flipped`].
     /// At most every rank once: bounded by the instance's size.
     flipped: IdSet,
-    /// Of those that became free, the event time they were given back
-    /// (the `free`'s): a drained rank whose job took and gave it back
-    /// between two looks was draining in between, if the drain came first.
+    /// When each rank was last given back (event time): a drain stamped
+    /// before it, of a rank still drained, made the rank draining until
+    /// then, whatever order the shards applied the drain and the job's
+    /// events in. Kept: bounded by the instance's size.
     freed: HashMap<u32, f64>,
+}
+
+impl ClusterHolds {
+    fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.flipped.is_empty() && self.freed.is_empty()
+    }
 }
 
 impl Allocations {
@@ -67,13 +74,12 @@ impl Allocations {
                     c.jobs.remove(&r);
                     c.flipped.insert(r);
                     if let Some(at) = at {
-                        let t = c.freed.entry(r).or_insert(at);
-                        *t = t.max(at);
+                        c.freed.insert(r, at);
                     }
                 }
             }
         }
-        if c.jobs.is_empty() && c.flipped.is_empty() {
+        if c.is_empty() {
             self.clusters.remove(cluster);
         }
     }
@@ -102,10 +108,14 @@ impl Allocations {
             .flat_map(|c| c.flipped.iter())
     }
 
-    /// When `rank` of `cluster` was last given back since the last look,
-    /// if it was (by an event).
-    pub fn freed_at(&self, cluster: &str, rank: u32) -> Option<f64> {
-        self.clusters.get(cluster)?.freed.get(&rank).copied()
+    /// Whether the last hold of `rank` (given back since) ended after
+    /// event time `t`: a rank drained at `t` and still drained was
+    /// draining until then.
+    pub fn held_after(&self, cluster: &str, rank: u32, t: f64) -> bool {
+        self.clusters
+            .get(cluster)
+            .and_then(|c| c.freed.get(&rank))
+            .is_some_and(|&freed| t < freed)
     }
 
     /// Have `ranks` looked at again as though they flipped (a restored
@@ -131,8 +141,7 @@ impl Allocations {
         };
         // Cleared in place: its room serves the next flips.
         c.flipped.clear();
-        c.freed.clear();
-        if c.jobs.is_empty() {
+        if c.is_empty() {
             self.clusters.remove(cluster);
         }
     }
@@ -198,17 +207,17 @@ mod tests {
     }
 
     #[test]
-    fn a_rank_given_back_keeps_its_time_until_looked_at() {
+    fn a_rank_keeps_its_last_hold_in_event_time() {
         let mut a = Allocations::new();
         a.hold("c", set("0-1").ranges());
         a.release("c", set("0-1").ranges(), Some(20.0));
         a.hold("c", set("1").ranges());
-        a.release("c", set("1").ranges(), Some(10.0));
-        assert_eq!(a.freed_at("c", 0), Some(20.0));
-        assert_eq!(a.freed_at("c", 1), Some(20.0), "the latest time is kept");
+        a.release("c", set("1").ranges(), Some(40.0));
+        assert!(a.held_after("c", 0, 15.0) && a.held_after("c", 0, 5.0));
+        assert!(!a.held_after("c", 0, 25.0));
+        assert!(a.held_after("c", 1, 35.0) && !a.held_after("c", 1, 45.0));
         assert_eq!(a.take_flipped("c"), set("0-1"));
-        assert_eq!(a.freed_at("c", 0), None);
-        assert_eq!(a, Allocations::new(), "nothing is left behind");
+        assert!(a.held_after("c", 0, 15.0), "kept after the look");
         a.mark_flipped("c", [3]);
         assert!(a.is_flipped("c"));
         assert_eq!(a.take_flipped("c"), set("3"));

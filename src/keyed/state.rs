@@ -165,8 +165,8 @@ impl SharedAllocations {
         f(&mut a)
     }
 
-    /// The ranks `job` was allocated count as held (`take`), or free again
-    /// (by an event of time `at`, if one).
+    /// The ranks `job` was allocated count as held (`take`), or free again,
+    /// by an event of time `at` if one.
     fn count(&self, cluster: &str, job: &Job, take: bool, at: Option<f64>) {
         let ranks = job.allocated_ranges();
         self.with(|a| {
@@ -273,32 +273,44 @@ impl State {
         let mut changes = also.map(std::mem::take).unwrap_or_default();
         // Ranks a resource event changed (rare): nothing allocated for none.
         let changed: Vec<u32> = changes.iter().map(|c| c.rank).collect();
+        // Ranks it drained: a job of another part may have held them then.
+        let newly_drained: Vec<u32> = changes
+            .iter()
+            .filter(|c| c.after.as_ref().is_some_and(|a| a.drained))
+            .filter(|c| !c.before.as_ref().is_some_and(|b| b.drained))
+            .map(|c| c.rank)
+            .collect();
         let mut passed = Vec::new();
         self.allocations.with(|a| {
-            // Those not draining before this look.
             let flipped: Vec<u32> = a.flipped(cluster).collect();
-            let not_draining: Vec<u32> = flipped
+            // The flipped ones not draining before this look.
+            let mut candidates: Vec<u32> = flipped
                 .iter()
                 .copied()
                 .filter(|&r| res.rank(r).is_some_and(|s| !s.draining))
+                .chain(newly_drained)
                 .collect();
+            candidates.sort_unstable();
+            candidates.dedup();
             res.set_draining(
-                flipped.iter().copied().chain(changed),
+                flipped.into_iter().chain(changed),
                 |r| a.is_held(cluster, r),
                 &mut changes,
             );
-            // A job of another part took and gave back a drained rank
-            // between two looks: it was draining until the job's free, if
-            // the drain came before. Said as it was, not skipped.
-            for r in not_draining {
-                let drained_before_free = res.rank(r).is_some_and(|s| {
+            // A job of another part held a drained rank when it was
+            // drained, and has given it back by now (the shards applied the
+            // job's events and the drain in another order than they came,
+            // or between two looks): it was draining until the job's free.
+            // Said as it was, not skipped.
+            for r in candidates {
+                let held_when_drained = res.rank(r).is_some_and(|s| {
                     s.drained
                         && !s.draining
                         && !a.is_held(cluster, r)
-                        && a.freed_at(cluster, r)
-                            .is_some_and(|t| s.drain_timestamp.is_none_or(|d| d < t))
+                        && s.drain_timestamp
+                            .is_some_and(|d| a.held_after(cluster, r, d))
                 });
-                if drained_before_free {
+                if held_when_drained {
                     // Apart: one list would coalesce them into nothing.
                     for held in [true, false] {
                         let mut one = Vec::new();
@@ -766,6 +778,18 @@ mod tests {
         feed(&mut res, &[resource("drain", 30.0, r#"{"idset":"2"}"#)]);
         assert!(draining_flips(&mut res).is_empty());
         assert_eq!(rank(&res, 2), (true, false));
+        // the job's free looked at before the drain arrives (the job's
+        // partition ran ahead): the drain, stamped within the hold, says it
+        let (run, end) = job_lines(14, 40.0, "3");
+        feed(&mut jobs, &run);
+        feed(&mut jobs, &end);
+        assert!(draining_flips(&mut res).is_empty(), "rank 3 is not drained");
+        let drain = resource("drain", 40.5, r#"{"idset":"3"}"#);
+        assert_eq!(
+            feed(&mut res, &[drain]),
+            [(3, false), (3, true), (3, false)]
+        );
+        assert!(draining_flips(&mut res).is_empty(), "said once");
     }
 
     /// A restored resource state whose saved draining is older than the
