@@ -71,14 +71,51 @@ def clean_event(event: dict) -> dict:
     return out
 
 
-def job_message(jobid: int, event: dict, R: Optional[dict] = None) -> dict:
+def job_message(jobid: int, event: dict, R: Optional[dict] = None,
+                jobspec: Optional[dict] = None) -> dict:
     """One job-manager journal message carrying one event. R rides along
-    with `alloc` only (it gives fluxpipe the job's expiration); the jobspec
-    is left out, as fluxpipe does not use it."""
+    with `alloc` only (it gives fluxpipe the job's expiration, nodes and
+    cores); the jobspec with `submit` only, cut to what fluxpipe reads of
+    it (see `jobspec_kept`)."""
     msg: dict[str, Any] = {"id": int(jobid), "events": [clean_event(event)]}
     if R is not None and event.get("name") == "alloc":
         msg["R"] = R
+    if jobspec is not None and event.get("name") == "submit":
+        msg["jobspec"] = jobspec_kept(jobspec)
     return msg
+
+
+# What fluxpipe reads of attributes.system (as flux-core's job-list does):
+# never the working directory or the environment.
+SYSTEM_KEPT = ("job", "queue", "duration", "project", "bank")
+
+
+def jobspec_kept(jobspec: Any) -> Any:
+    """The parts of a jobspec fluxpipe reads (version, resources, the first
+    task's command[0] and counts, a few system attributes, the shell's
+    per-resource option); anything else is not sent. Not a dict: as is
+    (fluxpipe says what is wrong with it)."""
+    if not isinstance(jobspec, dict):
+        return jobspec
+    out: dict[str, Any] = {}
+    for key in ("version", "resources"):
+        if key in jobspec:
+            out[key] = jobspec[key]
+    tasks = jobspec.get("tasks")
+    if isinstance(tasks, list) and tasks and isinstance(tasks[0], dict):
+        task = {k: v for k, v in tasks[0].items() if k in ("slot", "count")}
+        command = tasks[0].get("command")
+        if isinstance(command, list) and command:
+            task["command"] = command[:1]
+        out["tasks"] = [task]
+    system = (jobspec.get("attributes") or {}).get("system")
+    if isinstance(system, dict):
+        kept = {k: system[k] for k in SYSTEM_KEPT if k in system}
+        per = ((system.get("shell") or {}).get("options") or {}).get("per-resource")
+        if per is not None:
+            kept["shell"] = {"options": {"per-resource": per}}
+        out["attributes"] = {"system": kept}
+    return out
 
 
 def resource_message(event: dict, R: Optional[dict] = None) -> dict:
@@ -288,7 +325,8 @@ class Forwarder:
                     if self.state[EXEC].pop(effect[1], None) is not None:
                         self.dirty = True
 
-    def job_event(self, jobid: int, event: dict, R: Optional[dict] = None) -> None:
+    def job_event(self, jobid: int, event: dict, R: Optional[dict] = None,
+                  jobspec: Optional[dict] = None) -> None:
         if int(jobid) == -1 or "name" not in event:
             self.end_of_backlog(JOB)
             return
@@ -296,7 +334,7 @@ class Forwarder:
             # Before the `start` is sent: a saved state that has the
             # `start` acknowledged also has the job among those to watch.
             self.on_start(int(jobid))
-        self._send(JOB, job_message(jobid, event, R), event)
+        self._send(JOB, job_message(jobid, event, R, jobspec), event)
 
     def exec_watched(self, jobid: int) -> None:
         """A job's exec eventlog is watched from now on: remember it at
@@ -820,7 +858,8 @@ def attach(forwarder: Forwarder, job_consumer: Any, resource_consumer: Any,
         if event is None:
             on_end(JOB)
         else:
-            forwarder.job_event(int(event.jobid), dict(event), getattr(event, "R", None))
+            forwarder.job_event(int(event.jobid), dict(event), getattr(event, "R", None),
+                                getattr(event, "jobspec", None))
 
     def resource_cb(event: Any) -> None:
         if event is None:

@@ -204,7 +204,30 @@ class FakeWatch:
 
 
 class FramingTest(unittest.TestCase):
-    def test_job_message_keeps_R_with_alloc_only_and_drops_jobspec(self):
+    def test_job_message_keeps_what_fluxpipe_reads_of_the_jobspec_with_submit(self):
+        spec = {"version": 1,
+                "resources": [{"type": "slot", "count": 1, "with": [{"type": "core", "count": 2}]}],
+                "tasks": [{"command": ["/bin/app", "--secret"], "slot": "task",
+                           "count": {"per_slot": 1}}],
+                "attributes": {"system": {"duration": 60, "cwd": "/home/u", "queue": "batch",
+                                          "environment": {"HOME": "/home/u"},
+                                          "job": {"name": "x"},
+                                          "shell": {"options": {"rlimit": {},
+                                                                "per-resource": {"type": "node"}}}}}}
+        submit = {"timestamp": 1.0, "name": "submit", "context": {"userid": 1}}
+        msg = ff.job_message(7, submit, None, spec)
+        self.assertEqual(msg["jobspec"], {
+            "version": 1, "resources": spec["resources"],
+            "tasks": [{"command": ["/bin/app"], "slot": "task", "count": {"per_slot": 1}}],
+            "attributes": {"system": {"duration": 60, "queue": "batch", "job": {"name": "x"},
+                                      "shell": {"options": {"per-resource": {"type": "node"}}}}}})
+        self.assertNotIn("/home/u", json.dumps(msg))
+        # with any other event: not sent
+        validate = {"timestamp": 2.0, "name": "validate"}
+        self.assertNotIn("jobspec", ff.job_message(7, validate, None, spec))
+        self.assertEqual(ff.jobspec_kept([1]), [1])
+
+    def test_job_message_keeps_R_with_alloc_only(self):
         alloc = {"timestamp": 2.5, "name": "alloc", "context": {}}
         self.assertEqual(ff.job_message(42, alloc, {"execution": {}}),
                          {"id": 42, "events": [{"timestamp": 2.5, "name": "alloc"}],

@@ -264,12 +264,12 @@ pub fn status_abbrev(job: &Value) -> &'static str {
     }
 }
 
-/// The `TIME` column: for a pending job its time limit (not in the job
-/// records: `-`), else how long it ran (or has run until `now`).
+/// The `TIME` column: for a pending job its time limit, else how long it
+/// ran (or has run until `now`).
 fn contextual_time(job: &Value, now: f64) -> f64 {
     let f = |k: &str| job[k].as_f64().filter(|t| *t > 0.0);
     match job["state"].as_str().unwrap_or("") {
-        "DEPEND" | "PRIORITY" | "SCHED" => 0.0,
+        "DEPEND" | "PRIORITY" | "SCHED" => f("duration").unwrap_or(0.0),
         _ => match (f("t_run"), f("t_cleanup")) {
             (Some(run), Some(cleanup)) => cleanup - run,
             (Some(run), None) => now - run,
@@ -311,20 +311,32 @@ fn contextual_info(job: &Value, hosts: &Hostnames) -> String {
     }
 }
 
-/// The table `flux jobs` prints, for these jobs.
+/// The table `flux jobs` prints, for these jobs: its default format,
+/// `{id.f58:>12} ?:{queue:<8.8} +:{username:<8} {name:<10.10+}
+/// {status_abbrev:>2.2} {ntasks:>6} {nnodes:>6h} {contextual_time!F:>8h}
+/// {contextual_info}`, and a CLUSTER column after the id when there are
+/// several.
 pub fn table(jobs: &[Value], hosts: &Hostnames, users: &Users, now: f64) -> Columns {
     let several = {
         let mut names = jobs.iter().map(|j| j["cluster"].as_str());
         let first = names.next().flatten();
         names.any(|c| c != first)
     };
+    let text = |job: &Value, key: &str| job[key].as_str().unwrap_or("").to_string();
+    // `?:`: the column only when some job has a queue.
+    let queues = jobs.iter().any(|j| !text(j, "queue").is_empty());
     let mut t = Columns::new();
     t.right("JOBID", 12);
     if several {
         t.left_grow("CLUSTER", 8);
     }
+    if queues {
+        t.left_cut("QUEUE", 8, false);
+    }
     t.left_grow("USER", 8);
+    t.left_cut("NAME", 10, true);
     t.right("ST", 2);
+    t.right("NTASKS", 6);
     t.right("NNODES", 6);
     t.right("TIME", 8);
     t.last("INFO");
@@ -335,19 +347,25 @@ pub fn table(jobs: &[Value], hosts: &Hostnames, users: &Users, now: f64) -> Colu
         let user = job["userid"]
             .as_i64()
             .map_or_else(String::new, |u| users.name(u));
-        let nnodes = job["ranks"]
-            .as_str()
-            .and_then(|r| IdSet::parse(r).ok())
-            .map_or_else(|| "-".to_string(), |r| r.len().to_string());
+        let count = |key: &str| {
+            job[key]
+                .as_u64()
+                .map_or_else(String::new, |n| n.to_string())
+        };
         let time = listing::hyphen_if_empty(fsd::format(contextual_time(job, now)));
         let mut row = vec![id];
         if several {
-            row.push(job["cluster"].as_str().unwrap_or("").to_string());
+            row.push(text(job, "cluster"));
+        }
+        if queues {
+            row.push(text(job, "queue"));
         }
         row.extend([
             user,
+            text(job, "name"),
             status_abbrev(job).to_string(),
-            nnodes,
+            count("ntasks"),
+            listing::hyphen_if_empty(count("nnodes")),
             time,
             contextual_info(job, hosts),
         ]);
@@ -372,12 +390,18 @@ mod tests {
     fn lines_as_flux_jobs_prints_them() {
         // Rows from `flux jobs` of flux-core 0.88 (the columns fluxpipe has).
         let jobs = [
-            job(json!({"id": 1, "state": "SCHED", "urgency": 0, "priority": 0})),
-            job(json!({"id": 2, "state": "DEPEND", "dependencies": ["after-success=ƒki9ptf"]})),
-            job(json!({"id": 3, "state": "PRIORITY"})),
-            job(json!({"id": 4, "state": "RUN", "t_run": 100.0, "ranks": "1-2"})),
             job(
-                json!({"id": 5, "state": "INACTIVE", "result": "COMPLETED", "t_run": 10.0, "t_cleanup": 60.0, "ranks": "4"}),
+                json!({"id": 1, "state": "SCHED", "urgency": 0, "priority": 0, "name": "sleep", "ntasks": 1, "duration": 60.0, "queue": "batch"}),
+            ),
+            job(
+                json!({"id": 2, "state": "DEPEND", "dependencies": ["after-success=ƒki9ptf"], "name": "averyverylongname", "ntasks": 2, "nnodes": 2, "duration": 0.0, "queue": "debugging-queue"}),
+            ),
+            job(json!({"id": 3, "state": "PRIORITY", "name": "x", "ntasks": 1})),
+            job(
+                json!({"id": 4, "state": "RUN", "t_run": 100.0, "ranks": "[1-2]", "name": "app", "ntasks": 4, "nnodes": 2, "queue": "batch"}),
+            ),
+            job(
+                json!({"id": 5, "state": "INACTIVE", "result": "COMPLETED", "t_run": 10.0, "t_cleanup": 60.0, "ranks": "4", "name": "hostname", "ntasks": 1, "nnodes": 1}),
             ),
             job(json!({"id": 6, "state": "INACTIVE", "result": "CANCELED"})),
         ];
@@ -389,13 +413,13 @@ mod tests {
         let mut out = Vec::new();
         listing::print(&mut out, &t, true).unwrap();
         let text = String::from_utf8(out).unwrap();
-        let want = "       JOBID USER       ST NNODES     TIME INFO\n\
-                    \x20         ƒ2 4000000000  S      -        - held\n\
-                    \x20         ƒ3 4000000000  D      -        - depends:after-success=ƒki9ptf\n\
-                    \x20         ƒ4 4000000000  P      -        - priority-wait\n\
-                    \x20         ƒ5 4000000000  R      2   1.252m node[1-2]\n\
-                    \x20         ƒ6 4000000000 CD      1      50s node4\n\
-                    \x20         ƒ7 4000000000 CA      -        - \n";
+        let want = "       JOBID QUEUE    USER       NAME       ST NTASKS NNODES     TIME INFO\n\
+                    \x20         ƒ2 batch    4000000000 sleep       S      1      -       1m held\n\
+                    \x20         ƒ3 debuggin 4000000000 averyvery+  D      2      2        - depends:after-success=ƒki9ptf\n\
+                    \x20         ƒ4          4000000000 x           P      1      -        - priority-wait\n\
+                    \x20         ƒ5 batch    4000000000 app         R      4      2   1.252m node[1-2]\n\
+                    \x20         ƒ6          4000000000 hostname   CD      1      1      50s node4\n\
+                    \x20         ƒ7          4000000000            CA             -        - \n";
         assert_eq!(text, want);
     }
 
