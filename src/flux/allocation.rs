@@ -24,7 +24,7 @@ struct ClusterHolds {
     /// Ranks that became held or free since [`Allocations::take_flipped`].
     /// At most every rank once: bounded by the instance's size.
     flipped: IdSet,
-    /// When each rank was last given back (event time): a drain stamped
+    /// When each rank was given back last, in event time: a drain stamped
     /// before it, of a rank still drained, made the rank draining until
     /// then, whatever order the shards applied the drain and the job's
     /// events in. Kept: bounded by the instance's size.
@@ -73,8 +73,11 @@ impl Allocations {
                 if *n == 0 {
                     c.jobs.remove(&r);
                     c.flipped.insert(r);
+                    // The latest: shards apply other partitions' frees in
+                    // any order.
                     if let Some(at) = at {
-                        c.freed.insert(r, at);
+                        let t = c.freed.entry(r).or_insert(at);
+                        *t = t.max(at);
                     }
                 }
             }
@@ -213,6 +216,9 @@ mod tests {
         a.release("c", set("0-1").ranges(), Some(20.0));
         a.hold("c", set("1").ranges());
         a.release("c", set("1").ranges(), Some(40.0));
+        // an older free applied later (another partition behind) keeps it
+        a.hold("c", set("1").ranges());
+        a.release("c", set("1").ranges(), Some(12.0));
         assert!(a.held_after("c", 0, 15.0) && a.held_after("c", 0, 5.0));
         assert!(!a.held_after("c", 0, 25.0));
         assert!(a.held_after("c", 1, 35.0) && !a.held_after("c", 1, 45.0));
