@@ -112,6 +112,8 @@ pub struct Item {
     pub context: Option<Value>,
     /// The job's R, beside its `alloc`.
     pub r: Option<Value>,
+    /// The job's jobspec, beside its `submit` (as the journal carries it).
+    pub jobspec: Option<Value>,
     /// The event moves the job to another state.
     pub transition: bool,
     /// The job's last event.
@@ -154,6 +156,8 @@ impl Item {
             events: [EventOut<'a>; 1],
             #[serde(rename = "R", skip_serializing_if = "Option::is_none")]
             r: Option<&'a Value>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            jobspec: Option<&'a Value>,
         }
         #[derive(Serialize)]
         struct ResourceMsg<'a> {
@@ -173,6 +177,7 @@ impl Item {
                     id,
                     events: [self.event()],
                     r: self.r.as_ref(),
+                    jobspec: self.jobspec.as_ref(),
                 },
             ),
             Kind::Resource => serde_json::to_writer(
@@ -255,6 +260,7 @@ impl Plan {
             name,
             context: ctx,
             r: None,
+            jobspec: None,
             transition: moves,
             last: false,
         });
@@ -283,6 +289,31 @@ fn hosts_text(first: u32, n: u32) -> String {
     } else {
         format!("node[{first}-{}]", first + n - 1)
     }
+}
+
+/// A redacted jobspec as the journal carries it, its shape taken from the
+/// id (the random stream, and so the rest of the workload, stays as it
+/// was): a few programs, queues, task and node counts, time limits.
+fn jobspec_of(id: u64) -> Value {
+    const NAMES: [&str; 5] = ["lmp", "python3", "sleep", "hostname", "a.out"];
+    const QUEUES: [&str; 3] = ["batch", "batch", "debug"];
+    let pick = |n: u64, salt: u64| (id / 7 + salt).wrapping_mul(0x9e37_79b9) % n;
+    let nodes = 1 + pick(4, 1);
+    let tasks = 1 + pick(8, 2);
+    json!({
+        "resources": [{"type": "node", "count": nodes, "with": [
+            {"type": "slot", "count": tasks, "label": "task",
+             "with": [{"type": "core", "count": 1}]}]}],
+        "tasks": [{"command": [format!("/usr/bin/{}", NAMES[pick(5, 3) as usize]), "-in", "in.lj"],
+                   "slot": "task", "count": {"per_slot": 1}}],
+        "attributes": {"system": {
+            "duration": 600 * (1 + pick(6, 4)),
+            "queue": QUEUES[pick(3, 5) as usize],
+            "cwd": "/home/user/run",
+            "shell": {"options": {"rlimit": {"cpu": -1, "nofile": 20000}}},
+        }},
+        "version": 1,
+    })
 }
 
 /// Plan every event of one job submitted at `submit` (microseconds).
@@ -322,6 +353,9 @@ fn plan_job(rng: &mut Rng, id: u64, submit: u64, nodes: u32, active: bool) -> Ve
         Some(json!({"userid": userid, "urgency": urgency, "flags": 0, "version": 1})),
         false,
     );
+    if let Some(item) = p.items.back_mut() {
+        item.jobspec = Some(jobspec_of(id));
+    }
     p.job(ms(5.0, 20.0, rng), "validate", None, true);
     if dependency {
         let on = JobId(id.saturating_sub(1 + rng.below(1000) * 1024)).to_f58();
@@ -605,6 +639,7 @@ impl ResourceGen {
             name,
             context: Some(ctx),
             r: None,
+            jobspec: None,
             transition: false,
             last: false,
         };
@@ -782,7 +817,8 @@ pub fn kvs_job_dir(root: &Path, id: u64) -> PathBuf {
 }
 
 /// Write a workload as a KVS dump tree under `root`: each job's
-/// `eventlog`, `R` and `guest/exec/eventlog`, and `resource/eventlog`.
+/// `eventlog`, `jobspec`, `R` and `guest/exec/eventlog`, and
+/// `resource/eventlog`.
 /// Returns the number of events written.
 pub fn write_kvs(spec: Spec, root: &Path) -> io::Result<u64> {
     #[derive(Default)]
@@ -790,6 +826,7 @@ pub fn write_kvs(spec: Spec, root: &Path) -> io::Result<u64> {
         job: Vec<u8>,
         exec: Vec<u8>,
         r: Option<Value>,
+        jobspec: Option<Value>,
     }
     fn flush(root: &Path, id: u64, f: Files) -> io::Result<()> {
         let dir = kvs_job_dir(root, id);
@@ -797,6 +834,9 @@ pub fn write_kvs(spec: Spec, root: &Path) -> io::Result<u64> {
         std::fs::write(dir.join("eventlog"), &f.job)?;
         if let Some(r) = f.r {
             std::fs::write(dir.join("R"), serde_json::to_vec(&r)?)?;
+        }
+        if let Some(spec) = f.jobspec {
+            std::fs::write(dir.join("jobspec"), serde_json::to_vec(&spec)?)?;
         }
         if !f.exec.is_empty() {
             let exec = dir.join("guest").join("exec");
@@ -827,6 +867,9 @@ pub fn write_kvs(spec: Spec, root: &Path) -> io::Result<u64> {
         }
         if item.r.is_some() {
             files.r = item.r;
+        }
+        if item.jobspec.is_some() {
+            files.jobspec = item.jobspec;
         }
         if item.last
             && let Some(f) = open.remove(&id)

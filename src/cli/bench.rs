@@ -454,6 +454,8 @@ struct TypedLine<'a> {
     cluster: Option<Cow<'a, str>>,
     #[serde(default, rename = "R")]
     r: Option<Box<RawValue>>,
+    #[serde(default)]
+    jobspec: Option<Box<RawValue>>,
 }
 
 fn parse_typed(lines: &[&[u8]]) -> Result<u64> {
@@ -469,7 +471,8 @@ fn parse_typed(lines: &[&[u8]]) -> Result<u64> {
         seen += u64::from(l.id.is_some())
             + u64::from(l.stream.is_some())
             + u64::from(l.cluster.is_some())
-            + u64::from(l.r.is_some());
+            + u64::from(l.r.is_some())
+            + u64::from(l.jobspec.is_some());
     }
     Ok(seen)
 }
