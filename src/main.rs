@@ -1,6 +1,6 @@
 //! The `fluxpipe` command: argument parsing only; each command lives in `cli/`.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use fluxpipe::cli;
 use std::process::ExitCode;
 
@@ -14,7 +14,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[derive(Parser)]
 #[command(
     name = "fluxpipe",
-    version,
+    version = env!("FLUXPIPE_VERSION"),
     about = "A streaming processor for Flux eventlogs",
     after_help = "Without a command, fluxpipe runs the built-in default pipeline over the sample \
 corpus shipped with it (tests/corpus): job state transitions, job summaries and anomalies \
@@ -63,6 +63,17 @@ clusters are listed. Unlike `flux jobs`, every user's jobs are listed unless -u 
     Generate(cli::generate::GenerateArgs),
     /// Measure throughput, memory and latency on a generated workload.
     Bench(cli::bench::BenchArgs),
+    /// Print a shell's completion script for fluxpipe.
+    #[command(
+        after_help = "For example: `fluxpipe completions bash > /etc/bash_completion.d/fluxpipe`, \
+`fluxpipe completions zsh > \"${fpath[1]}/_fluxpipe\"`."
+    )]
+    Completions {
+        /// bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
+    /// Print fluxpipe's manual page (roff), e.g. `fluxpipe man | man -l -`.
+    Man,
 }
 
 fn main() -> ExitCode {
@@ -76,6 +87,14 @@ fn main() -> ExitCode {
         Some(Command::Resource(a)) => cli::resource::run(a),
         Some(Command::Generate(a)) => cli::generate::run(a),
         Some(Command::Bench(a)) => cli::bench::run(a),
+        Some(Command::Completions { shell }) => {
+            clap_complete::generate(shell, &mut Args::command(), "fluxpipe", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Man) => clap_mangen::Man::new(Args::command())
+            .render(&mut std::io::stdout())
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(Into::into),
         // The embedded default: the default pipeline over the sample corpus.
         None => cli::run::run(cli::run::RunArgs::embedded_default()),
     };
