@@ -88,7 +88,12 @@ fn main() -> ExitCode {
         Some(Command::Generate(a)) => cli::generate::run(a),
         Some(Command::Bench(a)) => cli::bench::run(a),
         Some(Command::Completions { shell }) => {
-            clap_complete::generate(shell, &mut Args::command(), "fluxpipe", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Args::command(),
+                "fluxpipe",
+                &mut std::io::stdout(),
+            );
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Man) => clap_mangen::Man::new(Args::command())

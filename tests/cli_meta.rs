@@ -14,7 +14,10 @@ fn stdout_of(args: &[&str]) -> String {
 #[test]
 fn the_version_names_the_commit() {
     let text = stdout_of(&["--version"]);
-    assert!(text.starts_with(&format!("fluxpipe {}", env!("CARGO_PKG_VERSION"))), "{text}");
+    assert!(
+        text.starts_with(&format!("fluxpipe {}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
     let head = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -38,14 +41,21 @@ fn completions_know_every_command() {
             assert!(text.contains(command), "{shell}: no {command}");
         }
     }
-    let out = fluxpipe().args(["completions", "tcsh"]).output().expect("run");
+    let out = fluxpipe()
+        .args(["completions", "tcsh"])
+        .output()
+        .expect("run");
     assert!(!out.status.success(), "an unknown shell is refused");
 }
 
 #[test]
 fn the_manual_page_is_roff_with_every_command() {
     let text = stdout_of(&["man"]);
-    assert!(text.starts_with(".ie") || text.contains(".TH fluxpipe"), "{}", &text[..200.min(text.len())]);
+    assert!(
+        text.starts_with(".ie") || text.contains(".TH fluxpipe"),
+        "{}",
+        &text[..200.min(text.len())]
+    );
     for command in ["replay", "run", "jobs", "resource", "validate"] {
         assert!(text.contains(command), "no {command} in the page");
     }

@@ -29,6 +29,9 @@ struct ClusterHolds {
     /// then, whatever order the shards applied the drain and the job's
     /// events in. Kept: bounded by the instance's size.
     freed: HashMap<u32, f64>,
+    /// Flipped ranks that no job took or gave back: marked to be looked at
+    /// again (a restored state), so not a hold that came and went.
+    rechecked: IdSet,
 }
 
 impl ClusterHolds {
@@ -55,6 +58,7 @@ impl Allocations {
             let n = c.jobs.entry(r).or_insert(0);
             if *n == 0 {
                 c.flipped.insert(r);
+                c.rechecked.remove(r);
             }
             *n = n.saturating_add(1);
         }
@@ -73,6 +77,7 @@ impl Allocations {
                 if *n == 0 {
                     c.jobs.remove(&r);
                     c.flipped.insert(r);
+                    c.rechecked.remove(r);
                     // The latest: shards apply other partitions' frees in
                     // any order.
                     if let Some(at) = at {
@@ -133,7 +138,32 @@ impl Allocations {
             None => self.clusters.entry(cluster.to_string()).or_default(),
         };
         for r in ranks {
-            c.flipped.insert(r);
+            if !c.flipped.contains(r) {
+                c.flipped.insert(r);
+                c.rechecked.insert(r);
+            }
+        }
+    }
+
+    /// Whether `rank` is flipped only because it was marked again.
+    pub fn is_rechecked(&self, cluster: &str, rank: u32) -> bool {
+        self.clusters
+            .get(cluster)
+            .is_some_and(|c| c.rechecked.contains(rank))
+    }
+
+    /// A job (restored, no longer holding them) gave `ranks` back at `at`.
+    pub fn note_freed(&mut self, cluster: &str, ranks: &[(u32, u32)], at: f64) {
+        if ranks.is_empty() {
+            return;
+        }
+        let c = match self.clusters.get_mut(cluster) {
+            Some(c) => c,
+            None => self.clusters.entry(cluster.to_string()).or_default(),
+        };
+        for r in ranks.iter().flat_map(|&(lo, hi)| lo..=hi) {
+            let t = c.freed.entry(r).or_insert(at);
+            *t = t.max(at);
         }
     }
 
@@ -144,6 +174,7 @@ impl Allocations {
         };
         // Cleared in place: its room serves the next flips.
         c.flipped.clear();
+        c.rechecked.clear();
         if c.is_empty() {
             self.clusters.remove(cluster);
         }
@@ -225,8 +256,12 @@ mod tests {
         assert_eq!(a.take_flipped("c"), set("0-1"));
         assert!(a.held_after("c", 0, 15.0), "kept after the look");
         a.mark_flipped("c", [3]);
-        assert!(a.is_flipped("c"));
+        assert!(a.is_flipped("c") && a.is_rechecked("c", 3));
+        a.hold("c", set("3").ranges());
+        assert!(!a.is_rechecked("c", 3), "a true flip");
         assert_eq!(a.take_flipped("c"), set("3"));
+        a.note_freed("c", set("5").ranges(), 50.0);
+        assert!(a.held_after("c", 5, 49.0) && !a.is_flipped("c"));
     }
 
     proptest! {

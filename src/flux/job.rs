@@ -562,6 +562,10 @@ impl Job {
                         ));
                     }
                     self.freed = true;
+                    // Kept with what R gave it (a job with ranks has R).
+                    if let Some(spec) = self.spec.as_mut() {
+                        spec.freed_at = Some(ts);
+                    }
                 }
             }
             "clean" => {
@@ -829,6 +833,16 @@ impl Job {
         {
             self.expiration.set(exp);
         }
+    }
+
+    /// When its `free` gave its R back, if it did.
+    pub fn freed_at(&self) -> Option<f64> {
+        self.spec.as_ref().and_then(|s| s.freed_at)
+    }
+
+    /// The queue its jobspec (or an update) names, if any.
+    pub fn queue(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.queue.as_deref())
     }
 
     /// What its jobspec says (read again from a later copy): what R

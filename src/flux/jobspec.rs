@@ -39,6 +39,9 @@ pub struct JobSpec {
     r_ncores: Option<u32>,
     /// R's hosts, as a hostlist (`node[0-3]`).
     pub nodelist: Option<CompactString>,
+    /// When the job's `free` gave R back (a job restored after its end
+    /// tells a drain applied later that it held the ranks until then).
+    pub freed_at: Option<f64>,
     /// The values a `jobspec-update` set (bits of [`Updated`]): a copy of
     /// the jobspec read after it (a KVS `jobspec` is as submitted) keeps them.
     #[serde(default)]
@@ -342,6 +345,7 @@ impl JobSpec {
         self.r_nnodes = old.r_nnodes;
         self.r_ncores = old.r_ncores;
         self.nodelist.clone_from(&old.nodelist);
+        self.freed_at = old.freed_at;
         let kept = |bit: u8| old.updated & bit != 0;
         if kept(Updated::NAME) {
             self.name.clone_from(&old.name);

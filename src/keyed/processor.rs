@@ -36,6 +36,8 @@ pub struct Processed {
     /// The job as it was before, if it was counted as active or inactive
     /// (submitted and valid): its state and since when.
     pub before: Option<(JobState, Option<f64>)>,
+    /// The queue it was counted in before (inline: no allocation).
+    pub queue_before: Option<compact_str::CompactString>,
     /// The record made the job's state (it was not held before).
     pub new_job: bool,
     pub fx: Effects,
@@ -132,9 +134,9 @@ impl Processor {
         if new_job && self.state.jobs.len() >= self.max_jobs {
             return (Outcome::Refused, Processed::default());
         }
-        let before = prior
-            .filter(|e| e.job.submitted && !e.job.invalidated)
-            .map(|e| (e.job.state, e.job.t_state()));
+        let counted = prior.filter(|e| e.job.submitted && !e.job.invalidated);
+        let before = counted.map(|e| (e.job.state, e.job.t_state()));
+        let queue_before = counted.and_then(|e| e.job.queue()).map(Into::into);
         // What the job rules see of the job: a record that leaves it as it
         // was need not be shown to the engine.
         let view = (key.is_some() && self.alerting())
@@ -157,6 +159,7 @@ impl Processor {
             Processed {
                 key,
                 before,
+                queue_before,
                 new_job,
                 fx,
             },

@@ -225,6 +225,12 @@ impl State {
     pub fn insert_job(&mut self, key: JobKey, entry: Box<JobEntry>) -> Option<Box<JobEntry>> {
         if entry.job.holds_ranks() {
             self.allocations.count(&key.cluster, &entry.job, true, None);
+        } else if let Some(t) = entry.job.freed_at() {
+            // Given back before: when, for a drain the resource state has
+            // still to apply.
+            let ranks = entry.job.allocated_ranges();
+            self.allocations
+                .with(|a| a.note_freed(&key.cluster, ranks, t));
         }
         let cluster = key.cluster.clone();
         let old = self.jobs.insert(key, entry);
@@ -288,6 +294,7 @@ impl State {
                 .iter()
                 .copied()
                 .filter(|&r| res.rank(r).is_some_and(|s| !s.draining))
+                .filter(|&r| !a.is_rechecked(cluster, r))
                 .chain(newly_drained)
                 .collect();
             candidates.sort_unstable();
@@ -790,6 +797,39 @@ mod tests {
             [(3, false), (3, true), (3, false)]
         );
         assert!(draining_flips(&mut res).is_empty(), "said once");
+    }
+
+    /// A job restored as ended (its process died) still tells a drain
+    /// applied later that it held the rank then; a restored resource state
+    /// that already had the drain says nothing again.
+    #[test]
+    fn a_restored_job_tells_a_later_drain_it_held_the_rank() {
+        let shared = SharedAllocations::default();
+        let (mut jobs, mut res) = (State::new(), State::new());
+        jobs.share_allocations(shared.clone());
+        res.share_allocations(shared);
+        feed(&mut res, &instance());
+        let mut before = State::new();
+        let (run, end) = job_lines(9, 10.0, "1");
+        feed(&mut before, &run);
+        feed(&mut before, &end);
+        let key = JobKey {
+            cluster: before.intern("c"),
+            id: JobId(9),
+        };
+        let entry = before.remove_job(&key).unwrap();
+        jobs.insert_job(key, entry);
+        assert!(draining_flips(&mut res).is_empty());
+        let drain = resource("drain", 10.5, r#"{"idset":"1"}"#);
+        assert_eq!(
+            feed(&mut res, &[drain]),
+            [(1, false), (1, true), (1, false)]
+        );
+        res.recheck_draining();
+        assert!(
+            draining_flips(&mut res).is_empty(),
+            "not again at a restart"
+        );
     }
 
     /// A restored resource state whose saved draining is older than the

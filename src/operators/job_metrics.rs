@@ -5,6 +5,7 @@
 //! macros would, except those exported with 0 from the start.
 
 use crate::flux::job::{JobResult, JobState};
+use compact_str::CompactString;
 use metrics::{Counter, Gauge, Histogram};
 use std::sync::OnceLock;
 
@@ -16,50 +17,108 @@ const RESULTS: [JobResult; 4] = [
     JobResult::Timeout,
 ];
 
-pub struct ClusterMetrics {
-    cluster: String,
+/// The most queues one cluster's series are kept apart for: queues are
+/// few (a site configures them), but the label comes from input. The
+/// queues beyond share the label value `other`.
+pub const MAX_QUEUES: usize = 32;
+
+/// The series of one queue of a cluster (`queue` label; `""`, the same
+/// as no label, for jobs of no queue).
+struct QueueMetrics {
+    name: CompactString,
     /// `flux_jobs` per active state (none for INACTIVE).
     jobs: [Option<Gauge>; STATES],
-    /// `flux_job_transitions_total` per (from, to).
-    transitions: [[OnceLock<Counter>; STATES]; STATES],
-    /// `flux_job_state_seconds` per state left.
-    state_seconds: [OnceLock<Histogram>; STATES],
     queue_wait: OnceLock<Histogram>,
     run: OnceLock<Histogram>,
     /// `flux_jobs_inactive_total` per result.
     inactive: [Counter; RESULTS.len()],
 }
 
-impl ClusterMetrics {
-    /// The cluster's series, with every state and result exported as 0.
-    pub fn new(cluster: &str) -> Self {
-        let c = cluster.to_string();
+impl QueueMetrics {
+    /// The queue's series, with every state and result exported as 0.
+    fn new(cluster: &str, queue: &str) -> Self {
+        let (c, q) = (cluster.to_string(), queue.to_string());
         let jobs = JobState::ALL.map(|state| {
             (state != JobState::Inactive).then(|| {
-                let g = metrics::gauge!("flux_jobs", "flux_cluster" => c.clone(), "state" => state.as_str());
+                let g = metrics::gauge!("flux_jobs", "flux_cluster" => c.clone(), "queue" => q.clone(), "state" => state.as_str());
                 g.increment(0.0);
                 g
             })
         });
         let inactive = RESULTS.map(|r| {
-            let counter = metrics::counter!("flux_jobs_inactive_total", "flux_cluster" => c.clone(), "result" => r.as_str());
+            let counter = metrics::counter!("flux_jobs_inactive_total", "flux_cluster" => c.clone(), "queue" => q.clone(), "result" => r.as_str());
             counter.increment(0);
             counter
         });
-        ClusterMetrics {
-            cluster: c,
+        QueueMetrics {
+            name: queue.into(),
             jobs,
-            transitions: Default::default(),
-            state_seconds: Default::default(),
             queue_wait: OnceLock::new(),
             run: OnceLock::new(),
             inactive,
         }
     }
+}
 
-    /// `delta` active jobs into (or out of) `state`.
-    pub fn count(&self, state: JobState, delta: i64) {
-        if let Some(g) = &self.jobs[state.index()] {
+/// The series of `queue` among a cluster's, made on first sight.
+fn queue_of<'q>(
+    queues: &'q mut Vec<QueueMetrics>,
+    cluster: &str,
+    queue: Option<&str>,
+) -> &'q QueueMetrics {
+    let name = queue.unwrap_or("");
+    let i = match queues.iter().position(|q| q.name == name) {
+        Some(i) => i,
+        None if queues.len() < MAX_QUEUES => {
+            queues.push(QueueMetrics::new(cluster, name));
+            queues.len() - 1
+        }
+        None => match queues.iter().position(|q| q.name == "other") {
+            Some(i) => i,
+            None => {
+                tracing::warn!(
+                    cluster,
+                    max = MAX_QUEUES,
+                    "more queues than the metrics keep apart: the rest are counted as queue=\"other\""
+                );
+                queues.push(QueueMetrics::new(cluster, "other"));
+                queues.len() - 1
+            }
+        },
+    };
+    &queues[i]
+}
+
+pub struct ClusterMetrics {
+    cluster: String,
+    /// Per queue, in the order first seen (a handful: searched in order).
+    queues: Vec<QueueMetrics>,
+    /// `flux_job_transitions_total` per (from, to).
+    transitions: [[OnceLock<Counter>; STATES]; STATES],
+    /// `flux_job_state_seconds` per state left.
+    state_seconds: [OnceLock<Histogram>; STATES],
+}
+
+impl ClusterMetrics {
+    /// The cluster's series, with every state and result of jobs of no
+    /// queue exported as 0.
+    pub fn new(cluster: &str) -> Self {
+        ClusterMetrics {
+            cluster: cluster.to_string(),
+            queues: vec![QueueMetrics::new(cluster, "")],
+            transitions: Default::default(),
+            state_seconds: Default::default(),
+        }
+    }
+
+    /// The series of `queue` (`None`: no queue), made on first sight.
+    fn queue(&mut self, queue: Option<&str>) -> &QueueMetrics {
+        queue_of(&mut self.queues, &self.cluster, queue)
+    }
+
+    /// `delta` active jobs of `queue` into (or out of) `state`.
+    pub fn count(&mut self, queue: Option<&str>, state: JobState, delta: i64) {
+        if let Some(g) = &self.queue(queue).jobs[state.index()] {
             g.increment(delta as f64);
         }
     }
@@ -80,28 +139,26 @@ impl ClusterMetrics {
     }
 
     /// Submit to RUN.
-    pub fn queue_wait(&self, secs: f64) {
+    pub fn queue_wait(&mut self, queue: Option<&str>, secs: f64) {
         let c = &self.cluster;
-        self.queue_wait
-            .get_or_init(
-                || metrics::histogram!("flux_job_queue_wait_seconds", "flux_cluster" => c.clone()),
-            )
+        let q = queue_of(&mut self.queues, c, queue);
+        q.queue_wait
+            .get_or_init(|| metrics::histogram!("flux_job_queue_wait_seconds", "flux_cluster" => c.clone(), "queue" => q.name.to_string()))
             .record(secs);
     }
 
     /// RUN to CLEANUP.
-    pub fn run(&self, secs: f64) {
+    pub fn run(&mut self, queue: Option<&str>, secs: f64) {
         let c = &self.cluster;
-        self.run
-            .get_or_init(
-                || metrics::histogram!("flux_job_run_seconds", "flux_cluster" => c.clone()),
-            )
+        let q = queue_of(&mut self.queues, c, queue);
+        q.run
+            .get_or_init(|| metrics::histogram!("flux_job_run_seconds", "flux_cluster" => c.clone(), "queue" => q.name.to_string()))
             .record(secs);
     }
 
-    pub fn ended(&self, result: JobResult) {
+    pub fn ended(&mut self, queue: Option<&str>, result: JobResult) {
         if let Some(i) = RESULTS.iter().position(|r| *r == result) {
-            self.inactive[i].increment(1);
+            self.queue(queue).inactive[i].increment(1);
         }
     }
 }

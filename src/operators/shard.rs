@@ -25,6 +25,7 @@ use crate::output::{self, JobRecord, OutputRecord};
 use crate::snapshot::changelog::{self, Change, EntryRef};
 use crate::snapshot::checkpoint::{ShardState, ShardStateRef, spill_path};
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
+use compact_str::CompactString;
 use foldhash::{HashMap, HashSet};
 use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
@@ -408,7 +409,8 @@ impl Shard {
         // The clusters met, and each active job's (cluster, state, entered).
         let mut clusters: Vec<Arc<str>> = Vec::new();
         let mut entered: Vec<(u32, JobState, Option<f64>)> = Vec::with_capacity(saved.jobs.len());
-        let mut counts: HashMap<(u32, JobState, Option<i64>), i64> = HashMap::default();
+        type CountKey = (u32, Option<CompactString>, JobState, Option<i64>);
+        let mut counts: HashMap<CountKey, i64> = HashMap::default();
         // A checkpoint lists jobs' conditions in the order of the jobs: each
         // goes into its job's entry while the entry is at hand. What is out
         // of that order (nodes', an older layout's) is looked up after.
@@ -455,7 +457,10 @@ impl Shard {
                 self.unsubmitted
                     .push_back((now + self.retention.orphan_ttl, key.clone()));
             } else if !job.invalidated {
-                *counts.entry((cluster, job.state, job.userid)).or_insert(0) += 1;
+                let queue = job.queue().map(CompactString::from);
+                *counts
+                    .entry((cluster, queue, job.state, job.userid))
+                    .or_insert(0) += 1;
                 entered.push((cluster, job.state, job.t_state()));
             }
             // Held already (left from a checkpoint): the restored one wins.
@@ -488,8 +493,9 @@ impl Shard {
             }
         }
         let name = |i: u32| clusters.get(i as usize).map_or("", |c| &**c);
-        for ((cluster, state, userid), n) in counts {
-            self.metrics.count_active(name(cluster), state, userid, n);
+        for ((cluster, queue, state, userid), n) in counts {
+            self.metrics
+                .count_active(name(cluster), queue.as_deref(), state, userid, n);
         }
         self.metrics
             .ages
@@ -664,6 +670,7 @@ impl Shard {
         let Processed {
             key,
             before,
+            queue_before,
             new_job,
             fx,
         } = done;
@@ -696,8 +703,13 @@ impl Shard {
         self.fired = fired;
         if !fx.duplicate {
             if let Some(entry) = key.as_ref().and_then(|k| self.processor.state.jobs.get(k)) {
-                self.metrics
-                    .job_changed(&cluster, &entry.job, before, &fx.transitions);
+                self.metrics.job_changed(
+                    &cluster,
+                    &entry.job,
+                    before,
+                    queue_before.as_deref(),
+                    &fx.transitions,
+                );
             }
             if let Some((kind, severity)) = exception {
                 metrics::counter!("flux_job_exceptions_total", "flux_cluster" => cluster.to_string(), "type" => kind, "severity" => severity.to_string()).increment(1);

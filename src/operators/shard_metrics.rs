@@ -40,10 +40,18 @@ impl ShardMetrics {
         }
     }
 
-    /// Count `delta` active jobs of a user into or out of `state`.
-    pub fn count_active(&self, cluster: &str, state: JobState, userid: Option<i64>, delta: i64) {
-        if let Some(m) = self.series.get(cluster) {
-            m.count(state, delta);
+    /// Count `delta` active jobs of a user and queue into or out of
+    /// `state`.
+    pub fn count_active(
+        &mut self,
+        cluster: &str,
+        queue: Option<&str>,
+        state: JobState,
+        userid: Option<i64>,
+        delta: i64,
+    ) {
+        if let Some(m) = self.series.get_mut(cluster) {
+            m.count(queue, state, delta);
         }
         self.users.add(cluster, userid, state.as_str(), delta);
     }
@@ -51,7 +59,7 @@ impl ShardMetrics {
     /// Count an active job into (`delta` 1) or out of (-1) the job gauges
     /// and the state-entry ages, in the state it is in.
     pub fn count_job(&mut self, cluster: &str, job: &Job, delta: i64) {
-        self.count_active(cluster, job.state, job.userid, delta);
+        self.count_active(cluster, job.queue(), job.state, job.userid, delta);
         if delta > 0 {
             self.ages.add(cluster, job.state, job.t_state());
         } else {
@@ -104,35 +112,48 @@ impl ShardMetrics {
     }
 
     /// A record changed `job` (as it is now; `before`: its state and since
-    /// when, if it was counted): active jobs per state, transitions,
-    /// results and the time spent in each state.
+    /// when, if it was counted, in `queue_before`): active jobs per state
+    /// and queue, transitions, results and the time spent in each state.
     pub fn job_changed(
         &mut self,
         cluster: &str,
         job: &Job,
         before: Option<(JobState, Option<f64>)>,
+        queue_before: Option<&str>,
         transitions: &[KeyedTransition],
     ) {
         let counted = job.submitted && !job.invalidated;
+        let queue = job.queue();
         match (before, counted) {
             // A new job (or one whose submit came after other events).
             (None, true) if job.state != JobState::Inactive => {
-                self.count_active(cluster, job.state, job.userid, 1);
+                self.count_active(cluster, queue, job.state, job.userid, 1);
                 self.ages.add(cluster, job.state, job.t_state());
             }
             // Invalidated: flux-core removes it.
             (Some((state, entered)), false) if state != JobState::Inactive => {
-                self.count_active(cluster, state, job.userid, -1);
+                self.count_active(cluster, queue_before, state, job.userid, -1);
                 self.ages.remove(cluster, state, entered);
+            }
+            // Its queue changed (an update, or a jobspec read after its
+            // eventlog) with no transition: counted in the new one.
+            (Some((state, _)), true)
+                if transitions.is_empty()
+                    && state != JobState::Inactive
+                    && queue != queue_before =>
+            {
+                self.count_active(cluster, queue_before, state, job.userid, -1);
+                self.count_active(cluster, queue, state, job.userid, 1);
             }
             _ => {}
         }
         let mut entered = before.and_then(|b| b.1);
+        let mut counted_in = queue_before;
         for t in transitions {
             let (from, to) = (t.transition.from, t.transition.to);
             if before.is_some() {
                 if from != JobState::Inactive {
-                    self.count_active(cluster, from, job.userid, -1);
+                    self.count_active(cluster, counted_in, from, job.userid, -1);
                     self.ages.remove(cluster, from, entered);
                 }
                 // SCHED keeps its first entry time (a job reverted to
@@ -144,12 +165,13 @@ impl ShardMetrics {
                     Some(t.transition.timestamp)
                 };
                 if to != JobState::Inactive {
-                    self.count_active(cluster, to, job.userid, 1);
+                    self.count_active(cluster, queue, to, job.userid, 1);
                     self.ages.add(cluster, to, at);
                 }
                 entered = at;
+                counted_in = queue;
             }
-            let Some(m) = self.series.get(cluster) else {
+            let Some(m) = self.series.get_mut(cluster) else {
                 continue;
             };
             m.transition(from, to);
@@ -159,17 +181,17 @@ impl ShardMetrics {
             match to {
                 JobState::Run => {
                     if let Some(submit) = job.t_submit.get() {
-                        m.queue_wait((t.transition.timestamp - submit).max(0.0));
+                        m.queue_wait(queue, (t.transition.timestamp - submit).max(0.0));
                     }
                 }
                 JobState::Cleanup => {
                     if let Some(run) = job.t_run.get() {
-                        m.run((t.transition.timestamp - run).max(0.0));
+                        m.run(queue, (t.transition.timestamp - run).max(0.0));
                     }
                 }
                 JobState::Inactive => {
                     if let Some(result) = job.result() {
-                        m.ended(result);
+                        m.ended(queue, result);
                     }
                 }
                 _ => {}
