@@ -6,7 +6,7 @@ mod common;
 use common::{Reaper, corpus, fluxpipe, free_port, http_get, http_get_with, sigterm};
 
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -139,10 +139,21 @@ fn scrape_after_the_corpus_gives_exact_values() {
     let event = |id: u64, t: f64, name: &str| {
         format!("{{\"id\":{id},\"events\":[{{\"timestamp\":{t},\"name\":\"{name}\"}}]}}\n")
     };
-    let mut journal = submit(1, 7, 1.0) + &event(1, 2.0, "validate");
+    // Queues: job 1 in debug, job 4 in batch (their jobspecs), job 2 in
+    // none until an update moves it to batch; job 3 in none.
+    let queued = |line: String, queue: &str| {
+        line.replace(
+            "]}\n",
+            &format!(
+                "],\"jobspec\":{{\"version\":1,\"resources\":[{{\"type\":\"slot\",\"count\":1,\"with\":[{{\"type\":\"core\",\"count\":1}}]}}],\"tasks\":[{{\"command\":[\"true\"]}}],\"attributes\":{{\"system\":{{\"duration\":0,\"queue\":\"{queue}\"}}}}}}}}\n"
+            ),
+        )
+    };
+    let mut journal = queued(submit(1, 7, 1.0), "debug") + &event(1, 2.0, "validate");
     journal += &submit(2, 7, 3.0);
+    journal += "{\"id\":2,\"events\":[{\"timestamp\":3.5,\"name\":\"jobspec-update\",\"context\":{\"attributes.system.queue\":\"batch\"}}]}\n";
     journal += &submit(3, 8, 4.0);
-    journal += &submit(4, 9, 5.0);
+    journal += &queued(submit(4, 9, 5.0), "batch");
     journal += &event(4, 6.0, "validate");
     journal += "{\"id\":4,\"events\":[{\"timestamp\":7.0,\"name\":\"exception\",\"context\":{\"type\":\"cancel\",\"severity\":0,\"userid\":9,\"note\":\"\"}}]}\n";
     journal += &event(4, 8.0, "clean");
@@ -173,7 +184,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
                 .map(|(_, n)| n)
                 .sum();
             let j_done = v
-                .get("flux_jobs_inactive_total{flux_cluster=\"J\",result=\"CANCELED\"}")
+                .get("flux_jobs_inactive_total{flux_cluster=\"J\",queue=\"batch\",result=\"CANCELED\"}")
                 .copied()
                 .unwrap_or(0.0);
             if done >= 16.0 && j_done >= 1.0 {
@@ -195,37 +206,65 @@ fn scrape_after_the_corpus_gives_exact_values() {
         &std::fs::read_to_string(corpus().join("instances/B/flux-jobs-a.json")).expect("answers"),
     )
     .expect("json");
-    let mut by_result: BTreeMap<String, f64> = BTreeMap::new();
-    let mut active: BTreeMap<String, f64> = BTreeMap::new();
+    // Per queue: jobs of no queue have no `queue` label.
+    let mut by_result: BTreeMap<(Option<String>, String), f64> = BTreeMap::new();
+    let mut active: BTreeMap<(Option<String>, String), f64> = BTreeMap::new();
+    let mut queues: BTreeSet<Option<String>> = BTreeSet::from([None]);
     for j in fj["jobs"].as_array().expect("jobs") {
         let state = j["state"].as_str().expect("state");
+        let queue = j["queue"].as_str().map(String::from);
+        queues.insert(queue.clone());
         if state == "INACTIVE" {
-            *by_result
-                .entry(j["result"].as_str().expect("result").into())
-                .or_default() += 1.0;
+            let result = j["result"].as_str().expect("result").to_string();
+            *by_result.entry((queue, result)).or_default() += 1.0;
         } else {
-            *active.entry(state.into()).or_default() += 1.0;
+            *active.entry((queue, state.into())).or_default() += 1.0;
         }
     }
-    for result in ["COMPLETED", "FAILED", "CANCELED", "TIMEOUT"] {
-        let want = by_result.get(result).copied().unwrap_or(0.0);
-        assert_eq!(
-            get(&format!(
-                "flux_jobs_inactive_total{{flux_cluster=\"B\",result=\"{result}\"}}"
-            )),
-            want,
-            "{result}"
-        );
+    let series = |name: &str, queue: &Option<String>, key: &str, value: &str| match queue {
+        Some(q) => format!("{name}{{flux_cluster=\"B\",queue=\"{q}\",{key}=\"{value}\"}}"),
+        None => format!("{name}{{flux_cluster=\"B\",{key}=\"{value}\"}}"),
+    };
+    for queue in &queues {
+        for result in ["COMPLETED", "FAILED", "CANCELED", "TIMEOUT"] {
+            let want = by_result
+                .get(&(queue.clone(), result.to_string()))
+                .copied()
+                .unwrap_or(0.0);
+            let name = series("flux_jobs_inactive_total", queue, "result", result);
+            assert_eq!(get(&name), want, "{name}");
+        }
+        for state in ["NEW", "DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP"] {
+            let want = active
+                .get(&(queue.clone(), state.to_string()))
+                .copied()
+                .unwrap_or(0.0);
+            let name = series("flux_jobs", queue, "state", state);
+            assert_eq!(get(&name), want, "{name}");
+        }
     }
-    for state in ["NEW", "DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP"] {
-        let want = active.get(state).copied().unwrap_or(0.0);
-        assert_eq!(
-            get(&format!(
-                "flux_jobs{{flux_cluster=\"B\",state=\"{state}\"}}"
-            )),
-            want,
-            "{state}"
-        );
+    // J's queues, a job moved by an update counted in its new one.
+    for (series, want) in [
+        (
+            "flux_jobs{flux_cluster=\"J\",queue=\"debug\",state=\"DEPEND\"}",
+            1.0,
+        ),
+        (
+            "flux_jobs{flux_cluster=\"J\",queue=\"batch\",state=\"NEW\"}",
+            1.0,
+        ),
+        ("flux_jobs{flux_cluster=\"J\",state=\"NEW\"}", 1.0),
+        ("flux_jobs{flux_cluster=\"J\",state=\"DEPEND\"}", 0.0),
+        (
+            "flux_jobs_inactive_total{flux_cluster=\"J\",queue=\"batch\",result=\"CANCELED\"}",
+            1.0,
+        ),
+        (
+            "flux_jobs_inactive_total{flux_cluster=\"J\",result=\"CANCELED\"}",
+            0.0,
+        ),
+    ] {
+        assert_eq!(get(series), want, "{series}");
     }
     // Per user (switched on here): exactly the (user, state) pairs with
     // active jobs; none for B (all its jobs ended) or for J's user 9.
@@ -255,7 +294,7 @@ fn scrape_after_the_corpus_gives_exact_values() {
         );
         assert_eq!(
             values.contains_key(&series),
-            active.contains_key(state),
+            active.keys().any(|(_, s)| s == state),
             "{series}"
         );
     }
@@ -370,7 +409,13 @@ fn scrape_after_the_corpus_gives_exact_values() {
     let restored = loop {
         if let Some((200, body)) = http_get(port, "/metrics") {
             let v = samples(&body);
-            if v.get("flux_jobs{flux_cluster=\"J\",state=\"NEW\"}") == Some(&2.0) {
+            // Per queue, as before the restart.
+            if v.get("flux_jobs{flux_cluster=\"J\",state=\"NEW\"}") == Some(&1.0)
+                && v.get("flux_jobs{flux_cluster=\"J\",queue=\"batch\",state=\"NEW\"}")
+                    == Some(&1.0)
+                && v.get("flux_jobs{flux_cluster=\"J\",queue=\"debug\",state=\"DEPEND\"}")
+                    == Some(&1.0)
+            {
                 break v;
             }
         }

@@ -35,18 +35,37 @@ struct QueueMetrics {
 }
 
 impl QueueMetrics {
+    /// `flux_cluster`, and `queue` unless none.
+    fn labels(&self, cluster: &str) -> Vec<metrics::Label> {
+        let mut l = vec![metrics::Label::new("flux_cluster", cluster.to_string())];
+        if !self.name.is_empty() {
+            l.push(metrics::Label::new("queue", self.name.to_string()));
+        }
+        l
+    }
+
     /// The queue's series, with every state and result exported as 0.
+    /// Jobs of no queue: no `queue` label (as Prometheus reads an empty
+    /// one), so a site without queues keeps the series it had.
     fn new(cluster: &str, queue: &str) -> Self {
-        let (c, q) = (cluster.to_string(), queue.to_string());
+        let labels = |more: [(&'static str, &'static str); 1]| {
+            let mut l = vec![metrics::Label::new("flux_cluster", cluster.to_string())];
+            if !queue.is_empty() {
+                l.push(metrics::Label::new("queue", queue.to_string()));
+            }
+            l.extend(more.map(|(k, v)| metrics::Label::new(k, v)));
+            l
+        };
         let jobs = JobState::ALL.map(|state| {
             (state != JobState::Inactive).then(|| {
-                let g = metrics::gauge!("flux_jobs", "flux_cluster" => c.clone(), "queue" => q.clone(), "state" => state.as_str());
+                let g = metrics::gauge!("flux_jobs", labels([("state", state.as_str())]));
                 g.increment(0.0);
                 g
             })
         });
         let inactive = RESULTS.map(|r| {
-            let counter = metrics::counter!("flux_jobs_inactive_total", "flux_cluster" => c.clone(), "queue" => q.clone(), "result" => r.as_str());
+            let counter =
+                metrics::counter!("flux_jobs_inactive_total", labels([("result", r.as_str())]));
             counter.increment(0);
             counter
         });
@@ -143,7 +162,7 @@ impl ClusterMetrics {
         let c = &self.cluster;
         let q = queue_of(&mut self.queues, c, queue);
         q.queue_wait
-            .get_or_init(|| metrics::histogram!("flux_job_queue_wait_seconds", "flux_cluster" => c.clone(), "queue" => q.name.to_string()))
+            .get_or_init(|| metrics::histogram!("flux_job_queue_wait_seconds", q.labels(c)))
             .record(secs);
     }
 
@@ -152,7 +171,7 @@ impl ClusterMetrics {
         let c = &self.cluster;
         let q = queue_of(&mut self.queues, c, queue);
         q.run
-            .get_or_init(|| metrics::histogram!("flux_job_run_seconds", "flux_cluster" => c.clone(), "queue" => q.name.to_string()))
+            .get_or_init(|| metrics::histogram!("flux_job_run_seconds", q.labels(c)))
             .record(secs);
     }
 
