@@ -217,9 +217,8 @@ pub enum Body {
     /// An R object: a job's (job stream) or the instance's (resource
     /// stream), as read.
     R(JsonObject),
-    /// A job's jobspec, read down to the values kept of it (with the
-    /// reason some could not be read).
-    JobSpec(Box<JobSpec>, Option<JobSpecError>),
+    /// A job's jobspec, read down to the values kept of it.
+    JobSpec(Box<JobSpecRead>),
     /// A journal sentinel: the backlog ends here.
     Sentinel,
     /// An RFC 32 exec-protocol response.
@@ -430,8 +429,10 @@ mod fast {
             (Some(id), Format::Auto | Format::JobJournal) => {
                 let record = |body| Record::job_journal(JobId(id), body);
                 // The jobspec and R first, as the general path does.
-                out.records
-                    .extend(j.jobspec.map(|s| record(super::job_spec(s.get()))));
+                out.records.extend(j.jobspec.map(|s| {
+                    let text = s.get().to_string();
+                    record(super::job_spec_raw(&text, Some(s)))
+                }));
                 out.records.extend(r.map(|r| record(Body::R(r))));
                 out.records.extend(events.map(|e| record(Body::Event(e))));
                 true
@@ -486,7 +487,9 @@ fn detect(map: &serde_json::Map<String, Value>) -> Format {
         } else {
             Format::ResourceJournal
         }
-    } else if (map.contains_key("event") || map.contains_key("R")) && map.contains_key("stream") {
+    } else if (map.contains_key("event") || map.contains_key("R") || map.contains_key("jobspec"))
+        && map.contains_key("stream")
+    {
         Format::Envelope
     } else if map.contains_key("type") && map.contains_key("data") && map.contains_key("id") {
         Format::ExecProtocol
@@ -613,10 +616,30 @@ fn job_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
     }
 }
 
+/// A jobspec as read: the values kept of it, the reason some could not be
+/// read, and its text while it travels (for the `events` stream; dropped
+/// once applied).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSpecRead {
+    pub spec: JobSpec,
+    pub error: Option<JobSpecError>,
+    /// `None`: not a JSON object.
+    pub text: Option<JsonObject>,
+}
+
 /// A jobspec's text, read.
 pub fn job_spec(text: &str) -> Body {
+    let raw = serde_json::value::RawValue::from_string(text.to_string()).ok();
+    job_spec_raw(text, raw)
+}
+
+fn job_spec_raw(text: &str, raw: Option<Box<serde_json::value::RawValue>>) -> Body {
     let (spec, error) = JobSpec::parse(text);
-    Body::JobSpec(Box::new(spec), error)
+    Body::JobSpec(Box::new(JobSpecRead {
+        spec,
+        error,
+        text: raw.and_then(|r| JsonObject::from_raw(r).ok()),
+    }))
 }
 
 fn resource_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
@@ -658,6 +681,20 @@ fn envelope(mut map: serde_json::Map<String, Value>) -> Result<Record, DecodeErr
     };
     if stream != EventStream::Resource && id.is_none() {
         return Err(DecodeError::NoJobId);
+    }
+    // A job's jobspec travels as `"jobspec"`, alone.
+    if let Some(spec) = map.remove("jobspec") {
+        if map.contains_key("event") || map.contains_key("R") {
+            return Err(DecodeError::Field(
+                "envelope jobspec beside an event or R".into(),
+            ));
+        }
+        return Ok(Record {
+            cluster,
+            stream,
+            id,
+            body: job_spec(&spec.to_string()),
+        });
     }
     // An R document (a job's `R`, or an instance's) travels as `"R"`.
     let body = match map.remove("R") {
@@ -763,6 +800,20 @@ mod tests {
             Format::Auto,
         );
         assert!(both.records.is_empty() && !both.errors.is_empty());
+        let spec = decode_line(
+            br#"{"kind":"jobspec","cluster":"c","stream":"job","id":5,"jobspec":{"version":1,"tasks":[{"command":["/bin/app"]}],"attributes":{"system":{"duration":1,"queue":"q"}}},"source":"s"}"#,
+            &o,
+            Format::Auto,
+        );
+        assert!(spec.errors.is_empty(), "{:?}", spec.errors);
+        match &spec.records[0].body {
+            Body::JobSpec(read) => {
+                assert_eq!(read.spec.name.as_deref(), Some("app"));
+                assert_eq!(read.spec.queue.as_deref(), Some("q"));
+                assert!(read.text.is_some(), "its text travels on");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::flux::jobid::JobId;
 use crate::flux::jobspec::JobSpec;
 use crate::flux::resource::{RankChange, RankState};
 use crate::keyed::JobKey;
-use crate::keyed::alerts::engine::{AlertEvent, Detail, Subject};
+use crate::keyed::alerts::engine::{AlertEvent, Subject};
 use crate::keyed::alerts::rule::{Rule, RuleKind};
 use crate::keyed::state::{JobEntry, KeyedAnomaly, KeyedTransition};
 use compact_str::CompactString;
@@ -552,6 +552,26 @@ pub fn r_document(
     })
 }
 
+/// `"kind":"jobspec"`: a job's jobspec as it came (what the journal
+/// carries with `submit`), for the envelope decoder to read back.
+pub fn jobspec_document(cluster: &str, id: Option<JobId>, spec: &Value, source: &str) -> Value {
+    let text = spec.to_string();
+    json!({
+        "kind": "jobspec",
+        "cluster": cluster,
+        "stream": "job",
+        "id": id.map(|i| i.0),
+        "jobspec": spec,
+        "source": source,
+        "record_id": record_id(&[
+            b"jobspec",
+            cluster.as_bytes(),
+            &id_bytes(id),
+            text.as_bytes(),
+        ]),
+    })
+}
+
 /// RFC 3339 text of a time in seconds since the epoch, to the
 /// microsecond (what an f64 of today's epoch seconds holds exactly).
 pub fn rfc3339(ts: f64) -> String {
@@ -584,13 +604,18 @@ pub fn alert(rule: &Rule, a: &AlertEvent) -> Value {
         (Subject::Job(k), detail) => {
             let f58 = k.id.to_f58();
             labels.insert("jobid".into(), json!(f58));
-            let state = match (rule.kind, detail) {
-                (RuleKind::JobState(s), _) | (_, &Detail::State(s)) => s.as_str(),
+            let state = match (rule.kind, detail.job_state()) {
+                (RuleKind::JobState(s), _) | (_, Some(s)) => s.as_str(),
                 _ => "",
             };
             if !state.is_empty() {
                 labels.insert("state".into(), json!(state));
                 map.insert("state".into(), json!(state));
+            }
+            // As it stood when the alert fired, as the state.
+            if let Some(queue) = detail.queue() {
+                labels.insert("queue".into(), json!(queue));
+                map.insert("queue".into(), json!(queue));
             }
             map.insert("id".into(), json!(k.id.0));
             let summary = match rule.kind {

@@ -331,3 +331,92 @@ fn rules_config(dir: &Path, rules: &str) -> PathBuf {
         ),
     )
 }
+
+/// A job rule with a `queue` watches only that queue's jobs; every job
+/// alert names the queue of a job in one.
+#[test]
+fn a_queue_rule_watches_only_its_queues_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = 1_700_000_000.0;
+    let line = |id: u64, ts: f64, name: &str, ctx: Value, queue: Option<&str>| {
+        let mut ev = json!({"timestamp": ts, "name": name});
+        if !ctx.is_null() {
+            ev["context"] = ctx;
+        }
+        let mut msg = json!({"id": id, "events": [ev]});
+        if let Some(q) = queue {
+            msg["jobspec"] = json!({"version": 1,
+                "resources": [{"type": "slot", "count": 1, "with": [{"type": "core", "count": 1}]}],
+                "tasks": [{"command": ["sleep"]}],
+                "attributes": {"system": {"duration": 0, "queue": q}}});
+        }
+        format!("{msg}\n")
+    };
+    let mut journal = String::new();
+    for (id, queue) in [(1, Some("debug")), (2, Some("batch")), (3, None)] {
+        let submit = json!({"userid": 5, "urgency": 16, "flags": 0, "version": 1});
+        journal += &line(id, t, "submit", submit, queue);
+        journal += &line(id, t + 0.01, "validate", Value::Null, None);
+        journal += &line(id, t + 0.02, "depend", Value::Null, None);
+        journal += &line(id, t + 0.03, "priority", json!({"priority": 16}), None);
+    }
+    // The clock moves on 2 h (another job's event).
+    let submit = json!({"userid": 5, "urgency": 16, "flags": 0, "version": 1});
+    journal += &line(4, t + 7200.0, "submit", submit, None);
+    let input = write(dir.path(), "journal.jsonl", &journal);
+    let config = rules_config(
+        dir.path(),
+        r#"
+[alerts]
+clock = "event"
+
+[alerts.rules.debug_sched]
+kind = "job_state"
+state = "SCHED"
+for = "1h"
+queue = "debug"
+
+[alerts.rules.any_sched]
+kind = "job_state"
+state = "SCHED"
+for = "1h"
+"#,
+    );
+    let alerts = replay_alerts(&["--config", config.to_str().expect("utf-8")], &input);
+    let mut got: Vec<(&str, u64, Option<&str>, Option<&str>)> = alerts
+        .iter()
+        .filter(|a| a["status"] == "firing")
+        .map(|a| {
+            (
+                a["alertname"].as_str().unwrap_or(""),
+                a["id"].as_u64().unwrap_or(0),
+                a["labels"]["queue"].as_str(),
+                a["queue"].as_str(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("any_sched", 1, Some("debug"), Some("debug")),
+            ("any_sched", 2, Some("batch"), Some("batch")),
+            ("any_sched", 3, None, None),
+            ("debug_sched", 1, Some("debug"), Some("debug")),
+        ],
+        "{alerts:#?}"
+    );
+    // A node rule takes no queue.
+    let bad = rules_config(
+        dir.path(),
+        "[alerts.rules.n]\nkind = \"node_drained\"\nfor = \"1h\"\nqueue = \"debug\"\n",
+    );
+    let out = common::fluxpipe()
+        .args(["replay", "--config"])
+        .arg(&bad)
+        .arg(&input)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("queue"), "{err}");
+}

@@ -134,13 +134,13 @@ fn every_path_layout_places_its_job() {
 }
 
 #[test]
-fn files_that_cannot_be_placed_are_skipped_quietly_and_r_gives_expiration() {
+fn files_that_cannot_be_placed_are_skipped_quietly_and_r_and_the_jobspec_are_read() {
     let out = replay_files(
         &[
             ("jobs/48335159296/eventlog", &lines(&full_job(100.0))),
             (
                 "jobs/48335159296/jobspec.json",
-                "{\"not\": \"an eventlog\"}",
+                r#"{"version":1,"resources":[{"type":"slot","count":1,"with":[{"type":"core","count":1}]}],"tasks":[{"command":["/bin/true"]}],"attributes":{"system":{"duration":0}}}"#,
             ),
             ("jobs/48335159296/notes.txt", "hello"),
             (
@@ -151,6 +151,7 @@ fn files_that_cannot_be_placed_are_skipped_quietly_and_r_gives_expiration() {
         &[],
     );
     assert_eq!(job(&out, ID)["expiration"], 1234.5);
+    assert_eq!(job(&out, ID)["name"], "true", "the jobspec beside it");
     assert!(anomaly_kinds(&out).is_empty(), "{out:#?}");
 }
 

@@ -439,6 +439,66 @@ impl JobSpec {
     }
 }
 
+/// What of a jobspec is read here, and nothing else: `version`,
+/// `resources`, the first task's `command[0]`, `slot` and `count`, and
+/// `attributes.system`'s `job`, `queue`, `duration`, `project`, `bank` and
+/// `shell.options.per-resource`. What a jobspec passed on (the `events`
+/// stream) carries: never the working directory, the environment or the
+/// command's arguments.
+pub fn kept_part(jobspec: &Value) -> Value {
+    let Some(top) = jobspec.as_object() else {
+        return jobspec.clone();
+    };
+    let mut out = serde_json::Map::new();
+    for key in ["version", "resources"] {
+        if let Some(v) = top.get(key) {
+            out.insert(key.into(), v.clone());
+        }
+    }
+    if let Some(task) = top
+        .get("tasks")
+        .and_then(Value::as_array)
+        .and_then(|t| t.first())
+        .and_then(Value::as_object)
+    {
+        let mut kept = serde_json::Map::new();
+        for key in ["slot", "count"] {
+            if let Some(v) = task.get(key) {
+                kept.insert(key.into(), v.clone());
+            }
+        }
+        if let Some(arg0) = task
+            .get("command")
+            .and_then(Value::as_array)
+            .and_then(|c| c.first())
+        {
+            kept.insert("command".into(), Value::Array(vec![arg0.clone()]));
+        }
+        out.insert("tasks".into(), Value::Array(vec![Value::Object(kept)]));
+    }
+    if let Some(system_value) = top.get("attributes").and_then(|a| a.get("system"))
+        && let Some(system) = system_value.as_object()
+    {
+        let mut kept = serde_json::Map::new();
+        for key in ["job", "queue", "duration", "project", "bank"] {
+            if let Some(v) = system.get(key) {
+                kept.insert(key.into(), v.clone());
+            }
+        }
+        if let Some(per) = system_value.pointer("/shell/options/per-resource") {
+            kept.insert(
+                "shell".into(),
+                serde_json::json!({"options": {"per-resource": per}}),
+            );
+        }
+        out.insert(
+            "attributes".into(),
+            serde_json::json!({ "system": Value::Object(kept) }),
+        );
+    }
+    Value::Object(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -565,6 +625,17 @@ mod tests {
             (Some(3600.0), Some("debug"))
         );
         assert_eq!(again.name.as_deref(), Some("hostname"));
+    }
+
+    #[test]
+    fn the_part_passed_on_reads_the_same_and_holds_no_secrets() {
+        let full = r#"{"resources":[{"type":"node","count":2,"with":[{"type":"slot","count":3,"label":"task","with":[{"type":"core","count":2}]}]}],"tasks":[{"command":["/bin/app","--token=x"],"slot":"task","count":{"per_slot":1}}],"attributes":{"system":{"duration":60,"cwd":"/home/u","environment":{"SECRET":"x"},"queue":"q","job":{"name":"n"},"shell":{"options":{"rlimit":{},"per-resource":{"type":"core"}}}}},"version":1}"#;
+        let value: Value = serde_json::from_str(full).unwrap();
+        let part = kept_part(&value);
+        let text = part.to_string();
+        assert!(!text.contains("/home/u") && !text.contains("SECRET") && !text.contains("token"));
+        assert_eq!(JobSpec::parse(&text), JobSpec::parse(full));
+        assert_eq!(kept_part(&Value::from(3)), Value::from(3));
     }
 
     proptest! {

@@ -271,15 +271,22 @@ fn observe_job(
     out: &mut Vec<AlertEvent>,
 ) {
     // One detail for every rule of the job, lent rather than copied into
-    // each: this runs for every change of a job's state.
-    let detail = Detail::State(entry.job.state);
+    // each, and made only if one holds: this runs for every change of a
+    // job's state.
+    let detail = std::cell::OnceCell::new();
+    let queue = entry.job.queue();
     // Only the rules that hold (one or two at a time): the others clear.
-    // Those about other states cannot, and are not looked at.
+    // Those about other states, or other queues, cannot, and are not
+    // looked at.
     let exec = entry.exec.as_deref();
     let holds: SmallVec<[(usize, HoldsLent); 2]> = engine
         .job_rules_in(entry.job.state)
+        .filter(|(_, rule)| rule.watches_queue(queue))
         .filter_map(|(i, rule)| {
-            job_condition(rule.kind, &entry.job, exec).map(|since| (i, Some((since, &detail))))
+            job_condition(rule.kind, &entry.job, exec).map(|since| {
+                let detail = detail.get_or_init(|| Detail::of_job(entry.job.state, queue));
+                (i, Some((since, detail)))
+            })
         })
         .collect();
     engine.observe_job(&mut entry.alerts, key, &holds, at, lag, out);

@@ -461,8 +461,9 @@ impl State {
                 fx.event = Some((ev.name, ev.timestamp));
             }
             (EventStream::Job, Body::R(r)) => entry.job.apply_r(&r),
-            (EventStream::Job, Body::JobSpec(spec, error)) => {
-                entry.job.apply_jobspec(*spec);
+            (EventStream::Job, Body::JobSpec(read)) => {
+                let crate::decode::JobSpecRead { spec, error, .. } = *read;
+                entry.job.apply_jobspec(spec);
                 if let Some(e) = error {
                     anomalies.push(Anomaly::new(
                         Stream::Job,

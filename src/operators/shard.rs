@@ -638,6 +638,12 @@ impl Shard {
                 &r.to_value(),
                 source,
             )),
+            Body::JobSpec(read) if self.outputs.wants(OutputStream::Events) => {
+                read.text.as_ref().map(|t| {
+                    let kept = crate::flux::jobspec::kept_part(&t.to_value());
+                    output::jobspec_document(&cluster, id, &kept, source)
+                })
+            }
             _ => None,
         };
         let exception = match &record.body {

@@ -182,6 +182,26 @@ pub struct RuleConfig {
     pub hold: String,
     #[serde(default = "default_severity")]
     pub severity: String,
+    /// Job rules: only the jobs of this queue, or of these.
+    #[serde(default)]
+    pub queue: Option<OneOrMany>,
+}
+
+/// A string, or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
 }
 
 fn default_severity() -> String {
@@ -204,7 +224,11 @@ impl AlertsConfig {
                     };
                     (name.clone(), key, e)
                 })?;
-                Rule::new(name, kind, &r.hold, &r.severity).map_err(|e| (name.clone(), "for", e))
+                let rule = Rule::new(name, kind, &r.hold, &r.severity)
+                    .map_err(|e| (name.clone(), "for", e))?;
+                let queues = r.queue.clone().map(OneOrMany::into_vec).unwrap_or_default();
+                rule.for_queues(queues)
+                    .map_err(|e| (name.clone(), "queue", e))
             })
             .collect()
     }

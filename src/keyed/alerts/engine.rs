@@ -23,6 +23,7 @@ use super::timers::{TimerId, TimerQueue};
 use crate::flux::job::JobState;
 use crate::flux::jobid::JobId;
 use crate::keyed::JobKey;
+use compact_str::CompactString;
 use foldhash::HashMap;
 use smallvec::SmallVec;
 use std::borrow::Borrow;
@@ -68,6 +69,17 @@ pub enum Detail {
     /// node before the alert resolves, and a late timer may fire after it).
     /// Boxed: every job condition carries a `Detail`.
     Drained(Box<Drain>),
+    /// A job of a queue: its state and queue when the condition began (or
+    /// last changed). Boxed, as `Drained`; after it, so saved conditions
+    /// of the other kinds read as before.
+    Queued(Box<Queued>),
+}
+
+/// A job's state and queue, for its conditions.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Queued {
+    pub state: JobState,
+    pub queue: CompactString,
 }
 
 /// A drained node's hostname and drain reason.
@@ -82,12 +94,40 @@ pub struct Drain {
 }
 
 impl Detail {
+    /// A job's detail: its state, and its queue if it has one.
+    pub fn of_job(state: JobState, queue: Option<&str>) -> Detail {
+        match queue {
+            Some(q) => Detail::Queued(Box::new(Queued {
+                state,
+                queue: q.into(),
+            })),
+            None => Detail::State(state),
+        }
+    }
+
     /// The node's hostname, for node conditions.
     pub fn host(&self) -> Option<&str> {
         match self {
             Detail::Host(h) => h.as_deref(),
             Detail::Drained(d) => d.host.as_deref(),
-            Detail::State(_) => None,
+            Detail::State(_) | Detail::Queued(_) => None,
+        }
+    }
+
+    /// The job's state, for job conditions.
+    pub fn job_state(&self) -> Option<JobState> {
+        match self {
+            Detail::State(s) => Some(*s),
+            Detail::Queued(q) => Some(q.state),
+            _ => None,
+        }
+    }
+
+    /// The job's queue, for job conditions of a job in one.
+    pub fn queue(&self) -> Option<&str> {
+        match self {
+            Detail::Queued(q) => Some(&q.queue),
+            _ => None,
         }
     }
 

@@ -122,6 +122,8 @@ pub enum RuleError {
     StateNotAllowed(String),
     #[error("`{0}` is not a duration (examples: 90s, 10m, 24h, 7d, 1h30m)")]
     Duration(String),
+    #[error("kind {0} is about nodes: it takes no `queue`")]
+    QueueNotAllowed(String),
 }
 
 /// One alert rule.
@@ -135,6 +137,8 @@ pub struct Rule {
     /// The same, as written in the config, for messages.
     pub hold_text: String,
     pub severity: String,
+    /// Job rules: the queues whose jobs it watches (none: every job).
+    pub queues: Vec<String>,
 }
 
 impl Rule {
@@ -145,7 +149,22 @@ impl Rule {
             hold_secs: parse_duration(hold)?,
             hold_text: hold.trim().to_string(),
             severity: severity.to_string(),
+            queues: Vec::new(),
         })
+    }
+
+    /// Watch only the jobs of these queues (job rules only).
+    pub fn for_queues(mut self, queues: Vec<String>) -> Result<Self, RuleError> {
+        if !queues.is_empty() && !self.kind.is_job() {
+            return Err(RuleError::QueueNotAllowed(self.kind.name().to_string()));
+        }
+        self.queues = queues;
+        Ok(self)
+    }
+
+    /// Whether it watches a job of `queue` (`None`: of no queue).
+    pub fn watches_queue(&self, queue: Option<&str>) -> bool {
+        self.queues.is_empty() || queue.is_some_and(|q| self.queues.iter().any(|w| w == q))
     }
 }
 

@@ -110,7 +110,7 @@ fn name(r: &Routed) -> String {
     match &r.record.body {
         Body::Event(e) => e.name.to_string(),
         Body::R(_) => "R".into(),
-        Body::JobSpec(spec, _) => format!("jobspec {}", spec.name.as_deref().unwrap_or("?")),
+        Body::JobSpec(read) => format!("jobspec {}", read.spec.name.as_deref().unwrap_or("?")),
         other => format!("{other:?}"),
     }
 }
