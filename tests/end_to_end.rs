@@ -79,7 +79,9 @@ inputs = ["jobs", "dead_letter", "anomalies"]
                 let dst = dump.join(dothex_path(id));
                 std::fs::create_dir_all(dst.join("guest/exec")).expect("mkdir");
                 let src = jobs_dir.join(id.to_string());
-                // In a live KVS, R is written at alloc, before the job ends.
+                // In a live KVS, the jobspec is written at submit, first.
+                std::fs::copy(src.join("jobspec.json"), dst.join("jobspec")).expect("copy");
+                // R is written at alloc, before the job ends.
                 if src.join("R.json").exists() {
                     std::fs::copy(src.join("R.json"), dst.join("R")).expect("copy");
                     std::thread::sleep(Duration::from_millis(60));
@@ -89,8 +91,8 @@ inputs = ["jobs", "dead_letter", "anomalies"]
                     std::fs::copy(src.join("exec.eventlog"), dst.join("guest/exec/eventlog"))
                         .expect("copy");
                 }
-                // not an eventlog: must be skipped
-                std::fs::copy(src.join("jobspec.json"), dst.join("jobspec")).expect("copy");
+                // not an eventlog, nor a document: must be skipped
+                std::fs::write(dst.join("notes"), "not read\n").expect("write");
                 std::thread::sleep(Duration::from_millis(15));
             }
         })

@@ -91,15 +91,32 @@ async fn a_growing_dump_tree_through_the_pipeline_with_a_restart() {
     let d = dir.path();
     let job_a = d.join("dump/job/0000/000a/0000/0000");
     write(&job_a.join("eventlog"), &format!("{SUBMIT}\n"));
-    write(&job_a.join("jobspec.json"), "{\"resources\":[]}\n");
+    // A document read whole, as R, and passed on (what fluxpipe reads of it).
+    write(
+        &job_a.join("jobspec.json"),
+        r#"{"version":1,"resources":[{"type":"slot","count":1,"with":[{"type":"core","count":1}]}],"tasks":[{"command":["/bin/true","-x"]}],"attributes":{"system":{"duration":0,"cwd":"/home/u"}}}"#,
+    );
+    write(&job_a.join("notes.txt"), "not read\n");
 
     let (token, task) = start(d);
-    let out = wait_for(d, 1).await;
-    assert_eq!(out.len(), 1, "{out:?}");
+    let mut out = wait_for(d, 2).await;
+    assert_eq!(out.len(), 2, "{out:?}");
+    out.sort_by_key(|r| r["kind"].as_str().map(String::from));
     assert_eq!(out[0]["kind"], "event");
     assert_eq!(out[0]["cluster"], "picl");
     assert_eq!(out[0]["id"], 0x000a_0000_0000u64);
     assert_eq!(out[0]["event"]["name"], "submit");
+    assert_eq!(out[1]["kind"], "jobspec");
+    assert_eq!(out[1]["id"], 0x000a_0000_0000u64);
+    assert_eq!(
+        out[1]["jobspec"]["tasks"][0]["command"],
+        serde_json::json!(["/bin/true"])
+    );
+    assert!(
+        out[1]["jobspec"]["attributes"]["system"]
+            .get("cwd")
+            .is_none()
+    );
 
     // A second job appears while running; the first one goes on.
     let job_b = d.join("dump/job/0000/000b/4100/0000");
@@ -109,8 +126,8 @@ async fn a_growing_dump_tree_through_the_pipeline_with_a_restart() {
     );
     write(&job_a.join("eventlog"), &event(1700000000.2, "validate"));
     write(&job_a.join("eventlog"), "not json\n");
-    let out = wait_for(d, 4).await;
-    assert_eq!(out.len(), 4, "{out:?}");
+    let out = wait_for(d, 5).await;
+    assert_eq!(out.len(), 5, "{out:?}");
     let ids: Vec<&Value> = out.iter().filter_map(|r| r.get("id")).collect();
     assert!(ids.contains(&&Value::from(0x000b_4100_0000u64)), "{out:?}");
     let dead: Vec<&Value> = out.iter().filter(|r| r["kind"] == "dead_letter").collect();
@@ -126,13 +143,13 @@ async fn a_growing_dump_tree_through_the_pipeline_with_a_restart() {
     write(&job_a.join("eventlog"), &event(1700000000.3, "depend"));
     write(&job_b.join("eventlog"), &event(1700000001.2, "validate"));
     let (token, task) = start(d);
-    let out = wait_for(d, 6).await;
+    let out = wait_for(d, 7).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop(token, task).await;
     let out2 = output(d);
-    assert_eq!(out.len(), 6, "{out:?}");
-    assert_eq!(out2.len(), 6, "nothing read twice: {out2:?}");
-    let names: Vec<&str> = out2[4..]
+    assert_eq!(out.len(), 7, "{out:?}");
+    assert_eq!(out2.len(), 7, "nothing read twice: {out2:?}");
+    let names: Vec<&str> = out2[5..]
         .iter()
         .map(|r| r["event"]["name"].as_str().unwrap())
         .collect();

@@ -947,10 +947,11 @@ fn log_shipping_ships_every_event_to_a_file_another_fluxpipe_reads() {
     assert!(out.is_empty(), "{out:?}");
     assert_eq!(shipped(), want);
     let records = read_records(&events);
+    assert!(records.iter().all(|r| r["cluster"] == "corpus"
+        && (r["kind"] == "event" || r["kind"] == "R" || r["kind"] == "jobspec")));
     assert!(
-        records
-            .iter()
-            .all(|r| r["cluster"] == "corpus" && (r["kind"] == "event" || r["kind"] == "R"))
+        records.iter().any(|r| r["kind"] == "jobspec"),
+        "jobspecs are shipped"
     );
     for stream in ["job", "exec", "resource"] {
         assert!(
