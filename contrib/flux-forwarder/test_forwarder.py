@@ -43,13 +43,14 @@ def read_journal(name: str) -> list[dict]:
 
 class FakeEvent(dict):
     """What the bindings hand to a callback: the event as a dict (with an
-    empty context added when it had none), plus jobid and R."""
+    empty context added when it had none), plus jobid, R and jobspec."""
 
-    def __init__(self, event: dict, jobid: int = -1, R=None):
+    def __init__(self, event: dict, jobid: int = -1, R=None, jobspec=None):
         super().__init__(event)
         self.setdefault("context", {})
         self.jobid = jobid
         self.R = R
+        self.jobspec = jobspec
 
 
 class FakeConsumer:
@@ -70,7 +71,7 @@ class FakeConsumer:
                 seen_sentinel = True
                 continue
             for e in m["events"]:
-                ev = FakeEvent(e, m.get("id", -1), m.get("R"))
+                ev = FakeEvent(e, m.get("id", -1), m.get("R"), m.get("jobspec"))
                 if ev["timestamp"] > since:
                     (live if seen_sentinel else backlog).append(ev)
         backlog.sort(key=lambda e: e["timestamp"])
@@ -295,11 +296,16 @@ class CorpusTest(unittest.TestCase):
             self.assertEqual(got, want)
             for m in lines:
                 self.assertLessEqual(len(m["events"]), 1)
-                self.assertNotIn("jobspec", m)
                 if "R" in m:
                     self.assertEqual(m["events"][0]["name"], "alloc")
+                if "jobspec" in m:
+                    self.assertEqual(m["events"][0]["name"], "submit")
+                    self.assertNotIn("cwd", json.dumps(m["jobspec"]))
             allocs_with_R = {m["id"] for m in messages if "R" in m}
             self.assertEqual({m["id"] for m in lines if "R" in m}, allocs_with_R)
+            submits_with_spec = {m["id"] for m in messages if "jobspec" in m}
+            self.assertTrue(submits_with_spec)
+            self.assertEqual({m["id"] for m in lines if "jobspec" in m}, submits_with_spec)
             self.assertEqual(fw.state[ff.JOB], max(t for _, t, _ in want))
 
     def test_every_resource_event_once(self):
