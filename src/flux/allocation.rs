@@ -35,6 +35,13 @@ struct ClusterHolds {
 }
 
 impl ClusterHolds {
+    /// `rank` was given back at `at`: the latest is kept (shards apply
+    /// other partitions' frees in any order).
+    fn freed_at(&mut self, rank: u32, at: f64) {
+        let t = self.freed.entry(rank).or_insert(at);
+        *t = t.max(at);
+    }
+
     fn is_empty(&self) -> bool {
         self.jobs.is_empty() && self.flipped.is_empty() && self.freed.is_empty()
     }
@@ -78,11 +85,8 @@ impl Allocations {
                     c.jobs.remove(&r);
                     c.flipped.insert(r);
                     c.rechecked.remove(r);
-                    // The latest: shards apply other partitions' frees in
-                    // any order.
                     if let Some(at) = at {
-                        let t = c.freed.entry(r).or_insert(at);
-                        *t = t.max(at);
+                        c.freed_at(r, at);
                     }
                 }
             }
@@ -162,8 +166,7 @@ impl Allocations {
             None => self.clusters.entry(cluster.to_string()).or_default(),
         };
         for r in ranks.iter().flat_map(|&(lo, hi)| lo..=hi) {
-            let t = c.freed.entry(r).or_insert(at);
-            *t = t.max(at);
+            c.freed_at(r, at);
         }
     }
 

@@ -34,38 +34,39 @@ struct QueueMetrics {
     inactive: [Counter; RESULTS.len()],
 }
 
+/// `flux_cluster`, and `queue` unless none.
+fn queue_labels(cluster: &str, queue: &str) -> Vec<metrics::Label> {
+    let mut l = vec![metrics::Label::new("flux_cluster", cluster.to_string())];
+    if !queue.is_empty() {
+        l.push(metrics::Label::new("queue", queue.to_string()));
+    }
+    l
+}
+
 impl QueueMetrics {
-    /// `flux_cluster`, and `queue` unless none.
     fn labels(&self, cluster: &str) -> Vec<metrics::Label> {
-        let mut l = vec![metrics::Label::new("flux_cluster", cluster.to_string())];
-        if !self.name.is_empty() {
-            l.push(metrics::Label::new("queue", self.name.to_string()));
-        }
-        l
+        queue_labels(cluster, &self.name)
     }
 
     /// The queue's series, with every state and result exported as 0.
     /// Jobs of no queue: no `queue` label (as Prometheus reads an empty
     /// one), so a site without queues keeps the series it had.
     fn new(cluster: &str, queue: &str) -> Self {
-        let labels = |more: [(&'static str, &'static str); 1]| {
-            let mut l = vec![metrics::Label::new("flux_cluster", cluster.to_string())];
-            if !queue.is_empty() {
-                l.push(metrics::Label::new("queue", queue.to_string()));
-            }
-            l.extend(more.map(|(k, v)| metrics::Label::new(k, v)));
+        let labels = |(k, v): (&'static str, &'static str)| {
+            let mut l = queue_labels(cluster, queue);
+            l.push(metrics::Label::new(k, v));
             l
         };
         let jobs = JobState::ALL.map(|state| {
             (state != JobState::Inactive).then(|| {
-                let g = metrics::gauge!("flux_jobs", labels([("state", state.as_str())]));
+                let g = metrics::gauge!("flux_jobs", labels(("state", state.as_str())));
                 g.increment(0.0);
                 g
             })
         });
         let inactive = RESULTS.map(|r| {
             let counter =
-                metrics::counter!("flux_jobs_inactive_total", labels([("result", r.as_str())]));
+                metrics::counter!("flux_jobs_inactive_total", labels(("result", r.as_str())));
             counter.increment(0);
             counter
         });
