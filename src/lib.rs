@@ -7,9 +7,12 @@
 //! - [`pipeline`], [`sources`], [`operators`], [`sinks`], [`output`],
 //!   [`channels`], [`snapshot`]: the streaming pipeline (`fluxpipe run`);
 //!   [`api`]: its HTTP server.
+//! - [`archive`]: the job archive in SQL (the `database` sink, `fluxpipe
+//!   history`).
 //! - [`cli`]: the subcommands.
 
 pub mod api;
+pub mod archive;
 pub mod channels;
 pub mod cli;
 pub mod component;

@@ -59,6 +59,16 @@ clusters are listed. Unlike `flux jobs`, every user's jobs are listed unless -u 
     Jobs(cli::jobs::JobsArgs),
     /// Show the nodes a running fluxpipe holds, as `flux resource` does.
     Resource(cli::resource::ResourceArgs),
+    /// Ask the job archive a `database` sink keeps: past jobs, node changes.
+    #[command(
+        after_help = "Reads the SQLite or PostgreSQL database a `database` sink writes (--db, its \
+`url`), as `sacct` reads Slurm's: jobs by cluster, user, queue, result, time window, node \
+or id, newest end first, printed as `flux jobs` prints them or as JSON Lines; --nodes for \
+drains, undrains and outages; --transitions for job state changes. Examples: \
+`fluxpipe history --db sqlite:///var/lib/fluxpipe/jobs.db --node node12 --since yesterday --until today`, \
+`fluxpipe history --db postgres://fluxpipe@db/fluxpipe --result failed,timeout -q batch --since 7d`."
+    )]
+    History(cli::history::HistoryArgs),
     /// Write synthetic Flux traffic (journal JSON Lines or a KVS dump tree).
     Generate(cli::generate::GenerateArgs),
     /// Measure throughput, memory and latency on a generated workload.
@@ -85,6 +95,7 @@ fn main() -> ExitCode {
         Some(Command::Validate(a)) => cli::run::validate(a),
         Some(Command::Jobs(a)) => cli::jobs::run(a),
         Some(Command::Resource(a)) => cli::resource::run(a),
+        Some(Command::History(a)) => cli::history::run(a),
         Some(Command::Generate(a)) => cli::generate::run(a),
         Some(Command::Bench(a)) => cli::bench::run(a),
         Some(Command::Completions { shell }) => {

@@ -387,19 +387,30 @@ pub fn rank_change(cluster: &str, change: &RankChange, event: Option<&Event>) ->
     }
     map.insert(
         "record_id".into(),
-        json!(rank_record_id(cluster, change.rank, name, ts)),
+        json!(rank_record_id(cluster, change, name, ts)),
     );
     Value::Object(map)
 }
 
-/// A rank record's id: the rank, and what changed it when.
-fn rank_record_id(cluster: &str, rank: u32, what: &str, ts: f64) -> String {
+/// A rank record's id: the rank, what changed it when, and what changed.
+/// One event can make two records of a rank (a drain that finds the rank
+/// already freed: draining, then not), and each needs its own id.
+fn rank_record_id(cluster: &str, change: &RankChange, what: &str, ts: f64) -> String {
+    let changed = change.changed_fields().join(",");
+    let after = change.after.as_ref().map_or(0u8, |r| {
+        u8::from(r.online == Some(true))
+            | u8::from(r.drained) << 1
+            | u8::from(r.draining) << 2
+            | u8::from(r.torpid) << 3
+    });
     record_id(&[
         b"rank",
         cluster.as_bytes(),
-        &rank.to_le_bytes(),
+        &change.rank.to_le_bytes(),
         what.as_bytes(),
         &ts.to_bits().to_le_bytes(),
+        changed.as_bytes(),
+        &[after],
     ])
 }
 
@@ -415,7 +426,7 @@ pub fn rank_change_at(cluster: &str, change: &RankChange, at: f64) -> Value {
         map.insert("timestamp".into(), json!(at));
         map.insert(
             "record_id".into(),
-            json!(rank_record_id(cluster, change.rank, became, at)),
+            json!(rank_record_id(cluster, change, became, at)),
         );
     }
     v

@@ -35,6 +35,7 @@ const RUN: &[&str] = &[
     "alerting",
     "prometheus",
     "webhook",
+    "job-archive",
 ];
 
 fn example_pipelines() -> Vec<PathBuf> {
@@ -215,6 +216,12 @@ impl Copied {
                                 panic!("{name}: {dotted} = {s:?} is not a loopback port")
                             });
                             string(format!("127.0.0.1:{}", new_port(port)))
+                        }
+                        ("url", toml::Value::String(s)) if kind == "database" => {
+                            let path = s.strip_prefix("sqlite://").unwrap_or_else(|| {
+                                panic!("{name}: {dotted} = {s:?} is not sqlite://")
+                            });
+                            string(format!("sqlite://{}", reroot(path)))
                         }
                         ("url" | "uri", toml::Value::String(s)) => {
                             let rest = s.strip_prefix("http://").unwrap_or_else(|| {
@@ -1007,6 +1014,36 @@ fn webhook_posts_summaries_and_anomalies() {
             .map_or(0, Vec::len);
         assert!((1..=100).contains(&n), "a batch of {n}");
     }
+}
+
+/// job-archive.toml: every job of the journals in the SQLite archive, as
+/// `fluxpipe history` reads it back: replay's records; the node changes and
+/// transitions too.
+#[test]
+fn job_archive_keeps_every_job_as_replay_says() {
+    let copy = Copied::new("job-archive", &[], None);
+    let run = copy.start(Stdio::null());
+    let feed = [journal(JM1), journal(RES1), journal(JM2)];
+    send(copy.port(7074), &feed, "");
+    let replayed = replay(&["--cluster", "picl"], &feed);
+    let url = copy.value("sinks.archive.url");
+    let history = |what: &[&str]| -> Vec<Value> {
+        let out = fluxpipe()
+            .args(["history", "--db", &url, "--format", "json"])
+            .args(what)
+            .output()
+            .expect("run fluxpipe history");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    settle("job-archive", 30, || check_jobs(&history(&[]), &replayed));
+    let out = run.stop();
+    assert!(out.is_empty(), "{out:?}");
+    check_jobs(&history(&[]), &replayed).unwrap();
+    assert!(!history(&["--nodes"]).is_empty(), "node changes are kept");
+    check_transitions(&history(&["--transitions"]), &replayed).unwrap();
 }
 
 /// prometheus.toml: on /metrics, every cluster's job and node gauges and

@@ -137,6 +137,30 @@ impl SinkRx {
         self.rx.recv_many(buf, limit).await
     }
 
+    /// A batch: wait as long as it takes for its first record, then at
+    /// most `linger` for the rest, up to `max`. 0 when the channel is
+    /// closed and empty.
+    pub async fn recv_batch(
+        &mut self,
+        buf: &mut Vec<Arc<OutputRecord>>,
+        max: usize,
+        linger: std::time::Duration,
+    ) -> usize {
+        let max = max.max(1);
+        if self.rx.recv_many(buf, max).await == 0 {
+            return 0;
+        }
+        let until = tokio::time::Instant::now() + linger;
+        while buf.len() < max {
+            let room = max - buf.len();
+            match tokio::time::timeout_at(until, self.rx.recv_many(buf, room)).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        buf.len()
+    }
+
     pub fn try_recv(&mut self) -> Result<Arc<OutputRecord>, mpsc::error::TryRecvError> {
         self.rx.try_recv()
     }

@@ -151,7 +151,7 @@ fn by_id(client: &Client, args: &JobsArgs) -> Result<(Vec<Value>, bool, ExitCode
 }
 
 /// A user name or uid, as a uid.
-fn uid_of(user: &str) -> Result<i64> {
+pub fn uid_of(user: &str) -> Result<i64> {
     if let Ok(uid) = user.parse() {
         return Ok(uid);
     }
@@ -301,6 +301,8 @@ fn contextual_info(job: &Value, hosts: &Hostnames) -> String {
                 String::new()
             }
         }
+        // R's nodelist, as flux jobs prints; else the ranks' hosts.
+        _ if job["nodelist"].is_string() => job["nodelist"].as_str().unwrap_or("").to_string(),
         _ => {
             let cluster = job["cluster"].as_str().unwrap_or("");
             match job["ranks"].as_str().map(IdSet::parse) {

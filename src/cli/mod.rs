@@ -3,6 +3,7 @@
 mod ask;
 pub mod bench;
 pub mod generate;
+pub mod history;
 pub mod id;
 pub mod jobs;
 mod listing;

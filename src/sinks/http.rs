@@ -252,18 +252,8 @@ pub async fn run(
     let mut batch = Vec::with_capacity(max.min(4096));
     let mut body: Vec<u8> = Vec::new();
     loop {
-        // Wait as long as it takes for a batch's first record, then at
-        // most `timeout` for the rest.
-        if rx.recv_many(&mut batch, max).await == 0 {
+        if rx.recv_batch(&mut batch, max, timeout).await == 0 {
             return Ok(());
-        }
-        let until = Instant::now() + timeout;
-        while batch.len() < max {
-            let room = max - batch.len();
-            match tokio::time::timeout_at(until, rx.recv_many(&mut batch, room)).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
         }
         body.clear();
         body.push(b'[');

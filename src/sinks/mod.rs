@@ -88,6 +88,7 @@ sink_types! {
     Http => http::HttpSinkConfig,
     Alertmanager => alertmanager::AlertmanagerSinkConfig,
     Kafka => kafka::KafkaSinkConfig,
+    Database => database::DatabaseSinkConfig,
 }
 
 /// What sinks may need beyond their records.

@@ -1,0 +1,153 @@
+//! The archive's schema, as versioned migrations run at start (sqlx's
+//! migrator, its `_sqlx_migrations` table). The same SQL serves SQLite and
+//! PostgreSQL: only types both know, `ON CONFLICT` upserts, no serials.
+//!
+//! A migration, once released, never changes (its checksum is kept in the
+//! database); a change of schema is a new one at the end.
+
+use sqlx::SqlSafeStr;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+
+/// Version 1: jobs, the hosts they ran on, node state changes.
+const V1: &str = "
+CREATE TABLE jobs (
+    cluster TEXT NOT NULL,
+    id BIGINT NOT NULL,
+    record_id TEXT NOT NULL,
+    name TEXT,
+    queue TEXT,
+    project TEXT,
+    bank TEXT,
+    userid BIGINT,
+    state TEXT NOT NULL,
+    result TEXT,
+    success BOOLEAN,
+    exception_occurred BOOLEAN,
+    exception_type TEXT,
+    exception_severity BIGINT,
+    exception_note TEXT,
+    returncode BIGINT,
+    waitstatus BIGINT,
+    priority BIGINT,
+    urgency BIGINT,
+    ntasks BIGINT,
+    ncores BIGINT,
+    nnodes BIGINT,
+    nodelist TEXT,
+    ranks TEXT,
+    duration DOUBLE PRECISION,
+    expiration DOUBLE PRECISION,
+    dependencies TEXT,
+    t_submit DOUBLE PRECISION,
+    t_depend DOUBLE PRECISION,
+    t_run DOUBLE PRECISION,
+    t_cleanup DOUBLE PRECISION,
+    t_inactive DOUBLE PRECISION,
+    record TEXT NOT NULL,
+    PRIMARY KEY (cluster, id)
+);
+CREATE INDEX jobs_by_end ON jobs (t_inactive);
+CREATE INDEX jobs_by_user ON jobs (userid, t_inactive);
+CREATE INDEX jobs_by_queue ON jobs (queue, t_inactive);
+
+CREATE TABLE job_nodes (
+    cluster TEXT NOT NULL,
+    id BIGINT NOT NULL,
+    hostname TEXT NOT NULL,
+    PRIMARY KEY (cluster, id, hostname)
+);
+CREATE INDEX job_nodes_by_host ON job_nodes (hostname, cluster);
+
+CREATE TABLE node_events (
+    cluster TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    rank BIGINT NOT NULL,
+    hostname TEXT,
+    timestamp DOUBLE PRECISION,
+    event TEXT,
+    changed TEXT,
+    online BOOLEAN,
+    drained BOOLEAN,
+    draining BOOLEAN,
+    torpid BOOLEAN,
+    removed BOOLEAN,
+    drain_reason TEXT,
+    drain_timestamp DOUBLE PRECISION,
+    record TEXT NOT NULL,
+    PRIMARY KEY (cluster, record_id)
+);
+CREATE INDEX node_events_by_time ON node_events (timestamp);
+CREATE INDEX node_events_by_host ON node_events (hostname, timestamp);
+";
+
+/// Version 2: every job state transition, when a sink takes them.
+const V2: &str = "
+CREATE TABLE transitions (
+    cluster TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    id BIGINT NOT NULL,
+    from_state TEXT NOT NULL,
+    to_state TEXT NOT NULL,
+    event TEXT,
+    timestamp DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (cluster, record_id)
+);
+CREATE INDEX transitions_by_job ON transitions (cluster, id);
+CREATE INDEX transitions_by_time ON transitions (timestamp);
+";
+
+/// Every migration, oldest first: (version, description, SQL).
+const MIGRATIONS: [(i64, &str, &str); 2] = [
+    (1, "jobs, job hosts, node events", V1),
+    (2, "transitions", V2),
+];
+
+/// The newest schema version this fluxpipe writes.
+pub const LATEST: i64 = MIGRATIONS.len() as i64;
+
+/// The migrator up to `version` (tests migrate from an older one).
+pub fn migrator(version: i64) -> Migrator {
+    Migrator::with_migrations(
+        MIGRATIONS
+            .iter()
+            .filter(|(v, _, _)| *v <= version)
+            .map(|&(v, description, sql)| {
+                Migration::new(
+                    v,
+                    description.into(),
+                    MigrationType::Simple,
+                    sqlx::AssertSqlSafe(sql).into_sql_str(),
+                    false,
+                )
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::rows::TABLES;
+
+    #[test]
+    fn every_column_the_rows_have_is_in_the_schema() {
+        let sql = MIGRATIONS.map(|m| m.2).concat();
+        for table in TABLES {
+            let at = sql
+                .find(&format!("CREATE TABLE {} (", table.name))
+                .unwrap_or_else(|| panic!("no table {}", table.name));
+            let body = &sql[at..];
+            let body = &body[..body.find(");").unwrap()];
+            for column in table.columns {
+                assert!(
+                    body.contains(&format!("\n    {} ", column.name)),
+                    "{}.{} is not in the schema",
+                    table.name,
+                    column.name
+                );
+            }
+            let key = format!("PRIMARY KEY ({})", table.key.join(", "));
+            assert!(body.contains(&key), "{}: {key}", table.name);
+        }
+    }
+}

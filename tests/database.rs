@@ -1,0 +1,519 @@
+//! The `database` sink and `fluxpipe history` against a real SQLite file and
+//! a real PostgreSQL server (Debian's, started per test by `tests/postgres`
+//! in a temporary folder on a free loopback port). Without PostgreSQL the
+//! PostgreSQL cases say they were skipped, unless FLUXPIPE_REQUIRE_POSTGRES
+//! is set (tests/run-all sets it), which makes them fail instead.
+//!
+//! - The corpus and a generated workload, written while `fluxpipe run` is
+//!   SIGKILLed at random moments: every job's row is there once and equal
+//!   to `fluxpipe replay`'s record; node changes and transitions equal
+//!   those of a run never killed.
+//! - The server killed during the run and started again: nothing lost,
+//!   the outage counted.
+//! - A database of the first schema version is migrated at start, its
+//!   rows kept.
+//! - Jobs whose jobspec is missing, malformed or huge still get a row.
+
+mod common;
+use common::{XorShift, fluxpipe, free_port, http_get, replay, sigterm, wait_until};
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A PostgreSQL server of this test's own, stopped when dropped.
+struct Postgres {
+    dir: PathBuf,
+    url: String,
+}
+
+impl Postgres {
+    /// Start one in `dir`; `None` (said on stderr) when this machine has no
+    /// PostgreSQL and the run does not require it.
+    fn start(dir: &Path) -> Option<Postgres> {
+        let out = std::process::Command::new(repo().join("tests/postgres"))
+            .arg("start")
+            .arg(dir)
+            .output()
+            .expect("run tests/postgres");
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                std::env::var_os("FLUXPIPE_REQUIRE_POSTGRES").is_none(),
+                "PostgreSQL is required here and did not start: {why}"
+            );
+            eprintln!("PostgreSQL cases skipped: {why}");
+            return None;
+        }
+        let url = String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .trim()
+            .to_string();
+        Some(Postgres {
+            dir: dir.to_path_buf(),
+            url,
+        })
+    }
+
+    fn ctl(&self, what: &str) {
+        let status = std::process::Command::new(repo().join("tests/postgres"))
+            .arg(what)
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .status()
+            .expect("run tests/postgres");
+        assert!(status.success(), "tests/postgres {what}");
+    }
+
+    /// A new, empty database on this server.
+    fn database(&self, name: &str) -> String {
+        let base = self.url.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            use sqlx::Connection;
+            let mut c = sqlx::PgConnection::connect(&base).await.expect("connect");
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(&mut c)
+                .await
+                .expect("create database");
+        });
+        let (server, _) = base.rsplit_once('/').expect("a URL with a database");
+        format!("{server}/{name}")
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(repo().join("tests/postgres"))
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+/// `fluxpipe history --db URL --format json ARGS`: the records.
+fn history(url: &str, args: &[&str]) -> Vec<String> {
+    let out = fluxpipe()
+        .args(["history", "--db", url, "--format", "json", "-c", "1000000"])
+        .args(args)
+        .output()
+        .expect("run fluxpipe history");
+    assert!(
+        out.status.success(),
+        "history {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines: Vec<String> = String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// The job rows, or none while the database is not made yet.
+fn jobs_stored(url: &str) -> usize {
+    fluxpipe()
+        .args(["history", "--db", url, "--format", "json", "-c", "1000000"])
+        .output()
+        .map(|o| o.stdout.iter().filter(|&&b| b == b'\n').count())
+        .unwrap_or(0)
+}
+
+/// A pipeline: files under `include` → the database; its API on `port`.
+fn config(dir: &Path, tag: &str, url: &str, include: &[PathBuf], port: u16) -> PathBuf {
+    let path = dir.join(format!("{tag}.toml"));
+    let include: Vec<String> = include.iter().map(|p| format!("{p:?}")).collect();
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+data_dir = {data:?}
+# One shard: its records follow the input's order, so two runs make the
+# same ones. (With several, a drain's record says draining or not by
+# which shard ran ahead; the states they end in agree.)
+workers = 1
+[checkpoint]
+interval_secs = 0.2
+[api]
+address = "127.0.0.1:{port}"
+[sources.files]
+type = "file"
+include = [{include}]
+poll_interval_ms = 20
+cluster = "gen"
+[sinks.db]
+type = "database"
+url = "{url}"
+inputs = ["jobs", "resources", "transitions"]
+batch_max_records = 300
+batch_timeout_ms = 50
+"#,
+            data = dir.join(format!("{tag}-data")),
+            include = include.join(", "),
+        ),
+    )
+    .expect("config");
+    path
+}
+
+fn start(config: &Path, log: &Path) -> Child {
+    fluxpipe()
+        .env("FLUXPIPE_LOG", "fluxpipe=info")
+        .args(["run", "--config"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log"))
+        .spawn()
+        .expect("spawn fluxpipe")
+}
+
+/// Run until `want` jobs are stored, then stop cleanly.
+fn run_to_the_end(config: &Path, log: &Path, url: &str, want: usize) {
+    let mut child = start(config, log);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while jobs_stored(url) < want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    sigterm(&child);
+    let status = child.wait().expect("wait");
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(status.success(), "fluxpipe exited with {status}: {log}");
+    assert_eq!(jobs_stored(url), want, "jobs stored; log: {log}");
+}
+
+/// The inputs: a generated workload journal (cluster `gen`) and a KVS tree
+/// of jobs whose jobspec is missing, malformed or huge.
+fn inputs(dir: &Path, jobs: usize) -> Vec<PathBuf> {
+    let journal = dir.join("workload.jsonl");
+    common::generate(
+        &["--nodes", "32", "--seed", "7", "--jobs", &jobs.to_string()],
+        &journal,
+    );
+    vec![journal]
+}
+
+/// `fluxpipe replay`'s job records for the same inputs, as lines.
+fn replayed_jobs(inputs: &[PathBuf]) -> Vec<String> {
+    let mut lines: Vec<String> = replay(&["--cluster", "gen", "--no-alerts"], inputs)
+        .into_iter()
+        .filter(|r| r["kind"] == "job")
+        .map(|r| r.to_string())
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// One backend: a clean run and a run SIGKILLed at random moments write the
+/// same rows, and the jobs are `fluxpipe replay`'s.
+fn killed_runs_store_every_job_once(dir: &Path, clean_url: &str, url: &str) {
+    let jobs = if cfg!(debug_assertions) { 800 } else { 4000 };
+    let inputs = inputs(dir, jobs);
+    let want = replayed_jobs(&inputs);
+    assert_eq!(want.len(), jobs);
+
+    let started = Instant::now();
+    let clean = config(dir, "clean", clean_url, &inputs, free_port());
+    run_to_the_end(&clean, &dir.join("clean.log"), clean_url, jobs);
+    let window = (started.elapsed().as_millis() as u64 / 2).max(400);
+    assert_eq!(
+        history(clean_url, &[]),
+        want,
+        "a clean run's jobs are replay's"
+    );
+
+    let killed = config(dir, "killed", url, &inputs, free_port());
+    let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
+    let mut progress = Vec::new();
+    for kill in 0..5 {
+        let mut child = start(&killed, &dir.join(format!("killed-{kill}.log")));
+        let wait = if kill == 0 {
+            300
+        } else {
+            200 + rng.next() % window
+        };
+        std::thread::sleep(Duration::from_millis(wait));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("wait");
+        progress.push(jobs_stored(url));
+    }
+    run_to_the_end(&killed, &dir.join("killed-end.log"), url, jobs);
+    assert_eq!(
+        history(url, &[]),
+        want,
+        "jobs after SIGKILLs (stored after each kill: {progress:?})"
+    );
+    assert!(
+        progress.iter().any(|&p| p < jobs),
+        "a kill came mid-stream (stored after each kill: {progress:?})"
+    );
+    for what in ["--nodes", "--transitions"] {
+        let (a, b) = (history(clean_url, &[what]), history(url, &[what]));
+        assert!(!a.is_empty(), "{what}: rows");
+        let only_clean: Vec<_> = a.iter().filter(|r| !b.contains(r)).take(5).collect();
+        let only_killed: Vec<_> = b.iter().filter(|r| !a.contains(r)).take(5).collect();
+        assert!(
+            only_clean.is_empty() && only_killed.is_empty() && a.len() == b.len(),
+            "{what}: a killed run's rows are a clean run's; only in the clean run: \
+             {only_clean:?}; only in the killed run: {only_killed:?}"
+        );
+    }
+    // Filters answer as the records say.
+    let failed = want
+        .iter()
+        .filter(|l| l.contains("\"result\":\"FAILED\""))
+        .count();
+    assert!(failed > 0);
+    assert_eq!(history(url, &["--result", "failed"]).len(), failed);
+    let first: serde_json::Value = serde_json::from_str(&want[0]).expect("json");
+    let id = first["id"].as_u64().expect("id").to_string();
+    assert_eq!(history(url, &[&id]), [want[0].clone()]);
+    let host = first["nodelist"].as_str().map(|l| l.to_string());
+    if let Some(host) = host.filter(|h| !h.contains(['[', ','])) {
+        let on_host = history(url, &["--node", &host]);
+        assert!(on_host.contains(&want[0]), "jobs on {host}");
+        assert!(on_host.len() < want.len());
+    }
+}
+
+#[test]
+fn sqlite_killed_runs_store_every_job_once_as_replay_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = |n: &str| format!("sqlite://{}/{n}.db", dir.path().display());
+    killed_runs_store_every_job_once(dir.path(), &url("clean"), &url("killed"));
+}
+
+#[test]
+fn postgres_killed_runs_store_every_job_once_as_replay_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(pg) = Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    let (clean, killed) = (pg.database("clean"), pg.database("killed"));
+    killed_runs_store_every_job_once(dir.path(), &clean, &killed);
+    grafana_panels_of_the_readme_answer(&killed);
+}
+
+/// The README's Grafana queries, their macros expanded as Grafana does for
+/// the whole of time, run on an archive: each answers with rows.
+fn grafana_panels_of_the_readme_answer(url: &str) {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let at = readme
+        .find("**Grafana.**")
+        .expect("the README's Grafana part");
+    let block = &readme[at..];
+    let block = &block[block.find("```sql").expect("a SQL block") + 6..];
+    let block = &block[..block.find("```").expect("the block's end")];
+    let queries: Vec<String> = block
+        .split(';')
+        .map(|q| {
+            q.lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .filter(|q| !q.trim().is_empty())
+        .map(|q| expand_grafana_macros(&q))
+        .collect();
+    assert_eq!(queries.len(), 4, "{block}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
+        for q in &queries {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(q.clone()))
+                .fetch_all(&mut c)
+                .await
+                .unwrap_or_else(|e| panic!("{q}: {e}"));
+            assert!(!rows.is_empty(), "no rows: {q}");
+        }
+    });
+}
+
+/// `$__unixEpochGroupAlias(col, 'N[hd]')` and `$__unixEpochFilter(col)`,
+/// as Grafana's PostgreSQL data source expands them (over all of time).
+fn expand_grafana_macros(q: &str) -> String {
+    let mut out = q.to_string();
+    for name in ["$__unixEpochGroupAlias(", "$__unixEpochFilter("] {
+        while let Some(at) = out.find(name) {
+            let args_at = at + name.len();
+            let end = args_at + out[args_at..].find(')').expect("a closing parenthesis");
+            let args: Vec<&str> = out[args_at..end].split(',').map(str::trim).collect();
+            let text = if name.contains("Group") {
+                let secs = match args[1] {
+                    "'1h'" => 3600,
+                    "'1d'" => 86400,
+                    other => panic!("interval {other}"),
+                };
+                format!("floor({col} / {secs}) * {secs} AS \"time\"", col = args[0])
+            } else {
+                format!("{} BETWEEN 0 AND 4000000000", args[0])
+            };
+            out.replace_range(at..=end, &text);
+        }
+    }
+    out
+}
+
+/// The fluxpipe_sink_errors_total of sink `db` on the API at `port`.
+fn sink_errors(port: u16) -> f64 {
+    let Some((200, body)) = http_get(port, "/metrics") else {
+        return 0.0;
+    };
+    body.lines()
+        .find(|l| l.starts_with("fluxpipe_sink_errors_total{") && l.contains("sink=\"db\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn postgres_down_for_a_while_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(pg) = Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    let url = pg.database("outage");
+    let jobs = 1500;
+    let all = inputs(dir.path(), jobs);
+    let want = replayed_jobs(&all);
+    // The journal reaches the watched file in three parts: before, during
+    // and after the outage.
+    let text = std::fs::read_to_string(&all[0]).expect("journal");
+    let lines: Vec<&str> = text.lines().collect();
+    let thirds = lines.len() / 3;
+    let feed = dir.path().join("feed.jsonl");
+    let mut file = std::fs::File::create(&feed).expect("feed");
+    let mut append = |part: &[&str]| {
+        for l in part {
+            writeln!(file, "{l}").expect("append");
+        }
+        file.flush().expect("flush");
+    };
+    append(&lines[..thirds]);
+    let port = free_port();
+    let cfg = config(
+        dir.path(),
+        "outage",
+        &url,
+        std::slice::from_ref(&feed),
+        port,
+    );
+    let log = dir.path().join("outage.log");
+    let mut child = start(&cfg, &log);
+    wait_until("the first rows", 60, || jobs_stored(&url) > 0);
+    pg.ctl("kill");
+    append(&lines[thirds..2 * thirds]);
+    wait_until("the outage to be counted", 60, || sink_errors(port) >= 2.0);
+    std::thread::sleep(Duration::from_secs(2));
+    pg.ctl("restart");
+    append(&lines[2 * thirds..]);
+    wait_until("every job stored", 120, || jobs_stored(&url) >= jobs);
+    sigterm(&child);
+    assert!(child.wait().expect("wait").success());
+    assert_eq!(history(&url, &[]), want, "jobs after the outage");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log.contains("retrying until the database answers") && log.contains("answers again"),
+        "the outage and its end are logged: {log}"
+    );
+}
+
+/// A v1 archive (before `transitions`) holding a job, then `fluxpipe run`:
+/// migrated at start, the old row kept, the new table written.
+fn migrates_from_the_first_version(dir: &Path, url: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let old = r#"{"cluster":"old","id":1,"kind":"job","record_id":"r","state":"INACTIVE","t_inactive":1.0}"#;
+    rt.block_on(async {
+        let archive = fluxpipe::archive::Archive::connect(url)
+            .await
+            .expect("connect");
+        archive.migrate_to(1).await.expect("v1");
+        let mut batch = fluxpipe::archive::rows::Batch::default();
+        batch.add(old).expect("row");
+        archive.store(&batch).await.expect("store");
+        archive.close().await;
+    });
+    let out = fluxpipe()
+        .args(["history", "--db", url, "--transitions"])
+        .output()
+        .expect("history");
+    assert!(!out.status.success(), "a v1 archive has no transitions yet");
+
+    let jobs = 50;
+    let inputs = inputs(dir, jobs);
+    let cfg = config(dir, "migrate", url, &inputs, free_port());
+    run_to_the_end(&cfg, &dir.join("migrate.log"), url, jobs + 1);
+    assert!(history(url, &[]).contains(&old.to_string()));
+    assert!(!history(url, &["--transitions"]).is_empty());
+}
+
+#[test]
+fn sqlite_first_version_is_migrated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/v1.db", dir.path().display());
+    migrates_from_the_first_version(dir.path(), &url);
+}
+
+#[test]
+fn postgres_first_version_is_migrated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(pg) = Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    let url = pg.database("v1");
+    migrates_from_the_first_version(dir.path(), &url);
+}
+
+/// Jobs of a KVS tree whose jobspec is missing, malformed or huge: each
+/// still gets a row, with the fields the jobspec gives left out.
+#[test]
+fn jobs_with_a_bad_jobspec_still_get_a_row() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/bad.db", dir.path().display());
+    let tree = dir.path().join("kvs");
+    let src = common::corpus().join("jobs");
+    let mut ids: Vec<String> = std::fs::read_dir(&src)
+        .expect("corpus jobs")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+        .collect();
+    ids.sort();
+    let specs: [Option<Vec<u8>>; 3] = [
+        None,
+        Some(b"{\"version\": 1, \"resources\": [".to_vec()),
+        Some(format!("{{\"attributes\": {{\"x\": \"{}\"}}}}", "y".repeat(2 << 20)).into_bytes()),
+    ];
+    for (id, spec) in ids.iter().zip(specs) {
+        let job = tree.join(id);
+        std::fs::create_dir_all(&job).expect("mkdir");
+        if let Some(spec) = spec {
+            std::fs::write(job.join("jobspec.json"), spec).expect("jobspec");
+        }
+        std::fs::copy(src.join(id).join("eventlog"), job.join("eventlog")).expect("eventlog");
+    }
+    let cfg = config(dir.path(), "bad", &url, &[tree.join("**/*")], free_port());
+    run_to_the_end(&cfg, &dir.path().join("bad.log"), &url, 3);
+    for line in history(&url, &[]) {
+        let job: serde_json::Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(job["state"], "INACTIVE", "{line}");
+        assert!(
+            job.get("name").is_none() && job.get("ntasks").is_none(),
+            "{line}"
+        );
+    }
+}
