@@ -38,7 +38,7 @@ enum Command {
 sources stop reading, everything read is delivered, a final checkpoint is written. \
 SIGHUP makes file sinks reopen their files (for logrotate). Exit status: 0 after a clean \
 stop or the end of a finite input, 1 on a config error, an unreadable checkpoint \
-(see --reset-state) or a failed component."
+(see --reset-state), a data folder another run holds, or a failed component."
     )]
     Run(cli::run::RunArgs),
     /// Check a pipeline config file and exit non-zero on any problem.

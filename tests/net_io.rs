@@ -951,7 +951,13 @@ retry_max_secs = 0.5
     let rejected = seen[0];
     // Rounds come and fail for a while: none may move past the record.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop(first).await.expect("run 1 stops cleanly");
+    // Not a clean stop: a record was left (it exits non-zero, saying so).
+    let left = stop(first).await.expect_err("run 1 leaves a record");
+    assert!(
+        left.to_string()
+            .contains("records not delivered at shutdown: 1;"),
+        "{left:#}"
+    );
 
     // Run 2: everything is taken; the rejected job's summary comes again.
     let (port, mut reqs) = http_server(&[]).await;

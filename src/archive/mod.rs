@@ -34,15 +34,17 @@ pub enum ArchiveError {
 }
 
 impl ArchiveError {
-    /// Whether trying again later may help (the database is down, slow or
-    /// busy), as opposed to a fault of the config or of the database's
-    /// contents that no retry mends.
-    pub fn is_transient(&self) -> bool {
+    /// Whether this looks like the database being away, busy or out of
+    /// room (it will pass), rather than a fault someone must mend (a wrong
+    /// password, a missing database, a schema this fluxpipe does not know).
+    /// The sink retries both; only the words it logs differ.
+    pub fn is_outage(&self) -> bool {
         use sqlx::migrate::MigrateError;
         let sql = match self {
             ArchiveError::Url(_) | ArchiveError::Folder { .. } => return false,
-            ArchiveError::Sql(e) => e,
-            ArchiveError::Migrate(MigrateError::Execute(e)) => e,
+            ArchiveError::Sql(e)
+            | ArchiveError::Migrate(MigrateError::Execute(e))
+            | ArchiveError::Migrate(MigrateError::ExecuteMigration(e, _)) => e,
             ArchiveError::Migrate(_) => return false,
         };
         match sql {
@@ -52,19 +54,28 @@ impl ArchiveError {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => true,
-            // A server's error: shutting down, too many connections, a
-            // serialization failure, a locked SQLite file. A constraint or
-            // a syntax error would be ours, and lasting.
-            sqlx::Error::Database(db) => !matches!(
-                db.kind(),
-                sqlx::error::ErrorKind::UniqueViolation
-                    | sqlx::error::ErrorKind::ForeignKeyViolation
-                    | sqlx::error::ErrorKind::NotNullViolation
-                    | sqlx::error::ErrorKind::CheckViolation
-            ),
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| outage_code(&c)),
             _ => false,
         }
     }
+}
+
+/// A server's error code that means "not now": PostgreSQL's SQLSTATE
+/// classes 08 (connection), 53 (out of resources), 57P0x (shutting down,
+/// starting), 40001/40P01 (serialization, deadlock), 55P03 (lock); SQLite's
+/// BUSY, LOCKED, IOERR, FULL and CANTOPEN (primary codes, under any
+/// extended one).
+/// (SQLSTATEs are five characters; SQLite's codes, extended ones
+/// included, at most four digits.)
+fn outage_code(code: &str) -> bool {
+    if code.len() == 5 {
+        return code.starts_with("08")
+            || code.starts_with("53")
+            || code.starts_with("57P0")
+            || matches!(code, "40001" | "40P01" | "55P03");
+    }
+    code.parse::<u32>()
+        .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10 | 13 | 14))
 }
 
 /// Most bound values in one statement: below SQLite's limit (32766) and
@@ -79,67 +90,90 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct Archive {
     pool: AnyPool,
+    sqlite: bool,
 }
 
-/// The database a URL names, checked; a SQLite file is created (with its
-/// folder) when missing.
-fn prepared_url(url: &str) -> Result<String, ArchiveError> {
+/// The database a URL names.
+#[derive(Debug, PartialEq, Eq)]
+enum Target<'a> {
+    Postgres,
+    /// A SQLite file, and the URL's query (`mode=…`), if any.
+    Sqlite {
+        path: &'a str,
+        query: &'a str,
+    },
+}
+
+fn target(url: &str) -> Result<Target<'_>, ArchiveError> {
     if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        return Ok(url.to_string());
+        return Ok(Target::Postgres);
     }
-    let Some(rest) = url.strip_prefix("sqlite:") else {
-        return Err(ArchiveError::Url(url.to_string()));
-    };
-    let path = rest.strip_prefix("//").unwrap_or(rest);
-    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let bad = || ArchiveError::Url(url.to_string());
+    let rest = url.strip_prefix("sqlite:").ok_or_else(bad)?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
     if path.is_empty() || path == ":memory:" {
-        return Err(ArchiveError::Url(url.to_string()));
+        return Err(bad());
     }
-    if let Some(folder) = Path::new(path)
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
+    Ok(Target::Sqlite { path, query })
+}
+
+/// Whether `url` names a database the archive can use (without
+/// connecting).
+pub fn check_url(url: &str) -> Result<(), ArchiveError> {
+    target(url).map(|_| ())
+}
+
+/// How the archive is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The sink: a SQLite file (and its folder) is made when missing.
+    Write,
+    /// `fluxpipe history`: nothing is made or changed.
+    Read,
+}
+
+/// The URL sqlx is given: a SQLite file's mode set (unless the URL sets
+/// it), and for writing its folder made.
+fn prepared_url(url: &str, access: Access) -> Result<String, ArchiveError> {
+    let Target::Sqlite { path, query } = target(url)? else {
+        return Ok(url.to_string());
+    };
+    if access == Access::Write
+        && let Some(folder) = Path::new(path)
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
     {
         std::fs::create_dir_all(folder).map_err(|source| ArchiveError::Folder {
             path: path.to_string(),
             source,
         })?;
     }
+    let mode = match access {
+        Access::Write => "mode=rwc",
+        Access::Read => "mode=ro",
+    };
     Ok(if query.contains("mode=") {
         url.to_string()
     } else if query.is_empty() {
-        format!("{url}?mode=rwc")
+        format!("{url}?{mode}")
     } else {
-        format!("{url}&mode=rwc")
+        format!("{url}&{mode}")
     })
 }
 
-/// Whether `url` names a database the archive can use (without
-/// connecting).
-pub fn check_url(url: &str) -> Result<(), ArchiveError> {
-    let ok = url.starts_with("postgres:")
-        || url.starts_with("postgresql:")
-        || url
-            .strip_prefix("sqlite:")
-            .map(|r| r.trim_start_matches('/'))
-            .is_some_and(|p| !p.is_empty() && !p.starts_with('?') && p != ":memory:");
-    if ok {
-        Ok(())
-    } else {
-        Err(ArchiveError::Url(url.to_string()))
-    }
-}
-
 impl Archive {
-    /// Connect (a SQLite file is created if missing). Does not migrate.
-    pub async fn connect(url: &str) -> Result<Self, ArchiveError> {
+    /// Connect. Does not migrate.
+    pub async fn connect(url: &str, access: Access) -> Result<Self, ArchiveError> {
         sqlx::any::install_default_drivers();
-        let url = prepared_url(url)?;
+        let sqlite = matches!(target(url)?, Target::Sqlite { .. });
+        let url = prepared_url(url, access)?;
         let pool = AnyPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect(&url)
             .await?;
-        Ok(Archive { pool })
+        Ok(Archive { pool, sqlite })
     }
 
     /// Bring the schema up to the latest version.
@@ -149,6 +183,13 @@ impl Archive {
 
     /// Bring the schema up to `version` (tests start from an old one).
     pub async fn migrate_to(&self, version: i64) -> Result<(), ArchiveError> {
+        if self.sqlite {
+            // Readers (history, Grafana) then never wait for a commit, nor
+            // it for them. Kept in the file once set.
+            sqlx::query("PRAGMA journal_mode = WAL")
+                .execute(&self.pool)
+                .await?;
+        }
         schema::migrator(version).run(&self.pool).await?;
         Ok(())
     }
@@ -205,34 +246,15 @@ impl Archive {
     /// The records of the jobs `q` asks for, newest end first.
     pub async fn jobs(&self, q: &JobQuery) -> Result<Vec<String>, ArchiveError> {
         let mut w = Where::default();
-        if let Some(c) = &q.cluster {
-            let p = w.bind(Cell::Text(Some(c.clone())));
-            w.clause(format!("j.cluster = {p}"));
-        }
-        if let Some(u) = q.userid {
-            let p = w.bind(Cell::Int(Some(u)));
-            w.clause(format!("j.userid = {p}"));
-        }
-        if let Some(queue) = &q.queue {
-            let p = w.bind(Cell::Text(Some(queue.clone())));
-            w.clause(format!("j.queue = {p}"));
-        }
-        if !q.results.is_empty() {
-            let ps: Vec<String> = q
-                .results
-                .iter()
-                .map(|r| w.bind(Cell::Text(Some(r.clone()))))
-                .collect();
-            w.clause(format!("j.result IN ({})", ps.join(", ")));
-        }
-        if !q.ids.is_empty() {
-            let ps: Vec<String> = q
-                .ids
-                .iter()
-                .map(|id| w.bind(Cell::Int(Some(rows::stored_id(*id)))))
-                .collect();
-            w.clause(format!("j.id IN ({})", ps.join(", ")));
-        }
+        w.equal("j.cluster", q.cluster.clone().map(|c| Cell::Text(Some(c))));
+        w.equal("j.userid", q.userid.map(|u| Cell::Int(Some(u))));
+        w.equal("j.queue", q.queue.clone().map(|c| Cell::Text(Some(c))));
+        let results = q.results.iter().map(|r| Cell::Text(Some(r.clone())));
+        w.any_of("j.result", results);
+        w.any_of(
+            "j.id",
+            q.ids.iter().map(|id| Cell::Int(Some(rows::stored_id(*id)))),
+        );
         // A job belongs to a window it overlaps: submitted before its end,
         // ended after its start.
         if let Some(since) = q.since {
@@ -250,32 +272,38 @@ impl Archive {
                  AND n.id = j.id AND n.hostname = {p})"
             ));
         }
-        let limit = w.bind(Cell::Int(Some(i64::try_from(q.limit).unwrap_or(i64::MAX))));
         let sql = format!(
-            "SELECT j.record FROM jobs j{} ORDER BY j.t_inactive DESC, j.cluster, j.id LIMIT {limit}",
-            w.text()
+            "SELECT j.record FROM jobs j{} \
+             ORDER BY (j.t_inactive IS NULL), j.t_inactive DESC, j.cluster, j.id LIMIT {}",
+            w.text(),
+            w.limit(q.limit)
         );
-        self.records(sql, &w.binds).await
+        let found = w.query(&sql).fetch_all(&self.pool).await?;
+        Ok(found
+            .iter()
+            .map(|row| row.try_get::<String, _>(0))
+            .collect::<Result<_, _>>()?)
     }
 
     /// The records of the node state changes `q` asks for: the newest,
-    /// in the order they happened.
+    /// in the order they happened (changes of no known time first).
     pub async fn node_events(&self, q: &EventQuery) -> Result<Vec<String>, ArchiveError> {
         let mut w = Where::default();
         q.common(&mut w, "e.cluster", "e.timestamp");
-        if let Some(host) = &q.host {
-            let p = w.bind(Cell::Text(Some(host.clone())));
-            w.clause(format!("e.hostname = {p}"));
-        }
-        let limit = w.bind(Cell::Int(Some(i64::try_from(q.limit).unwrap_or(i64::MAX))));
+        w.equal("e.hostname", q.host.clone().map(|h| Cell::Text(Some(h))));
         let sql = format!(
             "SELECT e.record FROM node_events e{} \
-             ORDER BY e.timestamp DESC, e.cluster DESC, e.rank DESC, e.record_id DESC LIMIT {limit}",
-            w.text()
+             ORDER BY (e.timestamp IS NULL), e.timestamp DESC, e.cluster DESC, e.rank DESC, \
+             e.record_id DESC LIMIT {}",
+            w.text(),
+            w.limit(q.limit)
         );
-        let mut found = self.records(sql, &w.binds).await?;
-        found.reverse();
-        Ok(found)
+        let found = w.query(&sql).fetch_all(&self.pool).await?;
+        found
+            .iter()
+            .rev()
+            .map(|row| Ok(row.try_get::<String, _>(0)?))
+            .collect()
     }
 
     /// The transitions `q` asks for (of its jobs, when it names some), as
@@ -284,31 +312,23 @@ impl Archive {
     pub async fn transitions(&self, q: &EventQuery) -> Result<Vec<String>, ArchiveError> {
         let mut w = Where::default();
         q.common(&mut w, "t.cluster", "t.timestamp");
-        if !q.ids.is_empty() {
-            let ps: Vec<String> = q
-                .ids
-                .iter()
-                .map(|id| w.bind(Cell::Int(Some(rows::stored_id(*id)))))
-                .collect();
-            w.clause(format!("t.id IN ({})", ps.join(", ")));
-        }
-        let limit = w.bind(Cell::Int(Some(i64::try_from(q.limit).unwrap_or(i64::MAX))));
+        w.any_of(
+            "t.id",
+            q.ids.iter().map(|id| Cell::Int(Some(rows::stored_id(*id)))),
+        );
         let sql = format!(
             "SELECT t.cluster, t.record_id, t.id, t.from_state, t.to_state, t.event, t.timestamp \
              FROM transitions t{} ORDER BY t.timestamp DESC, t.cluster DESC, t.id DESC, \
              CASE t.to_state WHEN 'NEW' THEN 0 WHEN 'DEPEND' THEN 1 WHEN 'PRIORITY' THEN 2 \
              WHEN 'SCHED' THEN 3 WHEN 'RUN' THEN 4 WHEN 'CLEANUP' THEN 5 ELSE 6 END DESC \
-             LIMIT {limit}",
-            w.text()
+             LIMIT {}",
+            w.text(),
+            w.limit(q.limit)
         );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for cell in &w.binds {
-            query = bind(query, cell);
-        }
-        let mut found = query.fetch_all(&self.pool).await?;
-        found.reverse();
+        let found = w.query(&sql).fetch_all(&self.pool).await?;
         found
             .iter()
+            .rev()
             .map(|row| {
                 let text = |i: usize| row.try_get::<Option<String>, _>(i);
                 let id: i64 = row.try_get(2)?;
@@ -316,7 +336,7 @@ impl Archive {
                     "cluster": text(0)?,
                     "event": text(5)?,
                     "from": text(3)?,
-                    "id": id as u64,
+                    "id": rows::job_id(id),
                     "kind": "transition",
                     "record_id": text(1)?,
                     "timestamp": row.try_get::<f64, _>(6)?,
@@ -325,18 +345,6 @@ impl Archive {
                 .to_string())
             })
             .collect()
-    }
-
-    async fn records(&self, sql: String, binds: &[Cell]) -> Result<Vec<String>, ArchiveError> {
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for cell in binds {
-            query = bind(query, cell);
-        }
-        let found = query.fetch_all(&self.pool).await?;
-        Ok(found
-            .iter()
-            .map(|row| row.try_get::<String, _>(0))
-            .collect::<Result<_, _>>()?)
     }
 
     /// Close the connections.
@@ -376,10 +384,7 @@ pub struct EventQuery {
 
 impl EventQuery {
     fn common(&self, w: &mut Where, cluster: &str, time: &str) {
-        if let Some(c) = &self.cluster {
-            let p = w.bind(Cell::Text(Some(c.clone())));
-            w.clause(format!("{cluster} = {p}"));
-        }
+        w.equal(cluster, self.cluster.clone().map(|c| Cell::Text(Some(c))));
         if let Some(since) = self.since {
             let p = w.bind(Cell::Float(Some(since)));
             w.clause(format!("{time} >= {p}"));
@@ -407,6 +412,36 @@ impl Where {
 
     fn clause(&mut self, c: String) {
         self.clauses.push(c);
+    }
+
+    /// `column = value`, when there is a value.
+    fn equal(&mut self, column: &str, value: Option<Cell>) {
+        if let Some(v) = value {
+            let p = self.bind(v);
+            self.clause(format!("{column} = {p}"));
+        }
+    }
+
+    /// `column IN (values)`, when there are values.
+    fn any_of(&mut self, column: &str, values: impl Iterator<Item = Cell>) {
+        let ps: Vec<String> = values.map(|v| self.bind(v)).collect();
+        if !ps.is_empty() {
+            self.clause(format!("{column} IN ({})", ps.join(", ")));
+        }
+    }
+
+    /// The placeholder of a `LIMIT`.
+    fn limit(&mut self, n: usize) -> String {
+        self.bind(Cell::Int(Some(i64::try_from(n).unwrap_or(i64::MAX))))
+    }
+
+    /// `sql` with the values bound.
+    fn query<'q>(&self, sql: &str) -> Query<'q, Any, AnyArguments> {
+        let mut query = sqlx::query(AssertSqlSafe(sql.to_string()));
+        for cell in &self.binds {
+            query = bind(query, cell);
+        }
+        query
     }
 
     fn text(&self) -> String {
@@ -479,12 +514,30 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}/a/b/jobs.db", dir.path().display());
-        assert_eq!(prepared_url(&url).unwrap(), format!("{url}?mode=rwc"));
+        let read = prepared_url(&url, Access::Read).unwrap();
+        assert_eq!(read, format!("{url}?mode=ro"));
+        assert!(!dir.path().join("a").exists(), "reading makes nothing");
+        let write = prepared_url(&url, Access::Write).unwrap();
+        assert_eq!(write, format!("{url}?mode=rwc"));
         assert!(dir.path().join("a/b").is_dir());
         assert_eq!(
-            prepared_url(&format!("{url}?mode=ro")).unwrap(),
+            prepared_url(&format!("{url}?mode=ro"), Access::Write).unwrap(),
             format!("{url}?mode=ro")
         );
+    }
+
+    #[test]
+    fn outages_are_told_from_faults_by_their_codes() {
+        for code in [
+            "08006", "57P01", "53300", "40001", "5", "517", "6", "13", "14",
+        ] {
+            assert!(outage_code(code), "{code}");
+        }
+        // A wrong password, no such database, a syntax error; SQLite's
+        // constraint and corruption.
+        for code in ["28P01", "3D000", "42601", "19", "2067", "11"] {
+            assert!(!outage_code(code), "{code}");
+        }
     }
 
     #[test]
@@ -508,7 +561,7 @@ mod tests {
     async fn a_batch_is_stored_once_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}/jobs.db", dir.path().display());
-        let archive = Archive::connect(&url).await.unwrap();
+        let archive = Archive::connect(&url, Access::Write).await.unwrap();
         archive.migrate().await.unwrap();
         let job = r#"{"cluster":"c","id":18446744073709551615,"kind":"job","nodelist":"n[1-2]","queue":"q","record_id":"r","result":"FAILED","state":"INACTIVE","t_inactive":10.0,"t_submit":1.0,"userid":5,"success":false}"#;
         let mut batch = Batch::default();

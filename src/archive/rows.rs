@@ -172,7 +172,7 @@ pub const TRANSITIONS: Table = Table {
     replace: false,
 };
 
-/// The tables in the order a batch writes them.
+/// The tables, in the order a batch writes them.
 pub const TABLES: [&Table; 4] = [&JOBS, &JOB_NODES, &NODE_EVENTS, &TRANSITIONS];
 
 /// One value of a row, typed as its column.
@@ -237,11 +237,13 @@ fn key_of(table: &Table, row: &[Cell]) -> Vec<u8> {
     key
 }
 
-/// The rows made from a batch of records, one set per table of
-/// [`TABLES`].
+/// The rows made from a batch of records, one set per table.
 #[derive(Debug, Default)]
 pub struct Batch {
-    tables: [Rows; 4],
+    jobs: Rows,
+    job_nodes: Rows,
+    node_events: Rows,
+    transitions: Rows,
     /// Records of kinds the archive does not keep.
     pub ignored: usize,
 }
@@ -258,36 +260,41 @@ impl Batch {
             Some("job") => {
                 let row = row_of(&JOBS, &value, line)?;
                 let hosts = hosts_of(&value);
-                self.tables[0].put(&JOBS, row);
+                self.jobs.put(&JOBS, row);
                 for host in hosts {
                     let row = vec![
-                        Cell::Text(value["cluster"].as_str().map(str::to_string)),
-                        Cell::Int(value["id"].as_u64().map(|id| id as i64)),
-                        Cell::Text(Some(host)),
+                        Cell::Text(value["cluster"].as_str().map(text)),
+                        Cell::Int(value["id"].as_u64().map(stored_id)),
+                        Cell::Text(Some(text(&host))),
                     ];
-                    self.tables[1].put(&JOB_NODES, row);
+                    self.job_nodes.put(&JOB_NODES, row);
                 }
             }
             Some("rank") => {
                 let row = row_of(&NODE_EVENTS, &value, line)?;
-                self.tables[2].put(&NODE_EVENTS, row);
+                self.node_events.put(&NODE_EVENTS, row);
             }
             Some("transition") => {
                 let row = row_of(&TRANSITIONS, &value, line)?;
-                self.tables[3].put(&TRANSITIONS, row);
+                self.transitions.put(&TRANSITIONS, row);
             }
             _ => self.ignored += 1,
         }
         Ok(())
     }
 
-    /// Each table with its rows.
-    pub fn tables(&self) -> impl Iterator<Item = (&'static Table, &Rows)> {
-        TABLES.into_iter().zip(self.tables.iter())
+    /// Each table with its rows, in the order of [`TABLES`].
+    pub fn tables(&self) -> [(&'static Table, &Rows); 4] {
+        [
+            (&JOBS, &self.jobs),
+            (&JOB_NODES, &self.job_nodes),
+            (&NODE_EVENTS, &self.node_events),
+            (&TRANSITIONS, &self.transitions),
+        ]
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tables.iter().all(Rows::is_empty)
+        self.tables().iter().all(|(_, rows)| rows.is_empty())
     }
 
     pub fn clear(&mut self) {
@@ -303,9 +310,9 @@ fn row_of(table: &Table, value: &Value, line: &str) -> Result<Vec<Cell>, RowErro
         .map(|c| {
             let v = &value[c.key];
             let cell = match c.kind {
-                Text => Cell::Text(v.as_str().map(str::to_string)),
+                Text => Cell::Text(v.as_str().map(text)),
                 Int => Cell::Int(v.as_i64()),
-                Id => Cell::Int(v.as_u64().map(|id| id as i64)),
+                Id => Cell::Int(v.as_u64().map(stored_id)),
                 Float => Cell::Float(v.as_f64()),
                 Bool => Cell::Bool(v.as_bool()),
                 Json => Cell::Text((v.is_array() || v.is_object()).then(|| v.to_string())),
@@ -345,6 +352,22 @@ pub fn stored_id(id: u64) -> i64 {
     id as i64
 }
 
+/// A stored job id, back as the u64 it was.
+pub fn job_id(stored: i64) -> u64 {
+    stored as u64
+}
+
+/// A text column's value: PostgreSQL's text cannot hold NUL, which JSON
+/// input can (`\u0000`); it becomes U+FFFD, as invalid UTF-8 does. (The
+/// `record` column keeps the line, where NUL is escaped.)
+fn text(s: &str) -> String {
+    if s.contains('\0') {
+        s.replace('\0', "\u{FFFD}")
+    } else {
+        s.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,8 +379,7 @@ mod tests {
     fn a_job_record_is_one_row_and_one_row_per_host() {
         let mut b = Batch::default();
         b.add(JOB).unwrap();
-        let tables: Vec<_> = b.tables().collect();
-        let (jobs, hosts) = (tables[0].1, tables[1].1);
+        let [(_, jobs), (_, hosts), ..] = b.tables();
         assert_eq!(jobs.len(), 1);
         let row = &jobs.rows()[0];
         let cell = |name: &str| {
@@ -385,7 +407,7 @@ mod tests {
         let mut b = Batch::default();
         b.add(JOB).unwrap();
         b.add(&JOB.replace("\"r1\"", "\"r2\"")).unwrap();
-        let jobs = b.tables().next().unwrap().1;
+        let [(_, jobs), ..] = b.tables();
         assert_eq!(jobs.len(), 1);
         assert_eq!(jobs.rows()[0][2], Cell::Text(Some("r2".into())));
     }
@@ -396,7 +418,7 @@ mod tests {
         b.add(r#"{"kind":"rank","cluster":"c","rank":3,"hostname":"n3","drained":true,"drain_reason":"bad","changed":["drained"],"event":"drain","timestamp":2.0,"record_id":"x"}"#).unwrap();
         b.add(r#"{"kind":"transition","cluster":"c","id":7,"from":"SCHED","to":"RUN","event":"alloc","timestamp":3.0,"record_id":"y"}"#).unwrap();
         b.add(r#"{"kind":"alert","cluster":"c"}"#).unwrap();
-        let counts: Vec<usize> = b.tables().map(|(_, r)| r.len()).collect();
+        let counts: Vec<usize> = b.tables().iter().map(|(_, r)| r.len()).collect();
         assert_eq!(counts, [0, 0, 1, 1]);
         assert_eq!(b.ignored, 1);
     }
@@ -414,11 +436,23 @@ mod tests {
     }
 
     #[test]
+    fn a_nul_in_a_text_becomes_a_replacement_character() {
+        let mut b = Batch::default();
+        b.add(&JOB.replace("hostname", "host\\u0000name")).unwrap();
+        let [(_, jobs), ..] = b.tables();
+        let i = JOBS.columns.iter().position(|c| c.name == "name").unwrap();
+        assert_eq!(
+            jobs.rows()[0][i],
+            Cell::Text(Some("host\u{FFFD}name".into()))
+        );
+    }
+
+    #[test]
     fn a_huge_nodelist_keeps_its_job_row_but_no_hosts() {
         let line = JOB.replace("node[3,1]", "n[0-4000000000]");
         let mut b = Batch::default();
         b.add(&line).unwrap();
-        let counts: Vec<usize> = b.tables().map(|(_, r)| r.len()).collect();
+        let counts: Vec<usize> = b.tables().iter().map(|(_, r)| r.len()).collect();
         assert_eq!(counts, [1, 0, 0, 0]);
     }
 
@@ -431,7 +465,7 @@ mod tests {
 
         #[test]
         fn any_job_id_comes_back_bit_for_bit(id in any::<u64>()) {
-            prop_assert_eq!(stored_id(id) as u64, id);
+            prop_assert_eq!(job_id(stored_id(id)), id);
         }
 
         #[test]

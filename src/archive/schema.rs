@@ -129,6 +129,26 @@ mod tests {
     use super::*;
     use crate::archive::rows::TABLES;
 
+    /// Archives in the field hold these checksums: a released migration
+    /// changed (even its whitespace) would make every one refuse to start.
+    #[test]
+    fn released_migrations_never_change() {
+        let pinned = [
+            "88667fee5c653bc0ee5ecd9e2b4784e57ee3bdc90f2f8cb6a66a43f8a9c9ff960a614a2fa9a8bd556e4e4051a42ca360",
+            "5e55cb1f8a6663943e478afc2370d2b18854f87a86089963aadf2da9160de9a0b989db27fb385614bc33215419d4cb8c",
+        ];
+        let migrator = migrator(LATEST);
+        assert_eq!(migrator.migrations.len(), pinned.len());
+        for (m, want) in migrator.migrations.iter().zip(pinned) {
+            assert_eq!(
+                const_hex::encode(&*m.checksum),
+                want,
+                "migration {}",
+                m.version
+            );
+        }
+    }
+
     #[test]
     fn every_column_the_rows_have_is_in_the_schema() {
         let sql = MIGRATIONS.map(|m| m.2).concat();

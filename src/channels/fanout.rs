@@ -139,7 +139,8 @@ impl SinkRx {
 
     /// A batch: wait as long as it takes for its first record, then at
     /// most `linger` for the rest, up to `max`. 0 when the channel is
-    /// closed and empty.
+    /// closed and empty. Cancel-safe: records taken stay in `buf`, and the
+    /// next call goes on with them.
     pub async fn recv_batch(
         &mut self,
         buf: &mut Vec<Arc<OutputRecord>>,
@@ -147,7 +148,9 @@ impl SinkRx {
         linger: std::time::Duration,
     ) -> usize {
         let max = max.max(1);
-        if self.rx.recv_many(buf, max).await == 0 {
+        // Records already in `buf` (a call cancelled while it waited for
+        // more) count as the batch's first: cancel-safe.
+        if buf.is_empty() && self.rx.recv_many(buf, max).await == 0 {
             return 0;
         }
         let until = tokio::time::Instant::now() + linger;
@@ -187,6 +190,22 @@ impl SinkRx {
     /// itself: taken into state of its own that a restart rebuilds.
     pub fn done_with(&self, n: u64) {
         self.done.fetch_add(n, Ordering::Release);
+    }
+
+    /// The sink gives up on `held` records in hand and on everything
+    /// still to come, until the channel closes; returns how many. Each is
+    /// given up as soon as it is seen: a checkpoint round waits for the
+    /// sink to be done with them.
+    pub async fn give_up_rest(&mut self, held: u64) -> u64 {
+        self.given_up(held);
+        let mut total = held;
+        let mut records = Vec::new();
+        while self.rx.recv_many(&mut records, 1024).await > 0 {
+            self.given_up(records.len() as u64);
+            total += records.len() as u64;
+            records.clear();
+        }
+        total
     }
 
     /// The sink gave up on `n` records (rejected, or retries exhausted;
@@ -527,6 +546,30 @@ mod tests {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|r| r.line().to_string())
             .collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_cut_short_keeps_its_records_for_the_next_call() {
+        let (tx, rx) = mpsc::channel(8);
+        let mut rx = SinkRx::new("s", rx);
+        tx.send(Arc::new(record(OutputStream::Jobs, 1)))
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        // Cut while it lingers for more (as the database sink's hourly
+        // prune does).
+        let linger = std::time::Duration::from_secs(60);
+        let cut = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            rx.recv_batch(&mut buf, 10, linger),
+        )
+        .await;
+        assert!(cut.is_err());
+        assert_eq!(buf.len(), 1);
+        drop(tx);
+        assert_eq!(rx.recv_batch(&mut buf, 10, linger).await, 1);
+        buf.clear();
+        assert_eq!(rx.recv_batch(&mut buf, 10, linger).await, 0);
     }
 
     #[tokio::test]

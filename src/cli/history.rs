@@ -7,7 +7,7 @@
 
 use super::jobs::{self, Hostnames, Users};
 use super::listing::{self, Columns};
-use crate::archive::{Archive, EventQuery, JobQuery};
+use crate::archive::{Access, Archive, EventQuery, JobQuery};
 use crate::flux::fsd;
 use crate::flux::jobid::JobId;
 use crate::keyed::alerts::wall_now;
@@ -25,7 +25,7 @@ pub struct HistoryArgs {
     pub db: String,
     /// Node state changes (drains with their reasons, undrains, offline,
     /// online), not jobs.
-    #[arg(long, conflicts_with_all = ["transitions", "user", "queue", "result"])]
+    #[arg(long, conflicts_with_all = ["transitions", "user", "queue", "result", "ids"])]
     pub nodes: bool,
     /// Job state transitions (of the jobs named, or all), not jobs; needs
     /// a sink that takes `transitions`.
@@ -93,7 +93,7 @@ pub fn run(args: HistoryArgs) -> Result<ExitCode> {
         .enable_all()
         .build()?;
     let records = runtime.block_on(async {
-        let archive = Archive::connect(&args.db)
+        let archive = Archive::connect(&args.db, Access::Read)
             .await
             .with_context(|| format!("cannot open the archive {}", args.db))?;
         let events = EventQuery {

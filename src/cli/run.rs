@@ -125,7 +125,19 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         config.data_dir = dir;
     }
     init_logging(&config);
-    tracing::info!(config = %label, "starting");
+    let dir = &config.data_dir;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow!("cannot create data_dir {}: {e}", dir.display()))?;
+    // Held until this function returns (the kernel lets go if it dies).
+    let _lock = crate::snapshot::lock::DataDirLock::acquire(dir)?;
+    tracing::info!(
+        version = env!("FLUXPIPE_VERSION"),
+        config = %label,
+        data_dir = %dir.display(),
+        sources = config.sources.len(),
+        sinks = config.sinks.len(),
+        "starting"
+    );
     if args.reset_state {
         match crate::snapshot::checkpoint::set_aside(&config.data_dir)? {
             Some(aside) => eprintln!(

@@ -72,7 +72,9 @@ impl Default for LogConfig {
 }
 
 fn default_log_level() -> String {
-    "warn".into()
+    // As Vector: what starts, listens, restores and stops is said; the
+    // libraries only warn.
+    "warn,fluxpipe=info".into()
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

@@ -162,6 +162,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     };
     let sink_ctx = SinkContext {
         offsets: crate::sinks::offsets::SinkOffsets::restored(cuts),
+        shutdown: shutdown.clone(),
+        sinks: config.sinks.len(),
     };
     let (outputs, sink_rxs) =
         Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c.common())));
@@ -365,6 +367,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
     if failed {
         anyhow::bail!("the pipeline stopped with errors (see above)");
+    }
+    if given_up > 0 {
+        // Not lost (the next run reads them again), but not a clean stop.
+        anyhow::bail!(
+            "records not delivered at shutdown: {given_up}; no final checkpoint, the next \
+             run reads them again"
+        );
     }
     Ok(())
 }

@@ -8,20 +8,19 @@
 //! database does not hold. Rows are keyed, so a record written again after
 //! a restart changes nothing.
 //!
-//! While the database is down or refuses (busy, too many connections) the
-//! batch is retried with backoff (100 ms doubling to 30 s) for as long as
-//! it takes; records wait in the sink's buffer meanwhile, and `when_full`
-//! applies when it fills. At shutdown a failing batch is retried for
-//! [`SHUTDOWN_GRACE`], then given up: no final checkpoint passes it, so
-//! the next run writes it. An error no retry mends (a schema this fluxpipe
-//! does not know) stops the sink.
+//! While the database is down, refuses (busy, too many connections) or
+//! fails otherwise (a wrong password, a schema this fluxpipe does not
+//! know), the batch is retried with backoff (100 ms doubling to 30 s) for
+//! as long as it takes; records wait in the sink's buffer meanwhile, and
+//! `when_full` applies when it fills. Once the pipeline shuts down, the
+//! sink tries for [`SHUTDOWN_GRACE`] at most, then gives up what it has
+//! not stored: no final checkpoint passes it, so the next run writes it.
 
 use super::{SinkContext, SinkRx};
 use crate::archive::rows::Batch;
-use crate::archive::{self, Archive, ArchiveError};
+use crate::archive::{self, Access, Archive, ArchiveError};
 use crate::component::Problem;
 use crate::output::OutputStream;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -64,6 +63,12 @@ impl super::SinkSpec for DatabaseSinkConfig {
         if let Err(e) = archive::check_url(&self.url) {
             out.push(Problem::new("url", format!(": {e}")));
         }
+        if self.batch_timeout_ms > MAX_BATCH_TIMEOUT_MS {
+            out.push(Problem::new(
+                "batch_timeout_ms",
+                format!(": at most {MAX_BATCH_TIMEOUT_MS} (an hour)"),
+            ));
+        }
         if self.batch_max_records == 0 {
             out.push(Problem::new("batch_max_records", ": must be at least 1"));
         }
@@ -90,82 +95,105 @@ impl super::SinkSpec for DatabaseSinkConfig {
 
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// How long a batch still failing at shutdown keeps being retried.
+/// How long the sink keeps trying, once the pipeline is shutting down,
+/// before it gives up on what it has not stored.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// Longest `batch_timeout_ms` taken.
+const MAX_BATCH_TIMEOUT_MS: u64 = 3_600_000;
 
-/// Retries of one piece of work against the database, with backoff; logs
-/// the start and the end of an outage once each, counts every failure.
+/// The sink's dealings with a database that fails: every attempt is
+/// retried, with backoff; an outage is logged when it starts and when it
+/// ends, a fault (a wrong password, a schema this fluxpipe does not know)
+/// at every try; each failure is counted. Once the pipeline shuts down,
+/// one deadline ([`SHUTDOWN_GRACE`]) bounds all that is left.
 struct Retry<'a> {
     name: &'a str,
     backoff: Duration,
     failures: u32,
     deadline: Option<Instant>,
+    /// The pipeline's shutdown: the grace starts when it does, not when
+    /// the channel closes (which waits for the last checkpoint round,
+    /// itself waiting for this sink).
+    shutdown: &'a tokio_util::sync::CancellationToken,
+}
+
+/// What became of an attempt.
+enum Tried<T> {
+    Done(T),
+    /// Shutting down, and the grace is over.
+    GaveUp,
 }
 
 impl<'a> Retry<'a> {
-    fn new(name: &'a str) -> Self {
+    fn new(name: &'a str, shutdown: &'a tokio_util::sync::CancellationToken) -> Self {
         Retry {
             name,
             backoff: BACKOFF_START,
             failures: 0,
             deadline: None,
+            shutdown,
         }
     }
 
-    /// After a failure: wait and return true to try again, or false to give
-    /// up (shutting down, and the grace is over).
-    async fn again(&mut self, what: &str, e: &ArchiveError, rx: &SinkRx) -> bool {
-        metrics::counter!("fluxpipe_sink_errors_total", "sink" => self.name.to_string())
-            .increment(1);
-        self.failures += 1;
-        if self.failures == 1 {
-            tracing::warn!(sink = %self.name, "{what} failed, retrying until the database answers: {e}");
-        } else {
-            tracing::debug!(sink = %self.name, tries = self.failures, "{what} failed: {e}");
+    /// The shutdown deadline, set when the pipeline is first seen shutting
+    /// down (or the channel closed).
+    fn deadline(&mut self, rx: &SinkRx) -> Option<Instant> {
+        if self.deadline.is_none() && (rx.is_closed() || self.shutdown.is_cancelled()) {
+            self.deadline = Some(Instant::now() + SHUTDOWN_GRACE);
         }
-        if rx.is_closed() {
-            let deadline = *self
-                .deadline
-                .get_or_insert_with(|| Instant::now() + SHUTDOWN_GRACE);
-            if Instant::now() + self.backoff > deadline {
-                return false;
-            }
-        }
-        tokio::time::sleep(self.backoff).await;
-        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-        true
+        self.deadline
     }
 
-    fn succeeded(&self, what: &str) {
-        if self.failures > 0 {
-            tracing::info!(sink = %self.name, tries = self.failures + 1, "{what} succeeded: the database answers again");
-        }
-    }
-}
-
-/// Connect and migrate, for as long as it takes (`None`: shutting down
-/// before the database answered).
-async fn open(name: &str, url: &str, rx: &SinkRx) -> anyhow::Result<Option<Archive>> {
-    let mut retry = Retry::new(name);
-    loop {
-        let opened = async {
-            let archive = Archive::connect(url).await?;
-            archive.migrate().await?;
-            Ok::<_, ArchiveError>(archive)
-        }
-        .await;
-        match opened {
-            Ok(archive) => {
-                retry.succeeded("connecting");
-                tracing::info!(sink = %name, schema = archive::schema::LATEST, "database ready");
-                return Ok(Some(archive));
-            }
-            Err(e) if !e.is_transient() => return Err(e.into()),
-            Err(e) => {
-                if !retry.again("connecting", &e, rx).await {
-                    return Ok(None);
+    /// Run `attempt` until it succeeds, or until the shutdown deadline.
+    async fn until_done<T, F, Fut>(&mut self, what: &str, rx: &SinkRx, mut attempt: F) -> Tried<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ArchiveError>>,
+    {
+        loop {
+            let result = match self.deadline(rx) {
+                Some(at) => match tokio::time::timeout_at(at, attempt()).await {
+                    Ok(r) => r,
+                    Err(_) => return Tried::GaveUp,
+                },
+                None => attempt().await,
+            };
+            let e = match result {
+                Ok(v) => {
+                    if self.failures > 0 {
+                        tracing::info!(sink = %self.name, tries = self.failures + 1, "{what} succeeded: the database answers again");
+                    }
+                    self.failures = 0;
+                    self.backoff = BACKOFF_START;
+                    return Tried::Done(v);
                 }
+                Err(e) => e,
+            };
+            metrics::counter!("fluxpipe_sink_errors_total", "sink" => self.name.to_string())
+                .increment(1);
+            self.failures += 1;
+            if !e.is_outage() {
+                tracing::error!(sink = %self.name, tries = self.failures, "{what} failed, retrying (records wait): {e}");
+            } else if self.failures == 1 {
+                tracing::warn!(sink = %self.name, "{what} failed, retrying until the database answers: {e}");
+            } else {
+                tracing::debug!(sink = %self.name, tries = self.failures, "{what} failed: {e}");
+            }
+            let pause = self.backoff;
+            self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+            // Looked at every second: a shutdown's deadline cuts it short.
+            let wake = Instant::now() + pause;
+            loop {
+                let now = Instant::now();
+                let until = self.deadline(rx).map_or(wake, |at| wake.min(at));
+                if now >= until {
+                    break;
+                }
+                tokio::time::sleep_until(until.min(now + Duration::from_secs(1))).await;
+            }
+            if self.deadline(rx).is_some_and(|at| Instant::now() >= at) {
+                return Tried::GaveUp;
             }
         }
     }
@@ -187,19 +215,30 @@ pub async fn run(
     name: &str,
     config: DatabaseSinkConfig,
     mut rx: SinkRx,
-    _ctx: &SinkContext,
+    ctx: &SinkContext,
 ) -> anyhow::Result<()> {
-    let mut records: Vec<Arc<crate::output::OutputRecord>> = Vec::new();
-    let Some(archive) = open(name, &config.url, &rx).await? else {
-        give_up_rest(name, &mut rx, &mut records).await;
+    let mut retry = Retry::new(name, &ctx.shutdown);
+    let url = config.url.as_str();
+    let opened = retry
+        .until_done("connecting", &rx, || async {
+            let archive = Archive::connect(url, Access::Write).await?;
+            archive.migrate().await?;
+            Ok(archive)
+        })
+        .await;
+    let Tried::Done(archive) = opened else {
+        give_up_rest(name, &mut rx, 0).await;
         return Ok(());
     };
+    tracing::info!(sink = %name, schema = archive::schema::LATEST, "database ready");
     prune(name, &archive, config.retention_days).await;
     let mut next_prune = Instant::now() + PRUNE_EVERY;
     let max = config.batch_max_records.max(1);
-    let linger = Duration::from_millis(config.batch_timeout_ms);
+    let linger = Duration::from_millis(config.batch_timeout_ms.min(MAX_BATCH_TIMEOUT_MS));
+    let mut records = Vec::new();
     let mut batch = Batch::default();
     loop {
+        // `recv_batch` keeps what it took when the prune interrupts it.
         let n = tokio::select! {
             n = rx.recv_batch(&mut records, max, linger) => n,
             _ = tokio::time::sleep_until(next_prune), if config.retention_days.is_some() => {
@@ -212,51 +251,35 @@ pub async fn run(
             break;
         }
         batch.clear();
+        let mut refused = 0;
         for record in &records {
             if let Err(e) = batch.add(record.line()) {
+                refused += 1;
                 metrics::counter!("fluxpipe_records_dropped_total", "sink" => name.to_string(), "reason" => "unstorable").increment(1);
                 tracing::error!(sink = %name, "record not stored: {e}");
             }
         }
-        let mut retry = Retry::new(name);
-        loop {
-            match archive.store(&batch).await {
-                Ok(()) => {
-                    retry.succeeded("writing");
-                    rx.delivered(n as u64);
-                    break;
-                }
-                Err(e) if e.is_transient() && retry.again("writing", &e, &rx).await => {}
-                Err(e) => {
-                    tracing::error!(sink = %name, records = n, "batch not stored (the next run writes it again): {e}");
-                    rx.given_up(n as u64);
-                    if !e.is_transient() {
-                        return Err(e.into());
-                    }
-                    break;
-                }
+        records.clear();
+        rx.done_with(refused);
+        let stored = n as u64 - refused;
+        match retry.until_done("writing", &rx, || archive.store(&batch)).await {
+            Tried::Done(()) => rx.delivered(stored),
+            Tried::GaveUp => {
+                give_up_rest(name, &mut rx, stored).await;
+                break;
             }
         }
-        records.clear();
     }
     archive.close().await;
     Ok(())
 }
 
-/// Shutting down with the database away: what is left is given up (held
-/// back from the final checkpoint, so the next run writes it).
-async fn give_up_rest(
-    name: &str,
-    rx: &mut SinkRx,
-    records: &mut Vec<Arc<crate::output::OutputRecord>>,
-) {
-    let mut left = 0;
-    while rx.recv_many(records, 1024).await > 0 {
-        left += records.len() as u64;
-        records.clear();
-    }
+/// Shutting down with the database away: `held` records in hand and what
+/// is left in the channel are given up (held back from the final
+/// checkpoint, so the next run writes them).
+async fn give_up_rest(name: &str, rx: &mut SinkRx, held: u64) {
+    let left = rx.give_up_rest(held).await;
     if left > 0 {
         tracing::error!(sink = %name, records = left, "database unreachable at shutdown: records not stored (the next run writes them again)");
-        rx.given_up(left);
     }
 }

@@ -83,6 +83,9 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
 
     /// Write the records taken.
     pub async fn write(&mut self, rx: &SinkRx) -> std::io::Result<()> {
+        // Counted before they are written: after a failed write, every
+        // record taken and not flushed is in `unflushed` (see `abandon`).
+        self.unflushed += self.batch.len() as u64;
         for rec in self.batch.drain(..) {
             let line = rec.line().as_bytes();
             self.out.write_all(line).await?;
@@ -90,12 +93,18 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
             if let Some(mark) = &self.mark {
                 mark.wrote(line.len() as u64 + 1);
             }
-            self.unflushed += 1;
         }
         if self.flushed_at.elapsed() >= FLUSH_EVERY {
             self.flush(rx).await?;
         }
         Ok(())
+    }
+
+    /// After a failed write or flush: the records taken and not delivered,
+    /// no longer counted here.
+    pub fn abandon(&mut self) -> u64 {
+        self.batch.clear();
+        std::mem::take(&mut self.unflushed)
     }
 
     /// Flush; the records flushed count as delivered.

@@ -96,4 +96,9 @@ sink_types! {
 pub struct SinkContext {
     /// Where the file sinks stand, for checkpoints.
     pub offsets: offsets::SinkOffsets,
+    /// The pipeline's shutdown, for a sink whose end ends the pipeline (a
+    /// closed standard output when it is the only sink).
+    pub shutdown: tokio_util::sync::CancellationToken,
+    /// How many sinks the pipeline has.
+    pub sinks: usize,
 }

@@ -12,19 +12,36 @@ crate::channels::fanout::sink_config! {
 impl super::SinkSpec for StdoutSinkConfig {}
 
 pub async fn run(
-    _name: &str,
+    name: &str,
     _config: StdoutSinkConfig,
     mut rx: SinkRx,
-    _ctx: &SinkContext,
+    ctx: &SinkContext,
 ) -> anyhow::Result<()> {
     let mut lines = Lines::new(tokio::io::stdout(), Duration::ZERO);
+    match write_all(&mut lines, &mut rx).await {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe && ctx.sinks == 1 => {
+            // `fluxpipe run | head`: the reader is gone, and this sink's
+            // end is the pipeline's. What was not read is given up: no
+            // final checkpoint, so the next run writes it again.
+            tracing::warn!(sink = name, "standard output closed: stopping");
+            ctx.shutdown.cancel();
+            let left = rx.give_up_rest(lines.abandon()).await;
+            anyhow::bail!("standard output closed ({left} records not written)")
+        }
+        other => Ok(other?),
+    }
+}
+
+async fn write_all<W>(lines: &mut Lines<W>, rx: &mut SinkRx) -> std::io::Result<()>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
     loop {
-        match lines.next(&mut rx).await {
-            Next::Records => lines.write(&rx).await?,
-            Next::Flush => lines.flush(&rx).await?,
+        match lines.next(rx).await {
+            Next::Records => lines.write(rx).await?,
+            Next::Flush => lines.flush(rx).await?,
             Next::Closed => break,
         }
     }
-    lines.flush(&rx).await?;
-    Ok(())
+    lines.flush(rx).await
 }

@@ -6,3 +6,4 @@
 
 pub mod changelog;
 pub mod checkpoint;
+pub mod lock;

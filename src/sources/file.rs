@@ -317,7 +317,15 @@ struct Scanner {
     source: Arc<str>,
     /// The matched files skipped have been reported (by the first walk).
     reported: bool,
+    /// The `include` patterns, for the warning when they match nothing.
+    patterns: Vec<String>,
+    /// When that warning was last given (again every [`NOTHING_AGAIN`]
+    /// while nothing matches).
+    nothing_warned: Option<std::time::Instant>,
 }
+
+/// How often "matches no file" is said again while it stays true.
+const NOTHING_AGAIN: Duration = Duration::from_secs(600);
 
 fn has_wildcard(s: &str) -> bool {
     s.contains(['*', '?', '[', '{'])
@@ -375,6 +383,8 @@ impl Scanner {
             warned: HashSet::new(),
             source: Arc::from(""),
             reported: false,
+            patterns: config.include.clone(),
+            nothing_warned: None,
         })
     }
 
@@ -533,8 +543,33 @@ impl Scanner {
         if !self.reported {
             self.reported = true;
             skipped.report(&self.source);
+            tracing::info!(source = %self.source, files = found.len(), "reading files");
         }
+        self.say_if_nothing(found.is_empty());
         found
+    }
+}
+
+impl Scanner {
+    /// A source reading nothing says so, naming its patterns: at once,
+    /// then now and then while it lasts.
+    fn say_if_nothing(&mut self, nothing: bool) {
+        if !nothing {
+            self.nothing_warned = None;
+            return;
+        }
+        if self
+            .nothing_warned
+            .is_some_and(|at| at.elapsed() < NOTHING_AGAIN)
+        {
+            return;
+        }
+        self.nothing_warned = Some(std::time::Instant::now());
+        tracing::warn!(
+            source = %self.source,
+            include = ?self.patterns,
+            "no file to read matches include (yet): waiting for one"
+        );
     }
 }
 

@@ -1,0 +1,164 @@
+//! `fluxpipe run` says what it does and refuses what would go wrong
+//! quietly: one run per data folder (a second one names the holder's pid
+//! and exits), a start-up line at the default log level, and a file source
+//! whose patterns match nothing says so.
+
+mod common;
+use common::{Reaper, fluxpipe, wait_until};
+
+use std::io::Read;
+use std::process::Stdio;
+
+/// Standard error of a child, read on a thread as it comes.
+fn stderr_reader(child: &mut std::process::Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut err = child.stderr.take().expect("stderr");
+    let t = text.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = err.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            t.lock()
+                .expect("lock")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    text
+}
+
+#[test]
+fn a_second_run_on_one_data_folder_is_refused_naming_the_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    // The built-in default on standard input, kept open: it runs on.
+    let mut first = fluxpipe()
+        .args(["run", "--data-dir"])
+        .arg(&data)
+        .env_remove("FLUXPIPE_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let log = stderr_reader(&mut first);
+    let first = Reaper(first);
+    let pid = first.0.id();
+    wait_until("the start-up line", 20, || {
+        log.lock().expect("lock").contains("starting")
+    });
+    let line = log.lock().expect("lock").clone();
+    assert!(
+        line.contains(env!("CARGO_PKG_VERSION")) && line.contains(&data.display().to_string()),
+        "the start-up line names the version and the data folder: {line}"
+    );
+
+    let second = fluxpipe()
+        .args(["run", "--data-dir"])
+        .arg(&data)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success(),
+        "a second run must not start: {err}"
+    );
+    assert!(
+        err.contains("in use by another fluxpipe run") && err.contains(&format!("(pid {pid})")),
+        "{err}"
+    );
+
+    // SIGKILL leaves no stale lock: the next run starts (and ends with
+    // its empty input).
+    drop(first);
+    let third = fluxpipe()
+        .args(["run", "--data-dir"])
+        .arg(&data)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    assert!(
+        third.status.success(),
+        "{}",
+        String::from_utf8_lossy(&third.stderr)
+    );
+}
+
+#[test]
+fn a_file_source_matching_nothing_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pattern = dir.path().join("nowhere/*.jsonl");
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[sources.f]\ntype = \"file\"\ninclude = [{:?}]\n\
+             [sinks.out]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\n",
+            dir.path().join("data"),
+            pattern
+        ),
+    )
+    .expect("config");
+    let mut child = fluxpipe()
+        .args(["run", "--config"])
+        .arg(&config)
+        .env_remove("FLUXPIPE_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let log = stderr_reader(&mut child);
+    let _child = Reaper(child);
+    wait_until("the warning", 20, || {
+        let text = log.lock().expect("lock");
+        text.contains("no file to read matches include") && text.contains("nowhere/*.jsonl")
+    });
+}
+
+/// `fluxpipe run … | head -2`: once the reader is gone, a pipeline whose
+/// only sink is standard output stops (it would otherwise tail for ever).
+#[test]
+fn a_closed_standard_output_stops_a_pipeline_that_only_writes_there() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = fluxpipe()
+        .args(["run", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg(common::corpus().join("instances/B/journals"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let log = stderr_reader(&mut child);
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    for _ in 0..2 {
+        let mut line = String::new();
+        out.read_line(&mut line).expect("a line");
+        assert!(line.starts_with('{'), "{line}");
+    }
+    drop(out);
+    let mut child = Reaper(child);
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "still running with its standard output closed: {}",
+            log.lock().expect("lock")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(
+        !status.success(),
+        "records were left unread: not a clean end"
+    );
+    assert!(
+        log.lock().expect("lock").contains("standard output closed"),
+        "{}",
+        log.lock().expect("lock")
+    );
+}
