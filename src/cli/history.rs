@@ -5,7 +5,7 @@
 //! A table as `flux jobs` prints one, or the records as JSON Lines (those
 //! `fluxpipe replay --format json` prints).
 
-use super::jobs::{self, Hostnames, Users};
+use super::jobs::{self, Hostnames, Users, several_clusters};
 use super::listing::{self, Columns};
 use crate::archive::{Access, Archive, EventQuery, JobQuery};
 use crate::flux::fsd;
@@ -204,13 +204,6 @@ pub fn when(text: &str, now: f64) -> Result<f64> {
         "`{text}` is not a time: seconds since the epoch, a date or time (2026-11-26, \
          2026-11-26T08:00), today, yesterday, or a duration ago (2h, 7d)"
     )
-}
-
-/// Whether the records come from more than one cluster.
-fn several_clusters(records: &[Value]) -> bool {
-    let mut names = records.iter().map(|r| r["cluster"].as_str());
-    let first = names.next().flatten();
-    names.any(|c| c != first)
 }
 
 fn time_of(record: &Value) -> String {

@@ -313,17 +313,21 @@ fn contextual_info(job: &Value, hosts: &Hostnames) -> String {
     }
 }
 
+/// Whether the records come from more than one cluster (a CLUSTER column
+/// is then shown).
+pub fn several_clusters(records: &[Value]) -> bool {
+    let mut names = records.iter().map(|r| r["cluster"].as_str());
+    let first = names.next().flatten();
+    names.any(|c| c != first)
+}
+
 /// The table `flux jobs` prints, for these jobs: its default format,
 /// `{id.f58:>12} ?:{queue:<8.8} +:{username:<8} {name:<10.10+}
 /// {status_abbrev:>2.2} {ntasks:>6} {nnodes:>6h} {contextual_time!F:>8h}
 /// {contextual_info}`, and a CLUSTER column after the id when there are
 /// several.
 pub fn table(jobs: &[Value], hosts: &Hostnames, users: &Users, now: f64) -> Columns {
-    let several = {
-        let mut names = jobs.iter().map(|j| j["cluster"].as_str());
-        let first = names.next().flatten();
-        names.any(|c| c != first)
-    };
+    let several = several_clusters(jobs);
     let text = |job: &Value, key: &str| job[key].as_str().unwrap_or("").to_string();
     // `?:`: the column only when some job has a queue.
     let queues = jobs.iter().any(|j| !text(j, "queue").is_empty());
