@@ -111,6 +111,14 @@ fn describe() {
         "Alerts fired and resolved, by rule and status."
     );
     describe_counter!(
+        "fluxpipe_finished_job_repeats_total",
+        "Records of jobs that ended and were dropped (a backlog sent again), recognised and skipped."
+    );
+    describe_gauge!(
+        "fluxpipe_finished_jobs_remembered",
+        "Jobs remembered by id after they ended and were dropped (operators.max_finished_jobs)."
+    );
+    describe_counter!(
         "fluxpipe_jobs_refused_total",
         "Records of jobs not yet held, refused at operators.max_jobs."
     );

@@ -319,6 +319,9 @@ fn checkpoint_times(
                         inactive_grace: Duration::from_secs(60),
                         orphan_ttl: Duration::from_secs(60),
                         max_jobs: usize::MAX,
+                        max_finished: 1_000_000,
+                        // A million jobs from now on run hours ahead.
+                        max_clock_skew: f64::INFINITY,
                     },
                     Default::default(),
                     Default::default(),
@@ -709,10 +712,12 @@ fn memory(exe: &Path, dir: &Path, jobs: u64, seed: u64, nodes: u32) -> Result<Me
         dir,
         "memory",
         &format!(
-            "data_dir = {}\n[operators]\nmax_jobs = {}\n\
+            "data_dir = {}\n[operators]\nmax_jobs = {}\nmax_clock_skew_secs = inf\n\
              [sources.in]\ntype = \"stdin\"\ncluster = \"bench\"\n\
              [sinks.out]\ntype = \"stdout\"\ninputs = [\"transitions\"]\n",
             toml_path(&dir.join("state-memory")),
+            // (No limit on event times: a million jobs' events, dated from
+            // now on, run hours ahead of the wall clock.)
             // Every job held: the cap is split over the shards, and one
             // shard may get more than its even share.
             jobs.saturating_mul(2).max(1000)

@@ -90,22 +90,29 @@ struct Replay {
 }
 
 pub fn run(args: ReplayArgs) -> Result<ExitCode> {
-    let rules = match (&args.config, args.no_alerts) {
+    let config = match &args.config {
+        None => None,
+        Some(path) => Some(crate::pipeline::config::load(path).map_err(|errors| {
+            let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            anyhow::anyhow!("{}: {}", path.display(), text.join("; "))
+        })?),
+    };
+    let rules = match (&config, args.no_alerts) {
         (_, true) => Vec::new(),
         (None, false) => default_rules(),
-        (Some(path), false) => {
-            let config = crate::pipeline::config::load(path).map_err(|errors| {
-                let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-                anyhow::anyhow!("{}: {}", path.display(), text.join("; "))
-            })?;
-            config
-                .alerts
-                .rules()
-                .map_err(|(rule, key, e)| anyhow::anyhow!("alerts.rules.{rule}.{key}: {e}"))?
-        }
+        (Some(config), false) => config
+            .alerts
+            .rules()
+            .map_err(|(rule, key, e)| anyhow::anyhow!("alerts.rules.{rule}.{key}: {e}"))?,
     };
+    // The pipeline's own limit on event times, where its config is given.
+    let skew = config
+        .as_ref()
+        .map_or(crate::keyed::processor::DEFAULT_MAX_CLOCK_SKEW_SECS, |c| {
+            c.operators.max_clock_skew_secs
+        });
     let mut replay = Replay {
-        processor: Processor::new(rules, Clock::Event),
+        processor: Processor::new(rules, Clock::Event).with_max_clock_skew(skew),
         cluster: args.cluster.clone(),
         anomalies: Vec::new(),
         fired: Vec::new(),

@@ -63,6 +63,8 @@ pub enum AnomalyKind {
     Repeated,
     /// An event name the RFCs do not define, where they do not allow others.
     UnknownEvent,
+    /// An event dated before 1970 or too far ahead of the wall clock.
+    BadTimestamp,
 }
 
 impl AnomalyKind {
@@ -77,6 +79,7 @@ impl AnomalyKind {
             AnomalyKind::UnknownRank => "unknown-rank",
             AnomalyKind::Repeated => "repeated",
             AnomalyKind::UnknownEvent => "unknown-event",
+            AnomalyKind::BadTimestamp => "bad-timestamp",
         }
     }
 }

@@ -5,6 +5,7 @@
 //! ([`processor`]).
 
 pub mod alerts;
+pub mod finished;
 pub mod key;
 pub mod processor;
 pub mod query;

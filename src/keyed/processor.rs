@@ -8,9 +8,11 @@
 use super::alerts::engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsLent, NodeKey};
 use super::alerts::rule::{Rule, RuleKind, job_condition, job_view, node_condition};
 use super::alerts::{Clock, EventClock, JobView, wall_now};
+use super::finished::FinishedJobs;
 use super::key::JobKey;
-use super::state::{Effects, JobEntry, State};
-use crate::decode::{Body, Record};
+use super::state::{Effects, JobEntry, KeyedAnomaly, State};
+use crate::decode::{Body, EventStream, Record};
+use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::flux::resource::RankChange;
 use smallvec::SmallVec;
@@ -40,8 +42,17 @@ pub struct Processed {
     pub queue_before: Option<compact_str::CompactString>,
     /// The record made the job's state (it was not held before).
     pub new_job: bool,
+    /// It is of a job that ended and was dropped (a backlog sent again):
+    /// skipped, as a repeat.
+    pub of_finished_job: bool,
+    /// Its time is implausible (see [`Processor::with_max_clock_skew`]):
+    /// not applied, an anomaly, not passed on.
+    pub refused_time: bool,
     pub fx: Effects,
 }
+
+/// How far ahead of the wall clock an event may be dated, by default.
+pub const DEFAULT_MAX_CLOCK_SKEW_SECS: f64 = 3600.0;
 
 /// A rank whose draining flipped because jobs elsewhere took or gave back
 /// its ranks, with the time it is stamped with.
@@ -66,6 +77,15 @@ pub struct Processor {
     due: bool,
     /// Most jobs held; records of new jobs beyond it are refused.
     max_jobs: usize,
+    /// Jobs that ended and were dropped, so their records sent again are
+    /// recognised (empty unless the caller drops jobs: replay keeps all).
+    pub finished: FinishedJobs,
+    /// Events dated more than this ahead of the wall clock are refused.
+    max_clock_skew: f64,
+    /// The latest time an event may carry, as last read from the wall
+    /// clock: read again only for an event past it (no clock read per
+    /// record).
+    time_limit: f64,
     /// "Now" on the wall clock (a function, so tests can set the time).
     wall: fn() -> f64,
 }
@@ -81,8 +101,48 @@ impl Processor {
             fire_batch: usize::MAX,
             due: false,
             max_jobs: usize::MAX,
+            finished: FinishedJobs::default(),
+            max_clock_skew: DEFAULT_MAX_CLOCK_SKEW_SECS,
+            time_limit: f64::NEG_INFINITY,
             wall: wall_now,
         }
+    }
+
+    /// Remember at most `n` jobs dropped after they ended.
+    pub fn with_max_finished(mut self, n: usize) -> Self {
+        self.finished = FinishedJobs::with_cap(n);
+        self
+    }
+
+    /// Refuse events dated more than `secs` ahead of the wall clock (and
+    /// before 1970): one such event would move a cluster's event clock by
+    /// years and fire every timed alert at once.
+    pub fn with_max_clock_skew(mut self, secs: f64) -> Self {
+        self.max_clock_skew = if secs.is_nan() {
+            f64::INFINITY
+        } else {
+            secs.max(0.0)
+        };
+        self.time_limit = f64::NEG_INFINITY;
+        self
+    }
+
+    /// Whether an event time is beyond belief: before 1970, or further
+    /// ahead of the wall clock than the skew allowed.
+    fn implausible(&mut self, t: f64) -> bool {
+        if t < 0.0 {
+            return true;
+        }
+        if t <= self.time_limit {
+            return false;
+        }
+        self.time_limit = (self.wall)() + self.max_clock_skew;
+        t > self.time_limit
+    }
+
+    /// The most the wall clock allows an event time to be, now.
+    pub fn latest_plausible(&self) -> f64 {
+        (self.wall)() + self.max_clock_skew
     }
 
     /// Fire at most `n` alerts per call of [`Processor::fire_due`].
@@ -129,8 +189,38 @@ impl Processor {
             cluster: self.state.intern(cluster),
             id,
         });
+        if let Body::Event(ev) = &record.body
+            && self.implausible(ev.timestamp)
+        {
+            return self.refuse_time(cluster, &record);
+        }
         let prior = key.as_ref().and_then(|k| self.state.jobs.get(k));
         let new_job = key.is_some() && prior.is_none();
+        if new_job
+            && !self.finished.is_empty()
+            && let Some(k) = &key
+        {
+            let submit = match &record.body {
+                Body::Event(ev) if record.stream == EventStream::Job && ev.name == "submit" => {
+                    Some(ev.timestamp)
+                }
+                _ => None,
+            };
+            if self.finished.is_repeat(&k.cluster, k.id.0, submit) {
+                let fx = Effects {
+                    duplicate: true,
+                    ..Effects::default()
+                };
+                return (
+                    Outcome::Repeat,
+                    Processed {
+                        of_finished_job: true,
+                        fx,
+                        ..Processed::default()
+                    },
+                );
+            }
+        }
         if new_job && self.state.jobs.len() >= self.max_jobs {
             return (Outcome::Refused, Processed::default());
         }
@@ -162,6 +252,43 @@ impl Processor {
                 queue_before,
                 new_job,
                 fx,
+                ..Processed::default()
+            },
+        )
+    }
+
+    /// An event of implausible time: an anomaly, nothing applied.
+    fn refuse_time(&self, cluster: &str, record: &Record) -> (Outcome, Processed) {
+        let (name, t) = match &record.body {
+            Body::Event(ev) => (ev.name.as_str(), ev.timestamp),
+            _ => ("", f64::NAN),
+        };
+        let stream = match record.stream {
+            EventStream::Job => Stream::Job,
+            EventStream::Exec => Stream::Exec,
+            EventStream::Resource => Stream::Resource,
+        };
+        let why = if t < 0.0 {
+            "dated before 1970: not applied".to_string()
+        } else {
+            format!(
+                "dated more than {} s ahead of this host's clock: not applied \
+                 (operators.max_clock_skew_secs)",
+                self.max_clock_skew
+            )
+        };
+        let mut fx = Effects::default();
+        fx.anomalies.push(KeyedAnomaly {
+            cluster: cluster.to_string(),
+            id: record.id,
+            anomaly: Anomaly::new(stream, AnomalyKind::BadTimestamp, why).at(name, t),
+        });
+        (
+            Outcome::Applied,
+            Processed {
+                refused_time: true,
+                fx,
+                ..Processed::default()
             },
         )
     }
@@ -378,6 +505,8 @@ mod tests {
         }
     }
 
+    use crate::flux::anomaly::AnomalyKind;
+
     #[test]
     fn a_record_of_a_job_past_the_limit_is_refused_and_changes_nothing() {
         let mut p = Processor::new(Vec::new(), Clock::Event).with_max_jobs(1);
@@ -452,5 +581,63 @@ mod tests {
         p.fire_due(&mut out);
         // In SCHED since 3 s; the wall clock says 1000 s.
         assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn an_event_dated_years_ahead_is_refused_and_moves_no_clock() {
+        let mut p = Processor::new(sched_rule(), Clock::Event);
+        p.wall = || 1000.0;
+        let mut out = Vec::new();
+        p.process("c", record(1, submit(0.0)), &mut out);
+        to_sched(&mut p, 1, 0.0, &mut out);
+        for (id, t) in [(2, 1e300), (3, 1000.0 + 3601.0), (4, -5.0)] {
+            let (o, done) = p.process("c", record(id, submit(t)), &mut out);
+            assert_eq!(o, Outcome::Applied);
+            assert!(done.refused_time && done.key.is_none());
+            assert_eq!(done.fx.anomalies.len(), 1);
+            let a = &done.fx.anomalies[0];
+            assert_eq!(a.anomaly.kind, AnomalyKind::BadTimestamp);
+            assert_eq!(
+                (a.id.map(|i| i.0), a.anomaly.timestamp),
+                (Some(id), Some(t))
+            );
+        }
+        // Nothing applied, no clock moved, nothing fired.
+        assert_eq!(p.state.jobs.len(), 1);
+        assert!(out.is_empty());
+        assert_eq!(p.event_clock.now("c"), Some(3.0));
+        // Within the skew: applied.
+        let (_, done) = p.process("c", record(5, submit(1000.0 + 3599.0)), &mut out);
+        assert!(!done.refused_time && done.new_job);
+        // No limit asked: anything not negative goes.
+        let mut p = Processor::new(Vec::new(), Clock::Event).with_max_clock_skew(f64::INFINITY);
+        let (_, done) = p.process("c", record(1, submit(1e300)), &mut out);
+        assert!(!done.refused_time);
+    }
+
+    #[test]
+    fn records_of_a_finished_job_that_was_dropped_are_repeats() {
+        let mut p = Processor::new(Vec::new(), Clock::Event).with_max_finished(10);
+        let mut out = Vec::new();
+        p.process("c", record(1, submit(100.0)), &mut out);
+        let key = JobKey {
+            cluster: p.state.intern("c"),
+            id: crate::flux::jobid::JobId(1),
+        };
+        assert!(p.state.remove_job(&key).is_some());
+        p.finished.remember(&key.cluster, 1, Some(100.0));
+        for ev in [submit(100.0), Event::new(101.0, "validate")] {
+            let (o, done) = p.process("c", record(1, ev), &mut out);
+            assert_eq!(o, Outcome::Repeat);
+            assert!(done.of_finished_job && done.fx.duplicate);
+        }
+        assert!(p.state.jobs.is_empty());
+        // The same id submitted at another time: a new job.
+        let (o, done) = p.process("c", record(1, submit(5000.0)), &mut out);
+        assert_eq!(o, Outcome::Applied);
+        assert!(done.new_job);
+        // Another cluster's job 1 is its own.
+        let (o, _) = p.process("d", record(1, submit(100.0)), &mut out);
+        assert_eq!(o, Outcome::Applied);
     }
 }

@@ -41,6 +41,11 @@ pub struct Retention {
     pub orphan_ttl: Duration,
     /// Most jobs this shard holds; records of new jobs beyond it are refused.
     pub max_jobs: usize,
+    /// Most jobs this shard remembers after dropping them (see
+    /// [`crate::keyed::finished`]).
+    pub max_finished: usize,
+    /// Seconds an event may be dated ahead of the wall clock.
+    pub max_clock_skew: f64,
 }
 
 /// What the shards' alert engines need: the rules, the clock, and the
@@ -137,7 +142,9 @@ impl Shard {
         Shard {
             processor: Processor::new(alerts.rules, alerts.clock)
                 .with_fire_batch(FIRE_BATCH)
-                .with_max_jobs(retention.max_jobs),
+                .with_max_jobs(retention.max_jobs)
+                .with_max_finished(retention.max_finished)
+                .with_max_clock_skew(retention.max_clock_skew),
             fired: Vec::new(),
             shared_clock: alerts.shared,
             outputs: HeldOutputs::new(outputs),
@@ -206,6 +213,7 @@ impl Shard {
             alerts: &self.processor.alerts,
             clock: &self.processor.event_clock,
             resource_owners: &self.resource_owners,
+            finished: &self.processor.finished,
         };
         let state = match &mut self.spill {
             Some((dir, index, n)) => {
@@ -394,6 +402,11 @@ impl Shard {
         for (cluster, owner) in saved.resource_owners {
             self.resource_owners.insert(cluster, owner);
         }
+        for (cluster, ids) in saved.finished {
+            let cluster = self.processor.state.intern(&cluster);
+            self.processor.finished.restore(&cluster, ids);
+        }
+        self.metrics.report_finished(self.processor.finished.len());
         let restored_clusters: Vec<String> =
             saved.resources.iter().map(|(c, _)| c.clone()).collect();
         for (cluster, res) in saved.resources {
@@ -672,13 +685,20 @@ impl Shard {
             }
             return outcome;
         }
+        if done.of_finished_job {
+            self.fired = fired;
+            metrics::counter!("fluxpipe_finished_job_repeats_total").increment(1);
+            return outcome;
+        }
         self.first_sight(&cluster);
         let Processed {
             key,
             before,
             queue_before,
             new_job,
+            refused_time,
             fx,
+            ..
         } = done;
         if !fx.duplicate {
             match &key {
@@ -746,6 +766,7 @@ impl Shard {
         }
         if let Some(ev) = event_out
             && !fx.duplicate
+            && !refused_time
         {
             self.outputs
                 .emit(OutputRecord::new(OutputStream::Events, &ev))
@@ -866,6 +887,11 @@ impl Shard {
                 // No job rule holds for an INACTIVE job; should one have
                 // been left, it resolves rather than lingers.
                 if let Some(mut entry) = self.drop_job(&key) {
+                    self.processor.finished.remember(
+                        &key.cluster,
+                        key.id.0,
+                        entry.job.t_submit.get(),
+                    );
                     let at = entry.job.last_timestamp().unwrap_or(0.0);
                     let conditions = std::mem::take(&mut entry.alerts);
                     self.processor
@@ -915,6 +941,7 @@ impl Shard {
         self.emit_anomalies(&orphans).await;
         self.emit_alerts(&gone_alerts).await;
         self.report_tracked();
+        self.metrics.report_finished(self.processor.finished.len());
         self.refresh_draining().await;
         // The event clock is shared for the alert rules and for the
         // node-seconds counters of the metrics.
@@ -1073,6 +1100,8 @@ mod tests {
         inactive_grace: Duration::from_secs(60),
         orphan_ttl: Duration::from_secs(600),
         max_jobs: usize::MAX,
+        max_finished: 1000,
+        max_clock_skew: 3600.0,
     };
 
     #[tokio::test]
@@ -1106,6 +1135,42 @@ mod tests {
         assert_eq!(shard.jobs_tracked(), 1);
         shard.expire(Instant::now() + Duration::from_secs(61)).await;
         assert_eq!(shard.jobs_tracked(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_backlog_sent_again_after_the_jobs_were_dropped_changes_nothing() {
+        let (outputs, mut rx) = sink(r#"["jobs", "transitions", "events"]"#);
+        let mut shard = plain_shard(outputs);
+        for ev in job_events() {
+            shard.apply(routed(7, EventStream::Job, ev)).await;
+        }
+        shard.expire(Instant::now() + Duration::from_secs(61)).await;
+        assert_eq!(shard.jobs_tracked(), 0);
+        shard.flush().await;
+        while rx.try_recv().is_ok() {}
+        // The whole eventlog again: every record a repeat, nothing out.
+        for ev in job_events() {
+            let outcome = shard.apply(routed(7, EventStream::Job, ev)).await;
+            assert_eq!(outcome, Outcome::Repeat);
+        }
+        shard.flush().await;
+        assert!(rx.try_recv().is_err());
+        assert_eq!(shard.jobs_tracked(), 0);
+        // Remembered across a checkpoint, dealt out to two shards by id.
+        let state = shard.snapshot().unwrap().state;
+        let bytes = checkpoint::encode(&Default::default(), &[state]).unwrap();
+        let saved = checkpoint::decode(&bytes, Path::new("ck")).unwrap();
+        let (_, states) = saved.split(2, |_, id| id.unwrap_or(0) as usize % 2);
+        let mut shards: Vec<Shard> = (0..2).map(|_| plain_shard(sink(r#"["jobs"]"#).0)).collect();
+        restore_all(&mut shards, states);
+        assert_eq!(shards[0].processor.finished.len(), 0);
+        assert_eq!(shards[1].processor.finished.len(), 1);
+        for ev in job_events() {
+            assert_eq!(
+                shards[1].apply(routed(7, EventStream::Job, ev)).await,
+                Outcome::Repeat
+            );
+        }
     }
 
     /// From partition `partition` of source 0 (`k` in a plain shard).

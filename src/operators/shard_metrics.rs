@@ -15,6 +15,8 @@ use std::sync::Arc;
 pub struct ShardMetrics {
     /// This shard's share of the `fluxpipe_jobs_tracked` gauge.
     reported: usize,
+    /// Finished jobs remembered, as last added to the shared gauge.
+    finished_reported: usize,
     /// The cluster whose series [`ShardMetrics::first_sight`] saw last.
     last_seen: Option<Arc<str>>,
     /// Per-node state for the metrics endpoint.
@@ -32,6 +34,7 @@ impl ShardMetrics {
     pub fn new(nodes: NodeBoard, ages: StateAges) -> Self {
         ShardMetrics {
             reported: 0,
+            finished_reported: 0,
             last_seen: None,
             nodes,
             ages: OldestEntries::new(ages),
@@ -98,17 +101,17 @@ impl ShardMetrics {
     /// Shards share one gauge: each adds the change in its own count of
     /// jobs held, `now`.
     pub fn report_tracked(&mut self, now: usize) {
-        // Most records neither add nor drop a job: no shared counter written.
-        if now == self.reported {
-            return;
-        }
-        let gauge = metrics::gauge!("fluxpipe_jobs_tracked");
-        if now > self.reported {
-            gauge.increment((now - self.reported) as f64);
-        } else {
-            gauge.decrement((self.reported - now) as f64);
-        }
-        self.reported = now;
+        report_share("fluxpipe_jobs_tracked", &mut self.reported, now);
+    }
+
+    /// As [`ShardMetrics::report_tracked`], for the finished jobs
+    /// remembered.
+    pub fn report_finished(&mut self, now: usize) {
+        report_share(
+            "fluxpipe_finished_jobs_remembered",
+            &mut self.finished_reported,
+            now,
+        );
     }
 
     /// A record changed `job` (as it is now; `before`: its state and since
@@ -198,4 +201,19 @@ impl ShardMetrics {
             }
         }
     }
+}
+
+/// Add the change of this shard's count to a gauge all shards share.
+fn report_share(gauge: &'static str, reported: &mut usize, now: usize) {
+    // Most records neither add nor drop one: no shared counter written.
+    if now == *reported {
+        return;
+    }
+    let gauge = metrics::gauge!(gauge);
+    if now > *reported {
+        gauge.increment((now - *reported) as f64);
+    } else {
+        gauge.decrement((*reported - now) as f64);
+    }
+    *reported = now;
 }

@@ -104,6 +104,26 @@ pub struct OperatorConfig {
     /// held keep being followed.
     #[serde(default = "default_max_jobs")]
     pub max_jobs: usize,
+    /// Most jobs remembered (by id, ~20 bytes each, all workers together)
+    /// after they ended and were dropped, so a backlog sent again (a
+    /// journal consumer started over) is recognised and skipped rather
+    /// than making them again. The oldest are forgotten first. 0: none.
+    #[serde(default = "default_max_finished_jobs")]
+    pub max_finished_jobs: usize,
+    /// Seconds an event may be dated ahead of this host's clock; beyond
+    /// it (or before 1970) the event is refused as a `bad-timestamp`
+    /// anomaly: one made-up date would move a cluster's event clock by
+    /// years and fire every timed alert.
+    #[serde(default = "default_max_clock_skew")]
+    pub max_clock_skew_secs: f64,
+}
+
+fn default_max_finished_jobs() -> usize {
+    1_000_000
+}
+
+fn default_max_clock_skew() -> f64 {
+    crate::keyed::processor::DEFAULT_MAX_CLOCK_SKEW_SECS
 }
 
 fn default_max_jobs() -> usize {
@@ -117,6 +137,8 @@ impl Default for OperatorConfig {
             inactive_grace_secs: default_inactive_grace(),
             orphan_ttl_secs: default_orphan_ttl(),
             max_jobs: default_max_jobs(),
+            max_finished_jobs: default_max_finished_jobs(),
+            max_clock_skew_secs: default_max_clock_skew(),
         }
     }
 }
@@ -414,6 +436,13 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
     }
     if config.workers == Some(0) {
         errors.push(loc.error(&["workers"], None, "workers: must be at least 1".into()));
+    }
+    if config.operators.max_clock_skew_secs.is_nan() || config.operators.max_clock_skew_secs < 0.0 {
+        errors.push(loc.error(
+            &["operators", "max_clock_skew_secs"],
+            None,
+            "operators.max_clock_skew_secs: must be 0 or more seconds (inf: no limit)".into(),
+        ));
     }
     // What each component claims that no other may, and who claimed it.
     // A component is named by its table's path (`sources.in`, `api`).

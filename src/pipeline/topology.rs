@@ -45,6 +45,8 @@ fn retention(op: &OperatorConfig, workers: usize) -> Retention {
         orphan_ttl: Duration::from_secs_f64(op.orphan_ttl_secs.max(0.0)),
         // Keys spread evenly over the shards.
         max_jobs: op.max_jobs.div_ceil(workers.max(1)).max(1),
+        max_finished: op.max_finished_jobs.div_ceil(workers.max(1)),
+        max_clock_skew: op.max_clock_skew_secs,
     }
 }
 

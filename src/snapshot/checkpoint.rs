@@ -24,6 +24,7 @@ use crate::keyed::JobKey;
 use crate::keyed::Owner;
 use crate::keyed::alerts::EventClock;
 use crate::keyed::alerts::engine::{Engine, SavedCondition, Subject};
+use crate::keyed::finished::FinishedJobs;
 use crate::keyed::state::JobEntry;
 use foldhash::HashMap;
 use serde::{Deserialize, Serialize};
@@ -98,6 +99,11 @@ pub struct ShardState {
     /// sources only; jobs carry theirs).
     #[serde(default)]
     pub resource_owners: Vec<(String, Owner)>,
+    /// Jobs that ended and were dropped, per cluster: id and submit second
+    /// ([`crate::keyed::finished`]). Last, with a default: older
+    /// checkpoints read as remembering none.
+    #[serde(default)]
+    pub finished: Vec<(String, Vec<(u64, u32)>)>,
 }
 
 impl ShardState {
@@ -119,6 +125,10 @@ impl ShardState {
             .all(|(k, _)| pick(&k.cluster, Some(k.id.0)) == i)
             && self.resources.iter().all(|(c, _)| pick(c, None) == i)
             && self.resource_owners.iter().all(|(c, _)| pick(c, None) == i)
+            && self
+                .finished
+                .iter()
+                .all(|(c, ids)| ids.iter().all(|(id, _)| pick(c, Some(*id)) == i))
             && self.alerts.iter().all(|a| match &a.subject {
                 Subject::Job(k) => pick(&k.cluster, Some(k.id.0)) == i,
                 Subject::Node(node) => pick(&node.cluster, None) == i,
@@ -132,6 +142,7 @@ impl ShardState {
         self.resources.append(&mut other.resources);
         self.alerts.append(&mut other.alerts);
         self.resource_owners.append(&mut other.resource_owners);
+        self.finished.append(&mut other.finished);
     }
 
     /// Deal the entries out to `out` by `pick(cluster, job id)`.
@@ -153,6 +164,17 @@ impl ShardState {
             out[pick(&cluster, None)]
                 .resource_owners
                 .push((cluster, owner));
+        }
+        for (cluster, ids) in self.finished {
+            let mut dealt: Vec<Vec<(u64, u32)>> = vec![Vec::new(); n];
+            for (id, t) in ids {
+                dealt[pick(&cluster, Some(id))].push((id, t));
+            }
+            for (to, ids) in out.iter_mut().zip(dealt) {
+                if !ids.is_empty() {
+                    to.finished.push((cluster.clone(), ids));
+                }
+            }
         }
         for c in self.alerts {
             let i = match &c.subject {
@@ -187,6 +209,7 @@ pub struct ShardStateRef<'a> {
     pub alerts: &'a Engine,
     pub clock: &'a EventClock,
     pub resource_owners: &'a HashMap<String, Owner>,
+    pub finished: &'a FinishedJobs,
 }
 
 /// The most jobs in one part of a shard's saved state.
@@ -332,7 +355,7 @@ impl Serialize for PartRef<'_, '_> {
         let (skip, take) = (self.jobs.start, self.jobs.len());
         // The rest of the state, in the first part only.
         let rest = if self.first { usize::MAX } else { 0 };
-        let mut out = s.serialize_struct("ShardState", 5)?;
+        let mut out = s.serialize_struct("ShardState", 6)?;
         out.serialize_field("jobs", &Seq(st.jobs.iter().skip(skip).take(take)))?;
         out.serialize_field("resources", &Seq(st.resources.iter().take(rest)))?;
         out.serialize_field(
@@ -344,6 +367,14 @@ impl Serialize for PartRef<'_, '_> {
         out.serialize_field(
             "resource_owners",
             &Seq(st.resource_owners.iter().take(rest)),
+        )?;
+        out.serialize_field(
+            "finished",
+            &Seq(st
+                .finished
+                .iter()
+                .take(rest)
+                .map(|(c, ids)| (&**c, Seq(ids.iter())))),
         )?;
         out.end()
     }
@@ -929,6 +960,8 @@ mod tests {
     static NO_CLOCK: std::sync::LazyLock<EventClock> = std::sync::LazyLock::new(Default::default);
     static NO_OWNERS: std::sync::LazyLock<HashMap<String, Owner>> =
         std::sync::LazyLock::new(Default::default);
+    static NO_FINISHED: std::sync::LazyLock<FinishedJobs> =
+        std::sync::LazyLock::new(Default::default);
 
     /// A state without alerts, clock or owners, for encoding.
     fn saved(st: &State) -> ShardStateRef<'_> {
@@ -938,6 +971,7 @@ mod tests {
             alerts: &NO_ALERTS,
             clock: &NO_CLOCK,
             resource_owners: &NO_OWNERS,
+            finished: &NO_FINISHED,
         }
     }
 
