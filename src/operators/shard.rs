@@ -396,8 +396,18 @@ impl Shard {
 
     fn take_over(&mut self, saved: ShardState) -> Vec<AlertEvent> {
         let now = Instant::now();
+        // A clock an older fluxpipe let a made-up date move stays behind.
+        let latest = self.processor.latest_plausible();
         for (cluster, t) in saved.clock.clusters() {
-            self.processor.event_clock.advance(cluster, t);
+            if t <= latest {
+                self.processor.event_clock.advance(cluster, t);
+            } else {
+                tracing::warn!(
+                    cluster,
+                    t,
+                    "a restored event clock beyond belief is set aside"
+                );
+            }
         }
         for (cluster, owner) in saved.resource_owners {
             self.resource_owners.insert(cluster, owner);

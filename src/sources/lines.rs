@@ -157,6 +157,16 @@ impl<R: AsyncBufRead + Buffered + Unpin> LineReader<R> {
         }
     }
 
+    /// The unfinished last line held so far, given up as it is (a
+    /// connection that ends without its newline), without reading more.
+    pub fn held(&mut self) -> Option<Line<'_>> {
+        if self.len == 0 {
+            return None;
+        }
+        self.line_end += self.len as u64;
+        Some(self.take())
+    }
+
     fn take(&mut self) -> Line<'_> {
         let len = std::mem::take(&mut self.len);
         self.returned = true;
@@ -276,5 +286,21 @@ mod tests {
         assert_eq!((r.position(), r.pending()), (5, 2));
         assert_eq!(r.next(true).await.unwrap(), Some(Line::Full(b"cc")));
         assert_eq!(r.position(), 7);
+    }
+
+    #[tokio::test]
+    async fn a_held_part_is_given_up_without_reading_on() {
+        let mut r = LineReader::new(&b"a\nbcdef"[..], 3);
+        r.next(false).await.unwrap();
+        assert_eq!(r.next(false).await.unwrap(), None);
+        assert_eq!(
+            r.held(),
+            Some(Line::TooLong {
+                prefix: b"bcd",
+                len: 5
+            })
+        );
+        assert_eq!((r.position(), r.pending()), (7, 0));
+        assert_eq!(r.held(), None);
     }
 }

@@ -7,9 +7,18 @@
 //! connection is its own task, so one that floods or stalls holds back only
 //! itself (and its share of the shared queues).
 //!
-//! `max_connections` is a pool of permits taken *before* `accept`: a client
-//! beyond the limit waits in the kernel's accept backlog until one of the
-//! served connections ends.
+//! Limits, so idle or hostile clients cannot shut out the others: beyond
+//! `max_connections`, or beyond `max_connections_per_peer` from one IP
+//! address, a connection is closed at once and counted (not left waiting
+//! in the accept backlog, where it would wait behind idle ones); a
+//! connection that stops part way through a line for `read_timeout_secs`
+//! is closed (the part goes to `dead_letter`); one that sends nothing for
+//! `idle_timeout_secs` is closed if that is set (off by default: a
+//! forwarder on a quiet cluster may send nothing for hours, and TCP would
+//! lose its next line).
+//!
+//! For UDP, the datagrams the kernel dropped for lack of buffer space (the
+//! socket's `drops` in `/proc/net/udp`) are exported.
 //!
 //! A line cut short by the client closing its connection was never
 //! terminated, so it is not a line: it is sent to `dead_letter` with the
@@ -36,6 +45,9 @@ use tokio_util::task::TaskTracker;
 /// Largest UDP payload (IPv6 jumbograms aside).
 const MAX_DATAGRAM: usize = 64 * 1024;
 
+/// How often a UDP socket's drops are read from the kernel.
+const UDP_DROPS_EVERY: Duration = Duration::from_secs(1);
+
 /// Pause after a failed `accept` (out of file descriptors, say), so a
 /// persistent error does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -47,14 +59,74 @@ source_config! {
         mode: SocketMode,
         /// `host:port` (tcp, udp) or a socket path (unix).
         address: String,
-        /// Most concurrent connections (tcp, unix); more wait in the backlog.
+        /// Most concurrent connections (tcp, unix); more are closed at once.
         #[serde(default = "default_max_connections")]
         max_connections: usize,
+        /// Most concurrent connections from one IP address (tcp).
+        #[serde(default = "default_max_connections_per_peer")]
+        max_connections_per_peer: usize,
+        /// Seconds a connection may stop part way through a line.
+        #[serde(default = "default_read_timeout")]
+        read_timeout_secs: f64,
+        /// Seconds a connection may send nothing at all; 0: no limit.
+        #[serde(default)]
+        idle_timeout_secs: f64,
     }
 }
 
 fn default_max_connections() -> usize {
     256
+}
+
+fn default_max_connections_per_peer() -> usize {
+    32
+}
+
+fn default_read_timeout() -> f64 {
+    60.0
+}
+
+/// How each connection is bounded.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_connections: usize,
+    per_peer: usize,
+    read_timeout: Duration,
+    idle_timeout: Option<Duration>,
+}
+
+impl Limits {
+    /// How often a connection's progress is looked at: a quarter of the
+    /// shortest timeout, so one passes at most a quarter late.
+    fn look_every(&self) -> Duration {
+        let shortest = match self.idle_timeout {
+            Some(idle) => idle.min(self.read_timeout),
+            None => self.read_timeout,
+        };
+        (shortest / 4).max(Duration::from_millis(10))
+    }
+
+    /// The timeout that has passed, if one has, for a connection quiet
+    /// for `quiet` with part of a line held (`mid_line`) or none.
+    fn passed(&self, mid_line: bool, quiet: Duration) -> Option<&'static str> {
+        if mid_line {
+            (quiet >= self.read_timeout).then_some("read_timeout_secs")
+        } else {
+            self.idle_timeout
+                .filter(|t| quiet >= *t)
+                .map(|_| "idle_timeout_secs")
+        }
+    }
+
+    fn of(config: &SocketSourceConfig) -> Self {
+        let secs = |s: f64| Duration::from_secs_f64(s.clamp(0.001, 1e9));
+        Limits {
+            max_connections: config.max_connections.max(1),
+            per_peer: config.max_connections_per_peer.max(1),
+            read_timeout: secs(config.read_timeout_secs),
+            idle_timeout: (config.idle_timeout_secs > 0.0).then(|| secs(config.idle_timeout_secs)),
+        }
+    }
 }
 
 impl SourceSpec for SocketSourceConfig {
@@ -85,6 +157,15 @@ impl SourceSpec for SocketSourceConfig {
         if self.max_connections == 0 {
             out.push(Problem::new("max_connections", ": must be at least 1"));
         }
+        if self.max_connections_per_peer == 0 {
+            out.push(Problem::new("max_connections_per_peer", ": must be at least 1"));
+        }
+        if self.read_timeout_secs.is_nan() || self.read_timeout_secs <= 0.0 {
+            out.push(Problem::new("read_timeout_secs", ": must be more than 0"));
+        }
+        if self.idle_timeout_secs.is_nan() || self.idle_timeout_secs < 0.0 {
+            out.push(Problem::new("idle_timeout_secs", ": must be 0 (none) or more"));
+        }
         out
     }
 
@@ -111,7 +192,7 @@ async fn listen(config: SocketSourceConfig, ctx: SourceContext) -> anyhow::Resul
                 .await
                 .with_context(|| format!("cannot listen on tcp {}", config.address))?;
             tracing::info!(source = %ctx.name, address = %config.address, "listening (tcp)");
-            serve(Listener::Tcp(listener), config.max_connections, &ctx).await;
+            serve(Listener::Tcp(listener), Limits::of(&config), &ctx).await;
             Ok(())
         }
         SocketMode::Unix => {
@@ -120,7 +201,7 @@ async fn listen(config: SocketSourceConfig, ctx: SourceContext) -> anyhow::Resul
             tracing::info!(source = %ctx.name, path = %path.display(), "listening (unix)");
             serve(
                 Listener::Unix(listener, path.clone()),
-                config.max_connections,
+                Limits::of(&config),
                 &ctx,
             )
             .await;
@@ -195,34 +276,58 @@ impl Drop for OpenConnection {
 
 /// Accept connections until shutdown, each served by its own task; then
 /// wait for those tasks.
-async fn serve(listener: Listener, max_connections: usize, ctx: &SourceContext) {
-    let permits = Arc::new(Semaphore::new(max_connections.max(1)));
+async fn serve(listener: Listener, limits: Limits, ctx: &SourceContext) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let peers = Peers::default();
     let tasks = TaskTracker::new();
+    let mut refused = 0u64;
     loop {
-        // The permit first: beyond the limit, clients wait in the backlog.
-        let permit = tokio::select! {
-            _ = ctx.shutdown.cancelled() => break,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
         let accepted = tokio::select! {
             _ = ctx.shutdown.cancelled() => break,
             a = accept(&listener) => a,
         };
-        match accepted {
-            Ok((Conn::Tcp(stream), label)) => {
-                tasks.spawn(connection(stream, label, ctx.clone(), permit));
-            }
-            Ok((Conn::Unix(stream), label)) => {
-                tasks.spawn(connection(stream, label, ctx.clone(), permit));
-            }
+        let (conn, label, ip) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 tracing::warn!(source = %ctx.name, "accept failed: {e}");
                 metrics::counter!("fluxpipe_source_errors_total", "source" => ctx.name.to_string())
                     .increment(1);
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        // Beyond a limit the connection is dropped at once (closed): a
+        // client waiting in the backlog behind idle ones would never know.
+        let admitted = match permits.clone().try_acquire_owned() {
+            Err(_) => Err("max_connections"),
+            Ok(permit) => match peers.admit(ip, limits.per_peer) {
+                Some(peer) => Ok((permit, peer)),
+                None => Err("max_connections_per_peer"),
+            },
+        };
+        let (permit, peer) = match admitted {
+            Ok(a) => a,
+            Err(limit) => {
+                refused += 1;
+                metrics::counter!("fluxpipe_source_connections_refused_total", "source" => ctx.name.to_string())
+                    .increment(1);
+                // The first, then every power of two: a flood stays readable.
+                if refused.is_power_of_two() {
+                    tracing::warn!(source = %ctx.name, peer = %label, refused, "connection refused: {limit} reached");
+                }
+                continue;
+            }
+        };
+        let held = Held {
+            _permit: permit,
+            _peer: peer,
+        };
+        match conn {
+            Conn::Tcp(stream) => {
+                tasks.spawn(connection(stream, label, ctx.clone(), limits, held));
+            }
+            Conn::Unix(stream) => {
+                tasks.spawn(connection(stream, label, ctx.clone(), limits, held));
             }
         }
     }
@@ -231,21 +336,66 @@ async fn serve(listener: Listener, max_connections: usize, ctx: &SourceContext) 
     tasks.wait().await;
 }
 
+/// Open connections per IP address.
+#[derive(Debug, Default, Clone)]
+struct Peers(Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>);
+
+impl Peers {
+    /// A place for one more connection from `ip` (none: a Unix socket),
+    /// if it has fewer than `limit`.
+    fn admit(&self, ip: Option<std::net::IpAddr>, limit: usize) -> Option<PeerSlot> {
+        let Some(ip) = ip else {
+            return Some(PeerSlot(None));
+        };
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot(Some((self.clone(), ip))))
+    }
+}
+
+/// One connection's place in its peer's count, given back when dropped.
+struct PeerSlot(Option<(Peers, std::net::IpAddr)>);
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        if let Some((peers, ip)) = self.0.take() {
+            let mut open = peers.0.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = open.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+/// What a served connection holds until it ends.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    _peer: PeerSlot,
+}
+
 enum Conn {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
 }
 
-/// One accepted connection and the label its lines are located by.
-async fn accept(listener: &Listener) -> io::Result<(Conn, String)> {
+/// One accepted connection, the label its lines are located by, and its
+/// peer's address (TCP).
+async fn accept(listener: &Listener) -> io::Result<(Conn, String, Option<std::net::IpAddr>)> {
     match listener {
         Listener::Tcp(l) => {
             let (stream, peer) = l.accept().await?;
-            Ok((Conn::Tcp(stream), format!("tcp://{peer}")))
+            Ok((Conn::Tcp(stream), format!("tcp://{peer}"), Some(peer.ip())))
         }
         Listener::Unix(l, path) => {
             let (stream, _) = l.accept().await?;
-            Ok((Conn::Unix(stream), format!("unix:{}", path.display())))
+            Ok((Conn::Unix(stream), format!("unix:{}", path.display()), None))
         }
     }
 }
@@ -255,7 +405,8 @@ async fn connection<S: AsyncRead + Unpin>(
     stream: S,
     label: String,
     ctx: SourceContext,
-    _permit: OwnedSemaphorePermit,
+    limits: Limits,
+    _held: Held,
 ) {
     let _open = OpenConnection::new(&ctx.name);
     tracing::info!(source = %ctx.name, peer = %label, "connection opened");
@@ -273,20 +424,49 @@ async fn connection<S: AsyncRead + Unpin>(
         }
         // Reading is cancel-safe: what was read of a line stays in the
         // reader. At shutdown a line not yet complete is left unread.
-        let next = tokio::select! {
-            biased;
-            _ = ctx.shutdown.cancelled() => break,
-            next = reader.next(false) => next,
+        // While waiting, a look at the progress now and then: part of a
+        // line held with no more for `read_timeout`, or nothing at all for
+        // `idle_timeout`, ends the connection.
+        let mut progress = None;
+        let next = loop {
+            if reader.line_ready() {
+                break Some(reader.next(false).await);
+            }
+            let (held, since) =
+                *progress.get_or_insert_with(|| (reader.pending(), tokio::time::Instant::now()));
+            let timeout = tokio::select! {
+                biased;
+                _ = ctx.shutdown.cancelled() => break None,
+                next = reader.next(false) => break Some(next),
+                _ = tokio::time::sleep(limits.look_every()) => {
+                    let now = reader.pending();
+                    if now != held {
+                        progress = Some((now, tokio::time::Instant::now()));
+                        continue;
+                    }
+                    limits.passed(held > 0, since.elapsed())
+                }
+            };
+            if let Some(why) = timeout {
+                metrics::counter!("fluxpipe_socket_timeouts_total", "source" => ctx.name.to_string(), "timeout" => why)
+                    .increment(1);
+                tracing::info!(source = %ctx.name, peer = %label, "connection closed: {why} passed");
+                closed_mid_line(&mut reader, &ctx, &label, lineno + 1, "stalled mid-line").await;
+                break None;
+            }
+        };
+        let Some(next) = next else {
+            break;
         };
         let line = match next {
             Ok(Some(line)) => line,
             Ok(None) => {
-                closed_mid_line(&mut reader, &ctx, &label, lineno + 1).await;
+                closed_mid_line(&mut reader, &ctx, &label, lineno + 1, "connection closed mid-line").await;
                 break;
             }
             Err(e) => {
                 tracing::debug!(source = %ctx.name, peer = %label, "read failed: {e}");
-                closed_mid_line(&mut reader, &ctx, &label, lineno + 1).await;
+                closed_mid_line(&mut reader, &ctx, &label, lineno + 1, "connection closed mid-line").await;
                 break;
             }
         };
@@ -311,20 +491,21 @@ async fn closed_mid_line<S: AsyncRead + Unpin>(
     ctx: &SourceContext,
     label: &str,
     lineno: u64,
+    why: &str,
 ) {
     if reader.pending() == 0 {
         return;
     }
     let len = reader.pending();
-    // The input is over: this returns the held bytes (at most max_line_bytes).
-    let bytes = match reader.next(true).await {
-        Ok(Some(Line::Full(bytes))) => bytes.to_vec(),
-        Ok(Some(Line::TooLong { prefix, .. })) => prefix.to_vec(),
-        _ => Vec::new(),
+    // The held bytes (at most max_line_bytes), without waiting for more.
+    let bytes = match reader.held() {
+        Some(Line::Full(bytes)) => bytes.to_vec(),
+        Some(Line::TooLong { prefix, .. }) => prefix.to_vec(),
+        None => Vec::new(),
     };
     ctx.dead_letter(
         &format!("{label}:{lineno}"),
-        &format!("connection closed mid-line ({len} bytes without a newline)"),
+        &format!("{why} ({len} bytes without a newline)"),
         &bytes,
     )
     .await;
@@ -338,10 +519,19 @@ async fn udp(socket: UdpSocket, ctx: &SourceContext) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut lineno = 0u64;
     let mut out = ctx.outbox();
+    let drops = UdpDrops::of(&socket, &ctx.name);
+    let mut look = tokio::time::interval(UDP_DROPS_EVERY);
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let received = tokio::select! {
             _ = ctx.shutdown.cancelled() => break,
             r = socket.recv_from(&mut buf) => r,
+            _ = look.tick() => {
+                if let Some(d) = &drops {
+                    d.report();
+                }
+                continue;
+            }
         };
         let (n, peer) = match received {
             Ok(r) => r,
@@ -366,6 +556,118 @@ async fn udp(socket: UdpSocket, ctx: &SourceContext) {
         // A datagram's lines go on together.
         if ctx.flush(&mut out).await.is_err() {
             return;
+        }
+    }
+}
+
+/// The datagrams the kernel dropped for a UDP socket (its receive buffer
+/// was full), as `/proc/net/udp` and `udp6` count them per socket, exported
+/// as `fluxpipe_udp_receive_drops_total`.
+struct UdpDrops {
+    inode: u64,
+    counter: metrics::Counter,
+}
+
+impl UdpDrops {
+    /// None where the socket's inode cannot be known (no `/proc`).
+    fn of(socket: &UdpSocket, source: &str) -> Option<Self> {
+        use std::os::fd::AsRawFd;
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", socket.as_raw_fd())).ok()?;
+        let inode = link
+            .to_str()?
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()?;
+        let counter =
+            metrics::counter!("fluxpipe_udp_receive_drops_total", "source" => source.to_string());
+        counter.absolute(0);
+        Some(UdpDrops { inode, counter })
+    }
+
+    fn report(&self) {
+        for table in ["/proc/self/net/udp", "/proc/self/net/udp6"] {
+            if let Ok(text) = std::fs::read_to_string(table)
+                && let Some(n) = udp_drops(&text, self.inode)
+            {
+                self.counter.absolute(n);
+                return;
+            }
+        }
+    }
+}
+
+/// The `drops` of the socket with this inode in a `/proc/net/udp` table
+/// (its last column; the inode is the tenth).
+fn udp_drops(table: &str, inode: u64) -> Option<u64> {
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 13 || fields.get(9)?.parse::<u64>().ok()? != inode {
+            return None;
+        }
+        fields.last()?.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const TABLE: &str = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
+  75: 00000000:02CB 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 2358 2 ffff81082a538c80 0
+ 111: 0100007F:006F 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 2286 2 ffff81042dd35c80 146348
+";
+
+    #[test]
+    fn a_sockets_drops_are_found_by_its_inode() {
+        assert_eq!(udp_drops(TABLE, 2286), Some(146348));
+        assert_eq!(udp_drops(TABLE, 2358), Some(0));
+        assert_eq!(udp_drops(TABLE, 1), None);
+        assert_eq!(udp_drops("", 2286), None);
+    }
+
+    #[test]
+    fn timeouts_pass_by_what_is_held() {
+        let limits = Limits {
+            max_connections: 1,
+            per_peer: 1,
+            read_timeout: Duration::from_secs(60),
+            idle_timeout: None,
+        };
+        assert_eq!(limits.passed(true, Duration::from_secs(59)), None);
+        assert_eq!(
+            limits.passed(true, Duration::from_secs(60)),
+            Some("read_timeout_secs")
+        );
+        assert_eq!(limits.passed(false, Duration::from_secs(1_000_000)), None);
+        let idle = Limits {
+            idle_timeout: Some(Duration::from_secs(10)),
+            ..limits
+        };
+        assert_eq!(idle.passed(false, Duration::from_secs(10)), Some("idle_timeout_secs"));
+        assert_eq!(idle.look_every(), Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn a_peer_gets_its_limit_and_its_places_back() {
+        let peers = Peers::default();
+        let ip = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+        let a = peers.admit(ip, 2);
+        let b = peers.admit(ip, 2);
+        assert!(a.is_some() && b.is_some());
+        assert!(peers.admit(ip, 2).is_none());
+        assert!(peers.admit(Some([127, 0, 0, 2].into()), 2).is_some());
+        drop(a);
+        assert!(peers.admit(ip, 2).is_some());
+        // Unix sockets have no peer address: no per-peer limit.
+        assert!(peers.admit(None, 0).is_some());
+    }
+
+    proptest! {
+        #[test]
+        fn reading_any_table_never_panics(text in ".{0,400}", inode in any::<u64>()) {
+            let _ = udp_drops(&text, inode);
         }
     }
 }
