@@ -174,3 +174,103 @@ fn a_full_data_folder_is_loud_blocks_nothing_and_recovers() {
     stop(child);
     assert_eq!(read_records(&out).len(), emitted, "nothing read again");
 }
+
+/// The `file` sink's own disk fills while it writes (a 1 MiB tmpfs under
+/// its file: root only, as CI runs), then space returns: the error is
+/// counted and logged at once, no torn line is left, and once space
+/// returns every record is written, each once.
+#[test]
+fn a_full_disk_under_the_file_sink_is_waited_out() {
+    if !is_root() {
+        println!("skipped: mounting a tmpfs needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink_dir = dir.path().join("sink");
+    std::fs::create_dir_all(&sink_dir).expect("sink dir");
+    assert!(mount_tmpfs(&sink_dir), "mount a tmpfs");
+    let _unmount = Unmount(sink_dir.clone());
+    let journal = dir.path().join("all.jsonl");
+    let jobs = 4000;
+    let status = fluxpipe()
+        .args([
+            "generate",
+            "--jobs",
+            &jobs.to_string(),
+            "--nodes",
+            "8",
+            "--out",
+        ])
+        .arg(&journal)
+        .status()
+        .expect("generate");
+    assert!(status.success());
+    let out = sink_dir.join("out.jsonl");
+    let api = common::free_port();
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {data:?}\n[checkpoint]\ninterval_secs = 0.5\n\
+             [sources.in]\ntype = \"file\"\ninclude = [{journal:?}]\ncluster = \"c\"\n\
+             [sinks.out]\ntype = \"file\"\npath = {out:?}\ninputs = [\"jobs\"]\n\
+             [api]\naddress = \"127.0.0.1:{api}\"\n",
+            data = dir.path().join("data"),
+        ),
+    )
+    .expect("config");
+    let log = Arc::new(Mutex::new(String::new()));
+    let child = common::Reaper(start(&config, &log));
+    let errors = || {
+        common::http_get(api, "/metrics")
+            .map(|(_, text)| {
+                text.lines()
+                    .filter(|l| l.starts_with("fluxpipe_sink_errors_total{sink=\"out\"}"))
+                    .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                    .sum::<f64>()
+            })
+            .unwrap_or(0.0)
+    };
+    wait_until("the disk full and the error counted", 60, || {
+        errors() >= 1.0
+    });
+    assert!(
+        log.lock()
+            .expect("log")
+            .contains("retrying until the file can be written"),
+        "logged at once"
+    );
+    // Cut back to whole lines between its tries (a look may fall inside
+    // one, while it writes).
+    wait_until("whole lines while it waits", 20, || {
+        std::fs::read(&out).is_ok_and(|t| t.is_empty() || t.ends_with(b"\n"))
+    });
+    let stuck = summaries(&out);
+    assert!(stuck < jobs, "the disk never filled ({stuck} summaries)");
+    // Space returns.
+    let grown = Command::new("mount")
+        .args(["-o", "remount,size=64m"])
+        .arg(&sink_dir)
+        .status()
+        .expect("remount");
+    assert!(grown.success());
+    wait_until("every summary once space returned", 60, || {
+        summaries(&out) == jobs
+    });
+    sigterm(&child.0);
+    let mut child = child;
+    let status = child.0.wait().expect("wait");
+    assert!(status.success(), "fluxpipe exited with {status}");
+    let text = std::fs::read_to_string(&out).expect("out");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), jobs, "each summary once");
+    for l in &lines {
+        serde_json::from_str::<serde_json::Value>(l).expect("every line whole");
+    }
+    assert!(
+        log.lock()
+            .expect("log")
+            .contains("succeeded: the file can be written again"),
+        "the recovery is logged"
+    );
+}

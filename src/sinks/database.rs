@@ -16,6 +16,7 @@
 //! sink tries for [`SHUTDOWN_GRACE`] at most, then gives up what it has
 //! not stored: no final checkpoint passes it, so the next run writes it.
 
+use super::retry::{Failure, Retry, Tried};
 use super::{SinkContext, SinkRx};
 use crate::archive::rows::Batch;
 use crate::archive::{self, Access, Archive, ArchiveError};
@@ -93,111 +94,10 @@ impl super::SinkSpec for DatabaseSinkConfig {
     }
 }
 
-const BACKOFF_START: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// How long the sink keeps trying, once the pipeline is shutting down,
-/// before it gives up on what it has not stored.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub use super::retry::SHUTDOWN_GRACE;
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// Longest `batch_timeout_ms` taken.
 const MAX_BATCH_TIMEOUT_MS: u64 = 3_600_000;
-
-/// The sink's dealings with a database that fails: every attempt is
-/// retried, with backoff; an outage is logged when it starts and when it
-/// ends, a fault (a wrong password, a schema this fluxpipe does not know)
-/// at every try; each failure is counted. Once the pipeline shuts down,
-/// one deadline ([`SHUTDOWN_GRACE`]) bounds all that is left.
-struct Retry<'a> {
-    name: &'a str,
-    backoff: Duration,
-    failures: u32,
-    deadline: Option<Instant>,
-    /// The pipeline's shutdown: the grace starts when it does, not when
-    /// the channel closes (which waits for the last checkpoint round,
-    /// itself waiting for this sink).
-    shutdown: &'a tokio_util::sync::CancellationToken,
-}
-
-/// What became of an attempt.
-enum Tried<T> {
-    Done(T),
-    /// Shutting down, and the grace is over.
-    GaveUp,
-}
-
-impl<'a> Retry<'a> {
-    fn new(name: &'a str, shutdown: &'a tokio_util::sync::CancellationToken) -> Self {
-        Retry {
-            name,
-            backoff: BACKOFF_START,
-            failures: 0,
-            deadline: None,
-            shutdown,
-        }
-    }
-
-    /// The shutdown deadline, set when the pipeline is first seen shutting
-    /// down (or the channel closed).
-    fn deadline(&mut self, rx: &SinkRx) -> Option<Instant> {
-        if self.deadline.is_none() && (rx.is_closed() || self.shutdown.is_cancelled()) {
-            self.deadline = Some(Instant::now() + SHUTDOWN_GRACE);
-        }
-        self.deadline
-    }
-
-    /// Run `attempt` until it succeeds, or until the shutdown deadline.
-    async fn until_done<T, F, Fut>(&mut self, what: &str, rx: &SinkRx, mut attempt: F) -> Tried<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, ArchiveError>>,
-    {
-        loop {
-            let result = match self.deadline(rx) {
-                Some(at) => match tokio::time::timeout_at(at, attempt()).await {
-                    Ok(r) => r,
-                    Err(_) => return Tried::GaveUp,
-                },
-                None => attempt().await,
-            };
-            let e = match result {
-                Ok(v) => {
-                    if self.failures > 0 {
-                        tracing::info!(sink = %self.name, tries = self.failures + 1, "{what} succeeded: the database answers again");
-                    }
-                    self.failures = 0;
-                    self.backoff = BACKOFF_START;
-                    return Tried::Done(v);
-                }
-                Err(e) => e,
-            };
-            metrics::counter!("fluxpipe_sink_errors_total", "sink" => self.name.to_string())
-                .increment(1);
-            self.failures += 1;
-            if !e.is_outage() {
-                tracing::error!(sink = %self.name, tries = self.failures, "{what} failed, retrying (records wait): {e}");
-            } else if self.failures == 1 {
-                tracing::warn!(sink = %self.name, "{what} failed, retrying until the database answers: {e}");
-            } else {
-                tracing::debug!(sink = %self.name, tries = self.failures, "{what} failed: {e}");
-            }
-            let pause = self.backoff;
-            self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-            // Looked at every second: a shutdown's deadline cuts it short.
-            let wake = Instant::now() + pause;
-            loop {
-                let now = Instant::now();
-                let until = self.deadline(rx).map_or(wake, |at| wake.min(at));
-                if now >= until {
-                    break;
-                }
-                tokio::time::sleep_until(until.min(now + Duration::from_secs(1))).await;
-            }
-            if self.deadline(rx).is_some_and(|at| Instant::now() >= at) {
-                return Tried::GaveUp;
-            }
-        }
-    }
-}
 
 /// Delete rows past the retention, if one is set; a failure waits for the
 /// next round.
@@ -217,13 +117,13 @@ pub async fn run(
     mut rx: SinkRx,
     ctx: &SinkContext,
 ) -> anyhow::Result<()> {
-    let mut retry = Retry::new(name, &ctx.shutdown);
+    let mut retry = Retry::new(name, &ctx.shutdown, "the database answers");
     let url = config.url.as_str();
     let opened = retry
         .until_done("connecting", &rx, || async {
             let archive = Archive::connect(url, Access::Write).await?;
             archive.migrate().await?;
-            Ok(archive)
+            Ok::<_, ArchiveError>(archive)
         })
         .await;
     let Tried::Done(archive) = opened else {
@@ -281,5 +181,11 @@ async fn give_up_rest(name: &str, rx: &mut SinkRx, held: u64) {
     let left = rx.give_up_rest(held).await;
     if left > 0 {
         tracing::error!(sink = %name, records = left, "database unreachable at shutdown: records not stored (the next run writes them again)");
+    }
+}
+
+impl Failure for ArchiveError {
+    fn is_outage(&self) -> bool {
+        ArchiveError::is_outage(self)
     }
 }

@@ -7,17 +7,24 @@
 //! a torn last line (a crash mid-write) is cut off. A file replaced since
 //! the checkpoint (rotated) is left alone: what came after the checkpoint
 //! may then repeat in the new file.
+//!
+//! A write that fails (a full disk, a quota) does not end the sink: the
+//! error is counted and logged at once, the file is cut back to its last
+//! flush (no torn line is left), and the records since are written again,
+//! with backoff, until it works; records wait in the sink's buffer
+//! meanwhile. Once the pipeline shuts down, [`SHUTDOWN_GRACE`] bounds the
+//! tries; what is still not written is given up (the next run writes it).
 
+use super::lines::{FILE_LINGER, Lines, Next};
+use super::retry::{Retry, SHUTDOWN_GRACE};
 use super::{SinkContext, SinkRx};
 use crate::component::Problem;
-use super::lines::{FILE_LINGER, Lines, Next};
 use super::offsets::Saved;
 use anyhow::Context;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use tokio::fs::{File, OpenOptions};
-use tokio::io::BufWriter;
 use tokio::signal::unix::{SignalKind, signal};
 
 crate::channels::fanout::sink_config! {
@@ -169,28 +176,91 @@ pub async fn run(
     let mark = offsets.mark(name);
     mark.reset(resumed.dev, resumed.ino, resumed.len);
     let mut lines = Lines::new(file, FILE_LINGER).marked(mark.clone());
+    // The file's length when `lines` began writing to it.
+    let mut base = resumed.len;
+    let mut retry = Retry::new(name, &ctx.shutdown, "the file can be written");
     let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
     loop {
-        tokio::select! {
+        let done = tokio::select! {
             next = lines.next(&mut rx) => match next {
                 // A record counts as delivered once flushed to the file.
-                Next::Records => lines.write(&rx).await?,
-                Next::Flush => lines.flush(&rx).await?,
-                Next::Closed => break,
+                Next::Records => lines.write(&rx).await.map(|()| false),
+                Next::Flush => lines.flush(&rx).await.map(|()| false),
+                Next::Closed => lines.flush(&rx).await.map(|()| true),
             },
-            _ = hup.recv() => {
-                lines.flush(&rx).await?;
-                let file = open(&path).await?;
-                let meta = file.metadata().await.with_context(|| format!("cannot read {}", path.display()))?;
-                mark.reset(meta.dev(), meta.ino(), meta.len());
-                lines.out = BufWriter::new(file);
-                tracing::info!(sink = name, path = %path.display(), "reopened on SIGHUP");
+            _ = hup.recv() => match lines.flush(&rx).await {
+                Ok(()) => {
+                    let file = open(&path).await?;
+                    let meta = file.metadata().await.with_context(|| format!("cannot read {}", path.display()))?;
+                    mark.reset(meta.dev(), meta.ino(), meta.len());
+                    base = meta.len();
+                    lines.reopen(file);
+                    tracing::info!(sink = name, path = %path.display(), "reopened on SIGHUP");
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let closed = match done {
+            Ok(closed) => closed,
+            Err(e) => {
+                let mut failed = e;
+                // The file's length at the last flush, kept across tries
+                // (each reopens `lines`).
+                let good = base + lines.flushed_bytes();
+                loop {
+                    if !retry.failed("writing", &failed, &rx).await {
+                        let left = rx.give_up_rest(lines.abandon()).await;
+                        anyhow::bail!(
+                            "cannot write {} ({failed}); {left} records not written, given up {} s after the stop",
+                            path.display(),
+                            SHUTDOWN_GRACE.as_secs()
+                        );
+                    }
+                    match write_again(&path, good, &mut lines, &rx).await {
+                        Ok(()) => {
+                            base = good;
+                            break;
+                        }
+                        Err(e) => failed = e,
+                    }
+                }
+                retry.succeeded("writing");
+                false
             }
+        };
+        if closed {
+            break;
         }
     }
-    lines.flush(&rx).await?;
     lines.out.get_mut().sync_data().await.ok();
     Ok(())
+}
+
+/// After a failed write: cut the file back to `good` bytes (its length at
+/// the last flush: no torn line stays), reopen it and write the records
+/// since then again, then flush them.
+async fn write_again(
+    path: &Path,
+    good: u64,
+    lines: &mut Lines<File>,
+    rx: &SinkRx,
+) -> std::io::Result<()> {
+    let file = OpenOptions::new().append(true).open(path).await?;
+    if file.metadata().await?.len() > good {
+        file.set_len(good).await?;
+    }
+    let cut_back = file.try_clone().await?;
+    lines.reopen(file);
+    let written = match lines.write_again().await {
+        Ok(()) => lines.flush(rx).await,
+        Err(e) => Err(e),
+    };
+    if written.is_err() {
+        // Failed again: no torn line waits in the file for the next try.
+        let _ = cut_back.set_len(good).await;
+    }
+    written
 }
 
 #[cfg(test)]

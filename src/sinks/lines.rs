@@ -22,11 +22,23 @@ pub const FILE_LINGER: Duration = Duration::from_millis(2);
 pub const BATCH: usize = 1024;
 
 /// Records written, and not yet flushed, through a buffered writer: the
-/// loop of the stdout and file sinks.
+/// loop of the stdout and file sinks. The records taken since the last
+/// flush are kept until it succeeds, so after a failed write (a full disk)
+/// they can be written again, the same bytes in the same places, into a
+/// file cut back to its last flush ([`Lines::reopen`]).
 pub struct Lines<W: AsyncWrite + Unpin> {
     pub out: BufWriter<W>,
     batch: Vec<Arc<OutputRecord>>,
-    unflushed: u64,
+    /// Taken since the last flush, in order.
+    pending: Vec<Arc<OutputRecord>>,
+    /// How many of `pending` are in `out`'s buffer (or past it).
+    written: usize,
+    /// How many of `pending` `mark` has counted (a record written again
+    /// is not counted again).
+    marked: usize,
+    /// Bytes written through `out` since it was opened: flushed, and not.
+    flushed_bytes: u64,
+    buffered_bytes: u64,
     flushed_at: Instant,
     linger: Duration,
     /// Where the records and bytes written are counted (file sinks).
@@ -39,7 +51,11 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
         Lines {
             out: BufWriter::new(out),
             batch: Vec::with_capacity(BATCH),
-            unflushed: 0,
+            pending: Vec::with_capacity(BATCH),
+            written: 0,
+            marked: 0,
+            flushed_bytes: 0,
+            buffered_bytes: 0,
             flushed_at: Instant::now(),
             linger,
             mark: None,
@@ -52,10 +68,30 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
         self
     }
 
+    /// Write to `out` from now on, its buffer empty: what was in the old
+    /// one and not flushed is written again by the next
+    /// [`Lines::write_again`].
+    pub fn reopen(&mut self, out: W) {
+        self.out = BufWriter::new(out);
+        self.written = 0;
+        self.flushed_bytes = 0;
+        self.buffered_bytes = 0;
+    }
+
+    /// Bytes flushed through `out` since it was opened.
+    pub fn flushed_bytes(&self) -> u64 {
+        self.flushed_bytes
+    }
+
+    /// Records taken and not flushed.
+    pub fn unflushed(&self) -> u64 {
+        self.pending.len() as u64
+    }
+
     /// When the buffer must be flushed: a moment after the queue ran dry,
     /// or at once once it has waited `FLUSH_EVERY`.
     pub fn flush_due(&self) -> Option<tokio::time::Instant> {
-        (self.unflushed > 0).then(|| {
+        (!self.pending.is_empty()).then(|| {
             let every = self.flushed_at + FLUSH_EVERY;
             let linger = Instant::now() + self.linger;
             tokio::time::Instant::from_std(every.min(linger))
@@ -83,34 +119,52 @@ impl<W: AsyncWrite + Unpin> Lines<W> {
 
     /// Write the records taken.
     pub async fn write(&mut self, rx: &SinkRx) -> std::io::Result<()> {
-        // Counted before they are written: after a failed write, every
-        // record taken and not flushed is in `unflushed` (see `abandon`).
-        self.unflushed += self.batch.len() as u64;
-        for rec in self.batch.drain(..) {
-            let line = rec.line().as_bytes();
-            self.out.write_all(line).await?;
-            self.out.write_all(b"\n").await?;
-            if let Some(mark) = &self.mark {
-                mark.wrote(line.len() as u64 + 1);
-            }
-        }
+        self.pending.append(&mut self.batch);
+        self.write_again().await?;
         if self.flushed_at.elapsed() >= FLUSH_EVERY {
             self.flush(rx).await?;
         }
         Ok(())
     }
 
-    /// After a failed write or flush: the records taken and not delivered,
-    /// no longer counted here.
+    /// Write the records taken and not yet in `out`'s buffer.
+    pub async fn write_again(&mut self) -> std::io::Result<()> {
+        while let Some(rec) = self.pending.get(self.written) {
+            let line = rec.line().as_bytes();
+            self.out.write_all(line).await?;
+            self.out.write_all(b"\n").await?;
+            let bytes = line.len() as u64 + 1;
+            self.buffered_bytes += bytes;
+            self.written += 1;
+            if self.written > self.marked {
+                self.marked = self.written;
+                if let Some(mark) = &self.mark {
+                    mark.wrote(bytes);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failed write or flush, given up: the records taken and not
+    /// delivered, no longer counted here.
     pub fn abandon(&mut self) -> u64 {
+        let n = (self.pending.len() + self.batch.len()) as u64;
+        self.pending.clear();
         self.batch.clear();
-        std::mem::take(&mut self.unflushed)
+        self.written = 0;
+        self.marked = 0;
+        n
     }
 
     /// Flush; the records flushed count as delivered.
     pub async fn flush(&mut self, rx: &SinkRx) -> std::io::Result<()> {
         self.out.flush().await?;
-        rx.delivered(std::mem::take(&mut self.unflushed));
+        rx.delivered(self.pending.len() as u64);
+        self.pending.clear();
+        self.written = 0;
+        self.marked = 0;
+        self.flushed_bytes += std::mem::take(&mut self.buffered_bytes);
         self.flushed_at = Instant::now();
         Ok(())
     }

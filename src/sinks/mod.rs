@@ -9,6 +9,7 @@
 
 pub mod lines;
 pub mod offsets;
+pub mod retry;
 
 pub use crate::channels::fanout::count_sent;
 use crate::channels::fanout::{SinkCommon, SinkRx};
