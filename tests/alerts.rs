@@ -420,3 +420,68 @@ for = "1h"
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("queue"), "{err}");
 }
+
+/// Alerts Alertmanager has not taken are shown as buffered: the sink is
+/// done with their records at once (they are announced again from the
+/// restored state after a restart), so its queue alone would say 0.
+#[test]
+fn undelivered_alerts_show_as_buffered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (nobody, api) = (common::free_port(), common::free_port());
+    let events = dir.path().join("events.jsonl");
+    let t0 = now();
+    for id in 1..=5 {
+        append(&events, &to_sched(id, t0));
+    }
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+data_dir = "{d}/data"
+[alerts]
+clock = "wall"
+[alerts.rules.sched_stuck]
+kind = "job_state"
+state = "SCHED"
+for = "1s"
+[sources.events]
+type = "file"
+include = ["{events}"]
+poll_interval_ms = 100
+[sinks.am]
+type = "alertmanager"
+url = "http://127.0.0.1:{nobody}"
+inputs = ["alerts"]
+[api]
+address = "127.0.0.1:{api}"
+"#,
+            d = dir.path().display(),
+            events = events.display(),
+        ),
+    )
+    .expect("config");
+    let _fluxpipe = Reaper(
+        common::fluxpipe()
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn fluxpipe"),
+    );
+    let buffered = || {
+        common::http_get(api, "/metrics")
+            .and_then(|(_, text)| {
+                text.lines()
+                    .find(|l| l.starts_with("fluxpipe_sink_buffered_records{sink=\"am\"}"))
+                    .and_then(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            })
+            .unwrap_or(0.0)
+    };
+    wait_for(
+        "5 alerts buffered for an Alertmanager that is away",
+        30,
+        || buffered() == 5.0,
+    );
+}

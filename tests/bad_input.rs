@@ -150,3 +150,45 @@ fn every_bad_line_gets_its_outcome_and_good_jobs_survive() {
         .collect();
     assert_eq!(jobs, want_jobs);
 }
+
+/// Garbage does not come out as several times its size in dead letters:
+/// at most `dead_letters_per_sec` a second are written; all are counted.
+#[test]
+fn dead_letters_are_capped_per_second() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out_path = tmp.path().join("out.jsonl");
+    let config = tmp.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ndead_letters_per_sec = 50\n\
+             [sinks.out]\ntype = \"file\"\npath = {:?}\ninputs = [\"dead_letter\"]\n",
+            tmp.path().join("data"),
+            out_path
+        ),
+    )
+    .expect("config");
+    let mut child = fluxpipe()
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let started = std::time::Instant::now();
+    let mut stdin = child.stdin.take().expect("stdin");
+    let garbage: String = (0..5000).map(|i| format!("garbage {i} {{\n")).collect();
+    stdin.write_all(garbage.as_bytes()).expect("write");
+    drop(stdin);
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let secs = started.elapsed().as_secs() + 1;
+    let written = std::fs::read_to_string(&out_path)
+        .expect("output")
+        .lines()
+        .count() as u64;
+    println!("5000 garbage lines in {secs} s or less: {written} dead letters written");
+    assert!(written >= 50, "{written}");
+    assert!(written <= 50 * secs, "{written} in {secs} s");
+}

@@ -907,16 +907,20 @@ async fn http_sink_drops_after_retry_max_secs() {
     tx.send(rec(1)).await.unwrap();
     drop(tx);
     finish(task).await.unwrap();
-    // Tries at about 0, 0.1 and 0.3 s; the next pause would pass 0.5 s,
-    // so the batch is dropped then instead of being retried for ever.
+    // Tries at about 0, 0.1, 0.3 and, the last pause cut short, 0.5 s:
+    // retried until the deadline, then dropped, not retried for ever.
     let elapsed = t0.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(500),
+        "gave up early: {elapsed:?}"
+    );
     assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
     let mut tries = 0;
     while reqs.try_recv().is_ok() {
         tries += 1;
     }
     // (Fewer on a very slow machine, never more.)
-    assert!((1..=3).contains(&tries), "{tries} tries");
+    assert!((2..=4).contains(&tries), "{tries} tries");
     let c = counters(&snap);
     assert_eq!(count(&c, "fluxpipe_sink_errors_total"), 1);
     assert_eq!(count(&c, "fluxpipe_records_dropped_total"), 1);

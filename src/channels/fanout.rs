@@ -116,6 +116,9 @@ pub struct SinkRx {
     rx: mpsc::Receiver<Arc<OutputRecord>>,
     done: Arc<AtomicU64>,
     given_up: Arc<AtomicU64>,
+    /// Records the sink is done with for checkpoints but still holds
+    /// undelivered (the alertmanager sink's alerts).
+    held: Arc<AtomicU64>,
 }
 
 impl SinkRx {
@@ -126,7 +129,14 @@ impl SinkRx {
             rx,
             done: Arc::default(),
             given_up: Arc::default(),
+            held: Arc::default(),
         }
+    }
+
+    /// Say how many records the sink holds undelivered beyond its queue
+    /// (shown in `fluxpipe_sink_buffered_records`).
+    pub fn set_held(&self, n: u64) {
+        self.held.store(n, Ordering::Release);
     }
 
     pub async fn recv(&mut self) -> Option<Arc<OutputRecord>> {
@@ -231,6 +241,7 @@ struct SinkPort {
     queued: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
     given_up: Arc<AtomicU64>,
+    held: Arc<AtomicU64>,
 }
 
 /// Each sink's queued, done and given-up counts.
@@ -243,6 +254,7 @@ struct SinkCount {
     queued: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
     given_up: Arc<AtomicU64>,
+    held: Arc<AtomicU64>,
 }
 
 impl SinkCounters {
@@ -279,14 +291,15 @@ impl SinkCounters {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "# HELP {name} Records queued for a sink and not yet delivered or given up on."
+            "# HELP {name} Records queued for or held by a sink and not yet delivered or given up on."
         );
         let _ = writeln!(out, "# TYPE {name} gauge");
         for c in self.0.iter() {
             let buffered = c
                 .queued
                 .load(Ordering::Acquire)
-                .saturating_sub(c.done.load(Ordering::Acquire));
+                .saturating_sub(c.done.load(Ordering::Acquire))
+                + c.held.load(Ordering::Acquire);
             let sink = crate::telemetry::escape(&c.name);
             let _ = writeln!(out, "{name}{{sink=\"{sink}\"}} {buffered}");
         }
@@ -357,6 +370,7 @@ impl Outputs {
             let (tx, rx) = mpsc::channel(common.buffer.max(1));
             let done = Arc::new(AtomicU64::new(0));
             let given_up = Arc::new(AtomicU64::new(0));
+            let held = Arc::new(AtomicU64::new(0));
             ports.push(SinkPort {
                 name: name.into(),
                 streams: common.stream_bits(),
@@ -366,12 +380,14 @@ impl Outputs {
                 queued: Arc::default(),
                 done: done.clone(),
                 given_up: given_up.clone(),
+                held: held.clone(),
             });
             rxs.push(SinkRx {
                 name: name.into(),
                 rx,
                 done,
                 given_up,
+                held,
             });
         }
         let streams = ports.iter().fold(0, |acc, p| acc | p.streams);
@@ -405,6 +421,7 @@ impl Outputs {
                     queued: p.queued.clone(),
                     done: p.done.clone(),
                     given_up: p.given_up.clone(),
+                    held: p.held.clone(),
                 })
                 .collect(),
         )

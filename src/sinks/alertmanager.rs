@@ -174,6 +174,11 @@ impl Book {
         self.alerts.values().any(|a| !a.delivered)
     }
 
+    /// Alerts not yet delivered.
+    fn undelivered_count(&self) -> u64 {
+        self.alerts.values().filter(|a| !a.delivered).count() as u64
+    }
+
     /// The request body: every alert, or only the undelivered ones.
     fn body(&self, all: bool, ahead: Duration) -> (usize, Vec<u8>) {
         let batch: Vec<Value> = self
@@ -322,6 +327,7 @@ pub async fn run(
                 }
             }
         }
+        rx.set_held(book.undelivered_count());
         if closed {
             if book.undelivered() {
                 tracing::error!(sink = %name, "alerts not delivered at shutdown");

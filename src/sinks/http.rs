@@ -99,10 +99,17 @@ struct Sender {
     url: reqwest::Url,
     headers: HeaderMap,
     retry_max: Duration,
+    /// The pipeline's shutdown: once it begins, a batch is tried for
+    /// [`SHUTDOWN_GRACE`] more at most.
+    shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl Sender {
-    fn new(name: &str, config: &HttpSinkConfig) -> anyhow::Result<Self> {
+    fn new(
+        name: &str,
+        config: &HttpSinkConfig,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<Self> {
         let url = reqwest::Url::parse(&config.uri)
             .with_context(|| format!("uri `{}` is not a valid URL", config.uri))?;
         let headers = request_headers(&config.headers)?;
@@ -113,6 +120,7 @@ impl Sender {
             url,
             headers,
             retry_max: Duration::from_secs_f64(config.retry_max_secs.clamp(0.0, 1e9)),
+            shutdown,
         })
     }
 
@@ -175,19 +183,27 @@ impl Sender {
                 }
                 Attempt::Retry(e, asked) => (e, asked),
             };
-            if !shortened && rx.is_closed() {
+            if !shortened && (rx.is_closed() || self.shutdown.is_cancelled()) {
                 shortened = true;
                 deadline = deadline.min(Instant::now() + SHUTDOWN_GRACE);
             }
-            let pause = asked.map_or(backoff, |a| a.max(backoff));
-            backoff = (backoff * 2).min(BACKOFF_MAX);
-            if Instant::now() + pause > deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 self.drop_batch(records, tries, &error, "retries exhausted");
                 rx.given_up(records as u64);
                 return;
             }
+            // Tried until the deadline: the last pause ends on it.
+            let pause = asked
+                .map_or(backoff, |a| a.max(backoff))
+                .min(deadline - now);
+            backoff = (backoff * 2).min(BACKOFF_MAX);
             tracing::debug!(sink = %self.name, url = %self.url, tries, retry_in = ?pause, "POST failed: {error}");
-            tokio::time::sleep(pause).await;
+            // A stop cuts the pause short: its grace starts now.
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = self.shutdown.cancelled(), if !shortened => {}
+            }
         }
     }
 
@@ -244,9 +260,9 @@ pub async fn run(
     name: &str,
     config: HttpSinkConfig,
     mut rx: SinkRx,
-    _ctx: &SinkContext,
+    ctx: &SinkContext,
 ) -> anyhow::Result<()> {
-    let sender = Sender::new(name, &config)?;
+    let sender = Sender::new(name, &config, ctx.shutdown.clone())?;
     let max = config.batch_max_records.max(1);
     let timeout = Duration::from_millis(config.batch_timeout_ms);
     let mut batch = Vec::with_capacity(max.min(4096));

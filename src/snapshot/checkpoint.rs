@@ -42,6 +42,9 @@ const MAGIC: &[u8; 20] = b"fluxpipe checkpoint\n";
 pub const VERSION: u32 = 3;
 /// The oldest version this fluxpipe still reads.
 pub const OLDEST_READ: u32 = 2;
+/// Versions beyond [`VERSION`] that a newer fluxpipe could have written;
+/// a version further ahead is damage.
+const MAX_VERSIONS_AHEAD: u32 = 64;
 const HEADER_LEN: usize = MAGIC.len() + 4 + 8 + 8;
 /// Where the checksum sits in the header.
 const SUM_AT: u64 = (MAGIC.len() + 4 + 8) as u64;
@@ -739,6 +742,16 @@ fn read(
     let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap_or_default());
     let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or_default());
     let version = u32_at(MAGIC.len());
+    // Versions go up one at a time: far from any, the field is damaged
+    // (a flipped bit), not the mark of another fluxpipe.
+    if version == 0 || version > VERSION + MAX_VERSIONS_AHEAD {
+        return Err(CheckpointError::Corrupt {
+            path: path.to_path_buf(),
+            why: format!(
+                "its format version reads {version}, which no fluxpipe writes: the header is damaged"
+            ),
+        });
+    }
     if !(OLDEST_READ..=VERSION).contains(&version) {
         return Err(CheckpointError::Version {
             path: path.to_path_buf(),
@@ -1045,6 +1058,24 @@ mod tests {
         assert!(matches!(
             decode(&other, p),
             Err(CheckpointError::Version { .. })
+        ));
+        // A flipped bit in the version: damage, not a newer fluxpipe.
+        for flip in [0x80u8, 0] {
+            let mut damaged = bytes.clone();
+            damaged[MAGIC.len()] ^= flip;
+            if flip == 0 {
+                damaged[MAGIC.len()] = 0;
+            }
+            assert!(
+                matches!(decode(&damaged, p), Err(CheckpointError::Corrupt { .. })),
+                "flip {flip:#x}"
+            );
+        }
+        let mut damaged = bytes.clone();
+        damaged[MAGIC.len() + 3] ^= 0x01;
+        assert!(matches!(
+            decode(&damaged, p),
+            Err(CheckpointError::Corrupt { .. })
         ));
         assert!(matches!(
             decode(&bytes[..bytes.len() - 1], p),

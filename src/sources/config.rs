@@ -14,6 +14,8 @@ pub struct DecodeConfig {
     pub stream: Option<EventStream>,
     pub job_id: Option<JobId>,
     pub max_line_bytes: usize,
+    /// Most dead letters a second (0: no limit).
+    pub dead_letters_per_sec: u32,
 }
 
 /// Declares a source config struct with its own keys plus the decoding keys
@@ -41,6 +43,9 @@ macro_rules! source_config {
             /// Longest line accepted; longer lines go to `dead_letter`.
             #[serde(default = "crate::sources::config::default_max_line")]
             pub max_line_bytes: usize,
+            /// Most dead letters written a second; the rest are counted.
+            #[serde(default = "crate::sources::config::default_dead_letters_per_sec")]
+            pub dead_letters_per_sec: u32,
         }
 
         impl $name {
@@ -51,6 +56,7 @@ macro_rules! source_config {
                     stream: self.stream,
                     job_id: self.job_id,
                     max_line_bytes: self.max_line_bytes,
+                    dead_letters_per_sec: self.dead_letters_per_sec,
                 }
             }
         }
@@ -78,6 +84,10 @@ pub(crate) fn default_cluster() -> String {
 
 pub(crate) fn default_max_line() -> usize {
     1024 * 1024
+}
+
+pub(crate) fn default_dead_letters_per_sec() -> u32 {
+    100
 }
 
 pub(crate) fn de_format<'de, D: Deserializer<'de>>(d: D) -> Result<Format, D::Error> {

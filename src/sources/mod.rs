@@ -57,6 +57,8 @@ pub struct SourceContext {
     /// take part in.
     pub checkpoint: CheckpointLink,
     invalid: Arc<AtomicU64>,
+    /// Dead letters this second, shared by the source's tasks.
+    dead_letters: Arc<DeadLetterRate>,
     /// Where a source that reads partitions says which it owns (the
     /// query API's answers carry it).
     pub ownership: Ownership,
@@ -85,6 +87,7 @@ impl SourceContext {
             shutdown,
             checkpoint,
             invalid: Arc::new(AtomicU64::new(0)),
+            dead_letters: Arc::new(DeadLetterRate::default()),
             ownership: Ownership::default(),
             received: metrics::counter!("fluxpipe_events_received_total", "source" => name.to_string()),
         }
@@ -293,11 +296,50 @@ impl SourceContext {
             tracing::warn!(source = %self.name, %location, %error, count = n, "undecodable input");
         }
         if self.outputs.wants(OutputStream::DeadLetter) {
+            if !self
+                .dead_letters
+                .admit(self.decode.dead_letters_per_sec, std::time::Instant::now())
+            {
+                metrics::counter!("fluxpipe_dead_letters_suppressed_total", "source" => self.name.to_string())
+                    .increment(1);
+                return;
+            }
             let rec = output::dead_letter(&self.name, location, error, line);
             self.outputs
                 .emit(OutputRecord::new(OutputStream::DeadLetter, &rec))
                 .await;
         }
+    }
+}
+
+/// Dead letters written in the current second: garbage input must not
+/// become several times its size in dead letters.
+#[derive(Debug, Default)]
+struct DeadLetterRate {
+    /// (the second, counted in it), from the first dead letter on.
+    window: std::sync::Mutex<Option<(std::time::Instant, u32)>>,
+}
+
+impl DeadLetterRate {
+    /// Whether one more may be written at `now`, `per_sec` a second (0:
+    /// no limit).
+    fn admit(&self, per_sec: u32, now: std::time::Instant) -> bool {
+        if per_sec == 0 {
+            return true;
+        }
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *window {
+            Some((start, n))
+                if now.saturating_duration_since(*start) < std::time::Duration::from_secs(1) =>
+            {
+                if *n >= per_sec {
+                    return false;
+                }
+                *n += 1;
+            }
+            _ => *window = Some((now, 1)),
+        }
+        true
     }
 }
 
@@ -405,5 +447,23 @@ impl SourceSpec for SourceConfig {
 
     fn keeps_changelog(&self) -> bool {
         self.spec().keeps_changelog()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeadLetterRate;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn dead_letters_are_capped_per_second() {
+        let rate = DeadLetterRate::default();
+        let t = Instant::now();
+        assert!((0..3).all(|_| rate.admit(3, t)));
+        assert!(!rate.admit(3, t + Duration::from_millis(999)));
+        // A new second, a new allowance.
+        assert!(rate.admit(3, t + Duration::from_secs(1)));
+        // No limit asked.
+        assert!((0..100).all(|_| DeadLetterRate::default().admit(0, t)));
     }
 }
