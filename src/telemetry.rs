@@ -297,8 +297,9 @@ impl NodeBoard {
         }
     }
 
-    /// The node series in the Prometheus text format.
-    pub fn render(&self) -> String {
+    /// The node series in the Prometheus text format: the per-cluster
+    /// counts, and with `per_node` the series of each node.
+    pub fn render(&self, per_node: bool) -> String {
         let Ok(board) = self.0.read() else {
             return String::new();
         };
@@ -352,6 +353,9 @@ impl NodeBoard {
                 let n = c.ranks.values().filter(|n| pred(&n.state)).count();
                 let _ = writeln!(out, "{name}{{flux_cluster=\"{}\"}} {n}", escape(cluster));
             }
+        }
+        if !per_node {
+            return out;
         }
         let per_node: [(&str, &str); 2] = [
             ("flux_node_online", "1 if the node is online."),
@@ -604,7 +608,7 @@ mod tests {
         r.drain_reason = Some("bad \"DIMM\"".into());
         r.drain_timestamp = Some(1700000000.5);
         board.update("picl", 3, Some(&r), 1700000000.5);
-        let text = board.render();
+        let text = board.render(true);
         assert!(text.contains(
             "flux_node_drain_info{flux_cluster=\"picl\",node=\"node3\",rank=\"3\",reason=\"bad \\\"DIMM\\\"\",state=\"drained\"} 1"
         ), "{text}");
@@ -613,7 +617,7 @@ mod tests {
         // a job still runs on it: draining, not drained (flux resource status)
         r.draining = true;
         board.update("picl", 3, Some(&r), 1700000000.5);
-        let text = board.render();
+        let text = board.render(true);
         assert!(
             text.contains("flux_nodes_drained{flux_cluster=\"picl\"} 0"),
             "{text}"
@@ -623,7 +627,7 @@ mod tests {
         r.draining = false;
         // a rank nothing said is up or down: no online series, counted apart
         board.update("picl", 5, Some(&RankState::new(5)), 1700000000.5);
-        let text = board.render();
+        let text = board.render(true);
         assert!(
             text.contains("flux_nodes_liveness_unknown{flux_cluster=\"picl\"} 1"),
             "{text}"
@@ -636,7 +640,7 @@ mod tests {
         board.set_instance_down("picl", true);
         assert!(
             board
-                .render()
+                .render(true)
                 .contains("flux_instance_up{flux_cluster=\"picl\"} 0")
         );
         board.set_instance_down("picl", false);
@@ -646,7 +650,7 @@ mod tests {
         r.drain_reason = None;
         r.drain_timestamp = None;
         board.update("picl", 3, Some(&r), 1700000100.5);
-        let text = board.render();
+        let text = board.render(true);
         assert!(text.contains(
             "flux_node_drained_seconds_total{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 100\n"
         ), "{text}");
@@ -656,7 +660,7 @@ mod tests {
         let mut r4 = RankState::new(4);
         r4.online = Some(true);
         board.update("picl", 4, Some(&r4), 1700000260.5);
-        let text = board.render();
+        let text = board.render(true);
         assert!(text.contains(
             "flux_node_offline_seconds_total{flux_cluster=\"picl\",node=\"node3\",rank=\"3\"} 60\n"
         ), "{text}");
@@ -680,17 +684,19 @@ mod tests {
                 .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
         };
         // Without a clock: up to the newest resource event.
-        assert_eq!(series(&board.render()), Some(0.0));
+        assert_eq!(series(&board.render(true)), Some(0.0));
         // The event clock: job events of the cluster moved it on.
         let shared = crate::keyed::alerts::SharedEventClock::default();
         let mut local = crate::keyed::alerts::EventClock::default();
         local.advance("c", 1060.0);
         shared.sync(&mut local);
         board.set_clock(crate::keyed::alerts::Clock::Event, shared.clone());
-        assert_eq!(series(&board.render()), Some(60.0));
+        assert_eq!(series(&board.render(true)), Some(60.0));
         // The wall clock: up to now.
         board.set_clock(crate::keyed::alerts::Clock::Wall, shared);
-        assert!(series(&board.render()).unwrap() > crate::keyed::alerts::wall_now() - 1000.0 - 5.0);
+        assert!(
+            series(&board.render(true)).unwrap() > crate::keyed::alerts::wall_now() - 1000.0 - 5.0
+        );
     }
 
     #[test]

@@ -38,6 +38,15 @@ pub struct ApiConfig {
     /// `/readyz` stay open, as probes and scrapers expect.
     #[serde(default)]
     pub token_file: Option<std::path::PathBuf>,
+    /// Export the per-node series (`flux_node_*`, a few per rank); off,
+    /// only the per-cluster node counts: a scrape of a site of many
+    /// thousand nodes stays small.
+    #[serde(default = "default_node_series")]
+    pub node_series: bool,
+}
+
+fn default_node_series() -> bool {
+    true
 }
 
 fn default_address() -> String {
@@ -84,6 +93,8 @@ pub struct Server {
     listener: TcpListener,
     address: String,
     token: Option<auth::Token>,
+    /// Export the per-node series.
+    node_series: bool,
 }
 
 impl Server {
@@ -100,6 +111,7 @@ impl Server {
             listener,
             address: config.address.clone(),
             token,
+            node_series: config.node_series,
         })
     }
 
@@ -112,6 +124,7 @@ impl Server {
     ) -> anyhow::Result<()> {
         let handle = telemetry::prometheus()
             .context("another metrics recorder is installed; cannot export metrics")?;
+        let node_series = self.node_series;
         let Views {
             nodes,
             ages,
@@ -124,7 +137,7 @@ impl Server {
                 "/metrics",
                 get(move |headers: HeaderMap| {
                     let mut text = handle.render();
-                    text.push_str(&nodes.render());
+                    text.push_str(&nodes.render(node_series));
                     text.push_str(&ages.render());
                     text.push_str(&users.render());
                     text.push_str(&buffers.render());

@@ -111,8 +111,13 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         .map_or(crate::keyed::processor::DEFAULT_MAX_CLOCK_SKEW_SECS, |c| {
             c.operators.max_clock_skew_secs
         });
+    let max_clusters = config
+        .as_ref()
+        .map_or(usize::MAX, |c| c.operators.max_clusters);
     let mut replay = Replay {
-        processor: Processor::new(rules, Clock::Event).with_max_clock_skew(skew),
+        processor: Processor::new(rules, Clock::Event)
+            .with_max_clock_skew(skew)
+            .with_max_clusters(max_clusters),
         cluster: args.cluster.clone(),
         anomalies: Vec::new(),
         fired: Vec::new(),

@@ -181,6 +181,11 @@ pub struct ResourceState {
     /// nothing), until the next `restart`. Saved last, with a default.
     #[serde(default)]
     down_since: Option<f64>,
+    /// Most ranks this state may hold, as its holder allows (the
+    /// pipeline's `operators.max_ranks`, less what other clusters hold);
+    /// never above [`MAX_RANKS`]. Not saved: set before each event.
+    #[serde(skip)]
+    rank_room: Option<usize>,
 }
 
 /// Per-event scratch: the event plus what applying it produced.
@@ -609,6 +614,17 @@ impl ResourceState {
         if ranks.is_empty() {
             return out;
         }
+        if ranks.len() > self.room() as u64 {
+            out.anomalies.push(bad(
+                AnomalyKind::InvalidContext,
+                format!(
+                    "R names {} ranks, more than the {} allowed (operators.max_ranks): kept as they were",
+                    ranks.len(),
+                    self.room()
+                ),
+            ));
+            return out;
+        }
         self.define_ranks(&ranks, &mut out.changes);
         if let Some(h) = hosts {
             self.set_hostnames(&ranks, &h, &mut out.changes);
@@ -645,13 +661,52 @@ impl ResourceState {
     // ---- helpers -------------------------------------------------------
 
     fn known(&self, r: u32) -> bool {
-        self.instance_ranks
-            .as_ref()
-            .is_none_or(|set| set.contains(r))
+        self.refusal(r).is_none()
     }
 
-    /// Change one rank (creating it if new) and record what changed.
+    /// Why rank `r` cannot be kept, if it cannot: outside the instance,
+    /// or new when the ranks held are at their limit (hostile input
+    /// naming ranks of a cluster whose instance is not known).
+    fn refusal(&self, r: u32) -> Option<String> {
+        if self
+            .instance_ranks
+            .as_ref()
+            .is_some_and(|set| !set.contains(r))
+        {
+            return Some(format!("rank {r} is not one of the instance ranks"));
+        }
+        if !self.ranks.contains_key(&r) && self.ranks.len() >= self.room() {
+            return Some(format!(
+                "rank {r} is new and {} ranks are held, the most allowed (operators.max_ranks)",
+                self.ranks.len()
+            ));
+        }
+        None
+    }
+
+    /// Most ranks this state may hold now.
+    fn room(&self) -> usize {
+        self.rank_room
+            .unwrap_or(MAX_RANKS as usize)
+            .min(MAX_RANKS as usize)
+    }
+
+    /// Allow at most `n` ranks (see `rank_room`).
+    pub fn set_rank_room(&mut self, n: usize) {
+        self.rank_room = Some(n);
+    }
+
+    /// Ranks held.
+    pub fn rank_count(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Change one rank (creating it if new, room allowing) and record
+    /// what changed.
     fn modify(&mut self, rank: u32, changes: &mut Vec<RankChange>, f: impl FnOnce(&mut RankState)) {
+        if !self.ranks.contains_key(&rank) && self.ranks.len() >= self.room() {
+            return;
+        }
         let before = self.ranks.get(&rank).cloned();
         let st = self
             .ranks
@@ -762,16 +817,40 @@ impl ResourceState {
     /// Filter out ranks outside the instance, reporting each.
     fn in_instance(&self, ranks: impl IntoIterator<Item = u32>, cx: &mut Ctx) -> Vec<u32> {
         let mut ok = Vec::new();
+        // One anomaly per rank refused, the first few: a hostile idset of
+        // a hundred thousand ranks gives a summary, not as many records.
+        const EACH: usize = 8;
+        let mut refused = 0usize;
+        // Ranks new to the state are made later, by the caller: room is
+        // counted down here.
+        let mut room = self.room().saturating_sub(self.ranks.len());
         for r in ranks {
-            if self.known(r) {
-                ok.push(r);
-            } else {
-                cx.rank_anomaly(
-                    AnomalyKind::UnknownRank,
-                    r,
-                    format!("rank {r} is not one of the instance ranks"),
-                );
+            let why = match self.refusal(r) {
+                None if self.ranks.contains_key(&r) => None,
+                None if room > 0 => {
+                    room -= 1;
+                    None
+                }
+                None => Some(format!(
+                    "rank {r} is new and the most ranks allowed are held (operators.max_ranks)"
+                )),
+                Some(why) => Some(why),
+            };
+            match why {
+                None => ok.push(r),
+                Some(why) => {
+                    refused += 1;
+                    if refused <= EACH {
+                        cx.rank_anomaly(AnomalyKind::UnknownRank, r, why);
+                    }
+                }
             }
+        }
+        if refused > EACH {
+            cx.anomaly(
+                AnomalyKind::UnknownRank,
+                format!("{} more ranks refused as the ones before", refused - EACH),
+            );
         }
         ok
     }
@@ -809,6 +888,15 @@ impl ResourceState {
         if let Some(ranks) = &ranks {
             if ranks.is_empty() {
                 cx.anomaly(AnomalyKind::InvalidContext, "`ranks` is empty");
+            } else if ranks.len() > self.room() as u64 {
+                cx.anomaly(
+                    AnomalyKind::InvalidContext,
+                    format!(
+                        "`ranks` names {} ranks, more than the {} allowed (operators.max_ranks): kept as they were",
+                        ranks.len(),
+                        self.room()
+                    ),
+                );
             } else {
                 self.define_ranks(ranks, &mut cx.out.changes);
                 if let Some(nl) = &nodelist {

@@ -48,6 +48,8 @@ pub struct Processed {
     /// Its time is implausible (see [`Processor::with_max_clock_skew`]):
     /// not applied, an anomaly, not passed on.
     pub refused_time: bool,
+    /// Refused because it names a cluster beyond the most followed.
+    pub refused_cluster: bool,
     pub fx: Effects,
 }
 
@@ -106,6 +108,13 @@ impl Processor {
             time_limit: f64::NEG_INFINITY,
             wall: wall_now,
         }
+    }
+
+    /// Follow at most `n` clusters.
+    pub fn with_max_clusters(mut self, n: usize) -> Self {
+        self.state
+            .share_cluster_budget(super::state::ClusterBudget::new(n));
+        self
     }
 
     /// Remember at most `n` jobs dropped after they ended.
@@ -184,9 +193,19 @@ impl Processor {
     ) -> (Outcome, Processed) {
         record.cluster = None;
         // The processor's own copy of the name: no reference count shared
-        // with another thread in a million long-lived keys.
+        // with another thread in a million long-lived keys. A cluster new
+        // here past the most followed is refused.
+        let Some(interned) = self.state.intern_admitted(cluster) else {
+            return (
+                Outcome::Refused,
+                Processed {
+                    refused_cluster: true,
+                    ..Processed::default()
+                },
+            );
+        };
         let key = record.id.map(|id| JobKey {
-            cluster: self.state.intern(cluster),
+            cluster: interned,
             id,
         });
         if let Body::Event(ev) = &record.body
@@ -639,5 +658,47 @@ mod tests {
         // Another cluster's job 1 is its own.
         let (o, _) = p.process("d", record(1, submit(100.0)), &mut out);
         assert_eq!(o, Outcome::Applied);
+    }
+
+    #[test]
+    fn records_of_clusters_past_the_most_followed_are_refused() {
+        let mut p = Processor::new(Vec::new(), Clock::Event).with_max_clusters(2);
+        let mut out = Vec::new();
+        for c in ["a", "b"] {
+            let (o, _) = p.process(c, record(1, submit(1.0)), &mut out);
+            assert_eq!(o, Outcome::Applied);
+        }
+        let (o, done) = p.process("c", record(1, submit(1.0)), &mut out);
+        assert_eq!(o, Outcome::Refused);
+        assert!(done.refused_cluster);
+        // The clusters followed go on.
+        let (o, _) = p.process("a", record(2, submit(2.0)), &mut out);
+        assert_eq!(o, Outcome::Applied);
+        assert_eq!(p.state.jobs.len(), 3);
+    }
+
+    #[test]
+    fn ranks_past_the_budget_are_refused_with_one_summary() {
+        use crate::keyed::state::RankBudget;
+        let budget = RankBudget::new(100);
+        let mut p = Processor::new(Vec::new(), Clock::Event);
+        p.state.share_rank_budget(budget.clone());
+        let mut out = Vec::new();
+        let drain = |t: f64| Record {
+            cluster: None,
+            stream: EventStream::Resource,
+            id: None,
+            body: Body::Event(
+                Event::new(t, "drain")
+                    .with_context(json!({"idset": "0-131071", "reason": "x", "overwrite": 0})),
+            ),
+        };
+        let (_, a) = p.process("x", drain(1.0), &mut out);
+        assert_eq!(budget.held(), 100);
+        // 8 anomalies naming a rank, then one for the rest.
+        assert_eq!(a.fx.anomalies.len(), 9, "{:?}", a.fx.anomalies);
+        let (_, b) = p.process("y", drain(1.0), &mut out);
+        assert_eq!(budget.held(), 100, "no room left for another cluster");
+        assert!(b.fx.rank_changes.is_empty());
     }
 }

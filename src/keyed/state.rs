@@ -193,6 +193,98 @@ pub struct State {
     last_cluster: Option<Arc<str>>,
     /// The ranks held by jobs, this state's and any other part's.
     allocations: SharedAllocations,
+    /// The ranks every part's resource states may hold together.
+    rank_budget: RankBudget,
+    /// The clusters every part may follow together.
+    cluster_budget: ClusterBudget,
+}
+
+/// The clusters every part of a state follows together, at most `max`
+/// (`operators.max_clusters`): records naming others are refused, so
+/// made-up cluster names cannot take all memory and every series. Shared
+/// by the shards; looked at only when a shard meets a cluster new to it.
+#[derive(Debug, Clone)]
+pub struct ClusterBudget {
+    max: usize,
+    known: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Default for ClusterBudget {
+    fn default() -> Self {
+        ClusterBudget::new(usize::MAX)
+    }
+}
+
+impl ClusterBudget {
+    pub fn new(max: usize) -> Self {
+        ClusterBudget {
+            max: max.max(1),
+            known: Arc::default(),
+        }
+    }
+
+    /// Whether `cluster` is followed: known, or new with room left (then
+    /// it is known from now on).
+    fn admit(&self, cluster: &str) -> bool {
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if known.contains(cluster) {
+            return true;
+        }
+        if known.len() >= self.max {
+            return false;
+        }
+        known.insert(cluster.to_string());
+        true
+    }
+
+    /// Follow `cluster` whatever the limit (restored state).
+    fn note(&self, cluster: &str) {
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if !known.contains(cluster) {
+            known.insert(cluster.to_string());
+        }
+    }
+}
+
+/// The ranks the resource states of every part of a state may hold in
+/// all (`operators.max_ranks`): made-up cluster names each naming a
+/// hundred thousand ranks must not take all memory. Shared by the shards;
+/// a resource event is applied holding it (they are few), so two shards
+/// cannot both take the last room.
+#[derive(Debug, Clone)]
+pub struct RankBudget {
+    max: usize,
+    held: Arc<Mutex<usize>>,
+}
+
+impl Default for RankBudget {
+    fn default() -> Self {
+        RankBudget::new(usize::MAX)
+    }
+}
+
+impl RankBudget {
+    pub fn new(max: usize) -> Self {
+        RankBudget {
+            max,
+            held: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ranks held, all parts together.
+    pub fn held(&self) -> usize {
+        *self.lock()
+    }
+
+    /// A cluster went from `before` ranks to `after`.
+    fn changed(&self, before: usize, after: usize) {
+        let mut held = self.lock();
+        *held = held.saturating_sub(before) + after;
+    }
 }
 
 impl State {
@@ -205,6 +297,39 @@ impl State {
     pub fn share_allocations(&mut self, allocations: SharedAllocations) {
         debug_assert!(self.jobs.is_empty());
         self.allocations = allocations;
+    }
+
+    /// Share the rank budget with the other parts of the same state.
+    /// Before any resource state is put in.
+    pub fn share_rank_budget(&mut self, budget: RankBudget) {
+        debug_assert!(self.resources.is_empty());
+        self.rank_budget = budget;
+    }
+
+    /// Share the cluster budget with the other parts of the same state.
+    pub fn share_cluster_budget(&mut self, budget: ClusterBudget) {
+        for c in &self.clusters {
+            budget.note(c);
+        }
+        self.cluster_budget = budget;
+    }
+
+    /// Put in a cluster's resource state (restored), counting its ranks.
+    pub fn insert_resources(&mut self, cluster: String, res: ResourceState) {
+        self.intern(&cluster);
+        let after = res.rank_count();
+        let before = self
+            .resources
+            .insert(cluster, res)
+            .map_or(0, |old| old.rank_count());
+        self.rank_budget.changed(before, after);
+    }
+
+    /// Take out a cluster's resource state (its partition went elsewhere).
+    pub fn remove_resources(&mut self, cluster: &str) -> Option<ResourceState> {
+        let res = self.resources.remove(cluster)?;
+        self.rank_budget.changed(res.rank_count(), 0);
+        Some(res)
     }
 
     /// Have every drained rank looked at again at the next refresh (a
@@ -338,6 +463,22 @@ impl State {
 
     /// The shared copy of a cluster name: a million job keys of one
     /// cluster hold one string, and making a key allocates nothing.
+    /// As [`State::intern`], for a record: `None` if the cluster is new
+    /// and the most clusters are followed.
+    pub fn intern_admitted(&mut self, cluster: &str) -> Option<Arc<str>> {
+        if let Some(c) = self
+            .last_cluster
+            .as_ref()
+            .filter(|c| std::ptr::eq(&***c, cluster) || ***c == *cluster)
+        {
+            return Some(c.clone());
+        }
+        if !self.clusters.contains(cluster) && !self.cluster_budget.admit(cluster) {
+            return None;
+        }
+        Some(self.intern(cluster))
+    }
+
     pub fn intern(&mut self, cluster: &str) -> Arc<str> {
         // Most records name the cluster the one before named, often by
         // the very string interned (a shard's copy of its sources' names).
@@ -355,6 +496,7 @@ impl State {
         }
         let c: Arc<str> = Arc::from(cluster);
         self.clusters.insert(c.clone());
+        self.cluster_budget.note(cluster);
         c
     }
 
@@ -366,6 +508,7 @@ impl State {
             Some(c) => c.clone(),
             None => {
                 self.clusters.insert(cluster.clone());
+                self.cluster_budget.note(cluster);
                 cluster.clone()
             }
         }
@@ -413,6 +556,14 @@ impl State {
         let Some(res) = self.resources.get_mut(cluster) else {
             return;
         };
+        // Held while the event is applied: room taken is room counted.
+        let mut held = self.rank_budget.lock();
+        let before = res.rank_count();
+        res.set_rank_room(
+            self.rank_budget
+                .max
+                .saturating_sub(held.saturating_sub(before)),
+        );
         let applied = match body {
             Body::Event(ev) => {
                 let applied = res.apply(&ev);
@@ -422,6 +573,8 @@ impl State {
             Body::R(r) => res.apply_r(&r.to_value()),
             Body::Sentinel | Body::ExecResponse(_) | Body::JobSpec(..) => return,
         };
+        *held = held.saturating_sub(before) + res.rank_count();
+        drop(held);
         fx.duplicate = applied.skipped_duplicate;
         let mut changes = applied.changes;
         if !changes.is_empty() || self.allocations.with(|a| a.is_flipped(cluster)) {

@@ -178,6 +178,19 @@ impl Shard {
         self
     }
 
+    /// Share the clusters followed (`operators.max_clusters`) with the
+    /// other shards.
+    pub fn with_cluster_budget(mut self, budget: crate::keyed::state::ClusterBudget) -> Self {
+        self.processor.state.share_cluster_budget(budget);
+        self
+    }
+
+    /// Share the budget of ranks with the other shards.
+    pub fn with_rank_budget(mut self, budget: crate::keyed::state::RankBudget) -> Self {
+        self.processor.state.share_rank_budget(budget);
+        self
+    }
+
     /// Count active jobs per user too.
     pub fn with_user_jobs(mut self, users: UserJobs) -> Self {
         self.metrics.users = users;
@@ -349,7 +362,7 @@ impl Shard {
             .collect();
         for cluster in &clusters {
             self.resource_owners.remove(cluster);
-            self.processor.state.resources.remove(cluster);
+            self.processor.state.remove_resources(cluster);
             self.metrics.nodes.forget(cluster);
             for node in self.processor.alerts.node_subjects(cluster) {
                 self.processor.alerts.release_node(&node);
@@ -421,7 +434,7 @@ impl Shard {
             saved.resources.iter().map(|(c, _)| c.clone()).collect();
         for (cluster, res) in saved.resources {
             self.first_sight(&Arc::from(cluster.as_str()));
-            self.processor.state.resources.insert(cluster, res);
+            self.processor.state.insert_resources(cluster, res);
         }
         // Room for all at once, and the state-entry times sorted and added
         // in one go: a million restored jobs, one table growth and one
@@ -684,14 +697,27 @@ impl Shard {
         if outcome == Outcome::Refused {
             self.fired = fired;
             self.refused += 1;
-            metrics::counter!("fluxpipe_jobs_refused_total", "reason" => "max_jobs").increment(1);
+            let reason = if done.refused_cluster {
+                "max_clusters"
+            } else {
+                "max_jobs"
+            };
+            metrics::counter!("fluxpipe_jobs_refused_total", "reason" => reason).increment(1);
             // The first, then every power of two: a flood stays readable.
             if self.refused.is_power_of_two() {
-                tracing::warn!(
-                    held = self.jobs_tracked(),
-                    refused = self.refused,
-                    "operators.max_jobs reached: records of jobs not yet held are refused"
-                );
+                if done.refused_cluster {
+                    tracing::warn!(
+                        %cluster,
+                        refused = self.refused,
+                        "operators.max_clusters reached: records of clusters not yet followed are refused"
+                    );
+                } else {
+                    tracing::warn!(
+                        held = self.jobs_tracked(),
+                        refused = self.refused,
+                        "operators.max_jobs reached: records of jobs not yet held are refused"
+                    );
+                }
             }
             return outcome;
         }

@@ -116,6 +116,24 @@ pub struct OperatorConfig {
     /// years and fire every timed alert.
     #[serde(default = "default_max_clock_skew")]
     pub max_clock_skew_secs: f64,
+    /// Most clusters followed; records naming another are refused and
+    /// counted (100,000 made-up cluster names must not take all memory
+    /// and every series).
+    #[serde(default = "default_max_clusters")]
+    pub max_clusters: usize,
+    /// Most ranks (nodes) all clusters' resource states hold together;
+    /// ranks beyond it are refused as `unknown-rank` anomalies.
+    #[serde(default = "default_max_ranks")]
+    pub max_ranks: usize,
+}
+
+fn default_max_clusters() -> usize {
+    1000
+}
+
+fn default_max_ranks() -> usize {
+    // Twice the largest instance an idset may name (131072).
+    262_144
 }
 
 fn default_max_finished_jobs() -> usize {
@@ -139,6 +157,8 @@ impl Default for OperatorConfig {
             max_jobs: default_max_jobs(),
             max_finished_jobs: default_max_finished_jobs(),
             max_clock_skew_secs: default_max_clock_skew(),
+            max_clusters: default_max_clusters(),
+            max_ranks: default_max_ranks(),
         }
     }
 }

@@ -205,6 +205,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let encode_threads = checkpoint::encode_threads(restored.len());
     // The ranks jobs hold, over every shard's jobs: for draining.
     let allocations = crate::keyed::state::SharedAllocations::default();
+    // The ranks all clusters' resource states may hold together.
+    let rank_budget = crate::keyed::state::RankBudget::new(config.operators.max_ranks);
+    // The clusters all shards follow together.
+    let cluster_budget = crate::keyed::state::ClusterBudget::new(config.operators.max_clusters);
     let mut shards: Vec<Shard> = (0..restored.len())
         .map(|index| {
             Shard::new(
@@ -217,6 +221,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             .with_changelog(changelog_sources(&config))
             .with_user_jobs(views.users.clone())
             .with_allocations(allocations.clone())
+            .with_rank_budget(rank_budget.clone())
+            .with_cluster_budget(cluster_budget.clone())
             .with_sources(&source_table)
             .with_spill(config.data_dir.clone(), index, encode_threads)
         })

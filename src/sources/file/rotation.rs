@@ -5,6 +5,7 @@
 //! files by it.
 
 use crate::decode::{self, PathKind};
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::path::{Path, PathBuf};
 
@@ -43,8 +44,25 @@ const MIN_DATE_DIGITS: usize = 8;
 const COMPRESSED: [&str; 6] = ["gz", "bz2", "xz", "zst", "lz4", "zip"];
 
 /// A file name split into its feed's name (the live file's) and where
-/// rotation put it: `journal.jsonl.2` is (`journal.jsonl`, `.2`).
-pub(crate) fn rotation_of(name: &str) -> (&str, Rotation) {
+/// rotation put it: `journal.jsonl.2` is (`journal.jsonl`, `.2`). With
+/// logrotate's `extension .jsonl` the suffix comes before the extension:
+/// `journal.2.jsonl` and `journal-20261124.jsonl` are of `journal.jsonl`.
+pub(crate) fn rotation_of(name: &str) -> (Cow<'_, str>, Rotation) {
+    if let Some(stem) = name.strip_suffix(LINES_EXTENSION) {
+        let (base, rotation) = suffix_rotation(stem);
+        if rotation != Rotation::Live {
+            return (Cow::Owned(format!("{base}{LINES_EXTENSION}")), rotation);
+        }
+    }
+    let (base, rotation) = suffix_rotation(name);
+    (Cow::Borrowed(base), rotation)
+}
+
+/// The extension of journal captures, which rotation may keep last.
+const LINES_EXTENSION: &str = ".jsonl";
+
+/// A name split at a rotation suffix at its end.
+fn suffix_rotation(name: &str) -> (&str, Rotation) {
     if let Some((base, digits)) = name.rsplit_once('.')
         && !base.is_empty()
         && !digits.is_empty()
@@ -93,7 +111,7 @@ pub(crate) fn feed_of(path: &Path) -> (PathBuf, Rotation) {
         return (path.to_path_buf(), Rotation::Live);
     };
     let (live, rotation) = rotation_of(name);
-    (path.with_file_name(live), rotation)
+    (path.with_file_name(&*live), rotation)
 }
 
 /// [`decode::classify_path`], with a rotated name read as its live name:

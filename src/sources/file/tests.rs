@@ -964,8 +964,34 @@ fn rotated_names_are_ordered_oldest_first() {
         "a-",
         "a.99999999999999999999999", // longer than any number
     ] {
-        assert_eq!(rotation_of(name), (name, Rotation::Live), "{name}");
+        let (live, rotation) = rotation_of(name);
+        assert_eq!((&*live, rotation), (name, Rotation::Live), "{name}");
     }
+
+    // logrotate's `extension .jsonl`: the suffix before the extension.
+    for (name, rotation) in [
+        ("journal.2.jsonl", Rotation::Numbered(Reverse(2))),
+        ("journal.1.jsonl", Rotation::Numbered(Reverse(1))),
+        ("journal-20261124.jsonl", Rotation::Dated(vec![20261124])),
+    ] {
+        assert_eq!(rotation_of(name), ("journal.jsonl".into(), rotation), "{name}");
+    }
+    let mut names = vec![
+        "journal.jsonl",
+        "journal.1.jsonl",
+        "journal.3.jsonl",
+        "journal.2.jsonl",
+    ];
+    names.sort_by_key(|n| rotation_of(n).1);
+    assert_eq!(
+        names,
+        [
+            "journal.3.jsonl",
+            "journal.2.jsonl",
+            "journal.1.jsonl",
+            "journal.jsonl"
+        ]
+    );
 
     // A feed is a folder and a live name.
     let (feed, rotation) = feed_of(Path::new("/d/journal.jsonl.3"));
