@@ -256,6 +256,10 @@ pub struct JobRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     expiration: Option<f64>,
     id: u64,
+    /// The id in F58, as `flux jobs` prints it: a string, which JSON
+    /// readers that keep numbers in doubles (JavaScript, jq 1.6) cannot
+    /// round, as they round ids past 2^53.
+    jobid: String,
     kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<CompactString>,
@@ -319,6 +323,7 @@ impl JobRecord {
             exception_type: s.exception.map(|e| e.kind.clone()),
             expiration: s.expiration,
             id: key.id.0,
+            jobid: key.id.encode(crate::flux::jobid::Encoding::F58),
             kind: "job",
             name: text(|s| &s.name),
             ncores: spec.and_then(JobSpec::ncores),
@@ -764,6 +769,7 @@ mod tests {
             map.insert("kind".into(), json!("job"));
             map.insert("cluster".into(), json!(key.cluster));
             map.insert("id".into(), json!(key.id.0));
+            map.insert("jobid".into(), json!(key.id.to_f58()));
             map.insert("record_id".into(), json!(id));
         }
         v

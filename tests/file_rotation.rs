@@ -519,7 +519,7 @@ fn replay_reads_a_rotated_folder_oldest_first() {
     ] {
         std::fs::write(folder.join(name), part.concat()).expect("write");
     }
-    std::fs::write(folder.join("journal.jsonl.3.gz"), b"\x1f\x8b not read").expect("write");
+    std::fs::write(folder.join("journal.jsonl.3.xz"), b"\xfd7zXZ not read").expect("write");
     let want = common::replay(&["--cluster", "c"], &[&whole]);
     let got = common::replay(&["--cluster", "c"], &[&folder]);
     let anomalies = |r: &[Value]| r.iter().filter(|v| v["kind"] == "anomaly").count();

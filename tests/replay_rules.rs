@@ -681,3 +681,98 @@ fn table_output_reads_like_flux_jobs() {
     );
     assert!(text.contains("1 jobs (1 INACTIVE)"), "{text}");
 }
+
+/// `fluxpipe replay -` reads standard input, and a `.gz` file is read
+/// decompressed: both give what the plain file gives.
+#[test]
+fn standard_input_and_gzip_replay_as_the_file_does() {
+    use std::io::Write;
+    let journal =
+        common::corpus().join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl");
+    let text = std::fs::read(&journal).expect("journal");
+    let plain = common::replay(&[], &[&journal]);
+    assert!(!plain.is_empty());
+
+    let mut child = fluxpipe()
+        .args(["replay", "--format", "json", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("replay -");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let feeding = std::thread::spawn(move || stdin.write_all(&text).expect("feed"));
+    let out = child.wait_with_output().expect("wait");
+    feeding.join().expect("feeder");
+    assert!(out.status.success());
+    let from_stdin: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(from_stdin, plain, "standard input");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gz = dir
+        .path()
+        .join("incarnation1.job-manager.events-journal.jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).expect("gz"),
+        flate2::Compression::default(),
+    );
+    enc.write_all(&std::fs::read(&journal).expect("journal"))
+        .expect("compress");
+    enc.finish().expect("finish");
+    assert_eq!(common::replay(&[], &[&gz]), plain, "gzip");
+    // In a folder too.
+    assert_eq!(
+        common::replay(&[], &[dir.path()]),
+        plain,
+        "gzip in a folder"
+    );
+    // A damaged one is said, and the rest is read.
+    std::fs::write(dir.path().join("other.jsonl.gz"), b"\x1f\x8b\x08 cut short").expect("write");
+    let got = common::replay(&[], &[dir.path()]);
+    assert!(
+        got.iter().any(|r| r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("other.jsonl.gz") && m.contains("cannot read on"))),
+        "{got:#?}"
+    );
+    let jobs = |r: &[Value]| r.iter().filter(|v| v["kind"] == "job").count();
+    assert_eq!(jobs(&got), jobs(&plain));
+}
+
+/// A binary file is not read line by line into thousands of anomalies:
+/// one says what it is, and the replay fails, having read nothing.
+#[test]
+fn binary_input_gives_one_anomaly_and_a_failure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = dir.path().join("core.jsonl");
+    let mut bytes = Vec::with_capacity(1 << 20);
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for _ in 0..(1 << 20) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        bytes.push((x >> 24) as u8);
+    }
+    std::fs::write(&bin, &bytes).expect("write");
+    let out = fluxpipe()
+        .args(["replay", "--format", "json"])
+        .arg(&bin)
+        .output()
+        .expect("replay");
+    assert!(!out.status.success(), "a binary file is not a replay");
+    let records: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(records.len() <= 11, "{} records", records.len());
+    assert!(
+        records.iter().any(|r| r["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not an eventlog or a journal")),
+        "{records:#?}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing read"));
+}

@@ -162,3 +162,76 @@ fn a_closed_standard_output_stops_a_pipeline_that_only_writes_there() {
         log.lock().expect("lock")
     );
 }
+
+/// `fluxpipe validate FILE` names every error of the file at once, with
+/// its line, in plain words; then what it can check without starting.
+#[test]
+fn validate_reports_every_error_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("bad.toml");
+    std::fs::write(
+        &config,
+        "workers = \"two\"\n[sources.a]\ntype = \"stdin\"\n\
+         [sinks.s]\ntype = \"stdout\"\ninputs = [\"jobz\"]\nbuffer = -5\n",
+    )
+    .expect("config");
+    let out = common::fluxpipe()
+        .arg("validate")
+        .arg(&config)
+        .output()
+        .expect("validate");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    for (line, words) in [
+        ("line 1:", "expected a whole number"),
+        ("line 6:", "jobz"),
+        ("line 7:", "buffer"),
+    ] {
+        assert!(
+            lines.iter().any(|l| l.contains(line) && l.contains(words)),
+            "{line} {words}: {err}"
+        );
+    }
+    assert!(!err.contains("usize"), "{err}");
+
+    // Written well, but the address is taken and the data folder cannot
+    // be made: said before anything starts.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let blocker = dir.path().join("a-file");
+    std::fs::write(&blocker, "").expect("file");
+    let config = dir.path().join("busy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[sources.a]\ntype = \"socket\"\naddress = \"127.0.0.1:{port}\"\n\
+             [sources.f]\ntype = \"file\"\ninclude = [{:?}]\n\
+             [sinks.s]\ntype = \"stdout\"\ninputs = [\"jobs\"]\n",
+            blocker.join("data"),
+            dir.path().join("nothing-here/*.jsonl"),
+        ),
+    )
+    .expect("config");
+    let out = common::fluxpipe()
+        .arg("validate")
+        .arg(&config)
+        .output()
+        .expect("validate");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sources.a.address") && err.contains(&port.to_string()),
+        "{err}"
+    );
+    assert!(
+        err.contains("data_dir") && err.contains("not a folder"),
+        "{err}"
+    );
+    assert!(
+        err.contains("warning: sources.f") && err.contains("matches no file"),
+        "{err}"
+    );
+    drop(taken);
+}

@@ -50,13 +50,23 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub no_alerts: bool,
     /// Files and folders (read recursively, in sorted path order; the
-    /// rotated files of a journal or eventlog oldest first, before it).
+    /// rotated files of a journal or eventlog oldest first, before it);
+    /// `-` for standard input; `.gz` files are read decompressed.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
 }
 
 fn parse_format(s: &str) -> Result<Format> {
     Format::parse(s).with_context(|| format!("unknown input format `{s}`"))
+}
+
+/// Undecodable lines at the start of an input after which it is taken
+/// for something else than an eventlog or a journal (a binary file).
+const BINARY_AFTER: u64 = 10;
+
+/// Whether a path names a gzip file.
+fn is_gzip(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gz")
 }
 
 /// Records and bad lines a batch carries from the reading thread.
@@ -75,6 +85,8 @@ struct Reader {
     cluster: String,
     format: Format,
     lines: u64,
+    /// Records decoded.
+    records: u64,
     batch: Vec<Item>,
     tx: std::sync::mpsc::SyncSender<Vec<Item>>,
 }
@@ -128,16 +140,17 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         cluster: args.cluster.clone(),
         format: args.input_format,
         lines: 0,
+        records: 0,
         batch: Vec::with_capacity(READ_BATCH),
         tx,
     };
-    let lines = std::thread::scope(|scope| {
-        let reading = scope.spawn(move || -> Result<u64> {
+    let (lines, records) = std::thread::scope(|scope| {
+        let reading = scope.spawn(move || -> Result<(u64, u64)> {
             for path in &args.paths {
                 reader.path(path)?;
             }
             reader.flush();
-            Ok(reader.lines)
+            Ok((reader.lines, reader.records))
         });
         for batch in rx {
             for item in batch {
@@ -170,6 +183,22 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         OutputFormat::Table => print_table(&mut out, state, &anomalies, &alerts, lines)?,
     }
     out.flush()?;
+    // Said, and a failure: a replay that found nothing is a wrong path or
+    // a wrong file more often than an empty log.
+    if records == 0 {
+        eprintln!(
+            "fluxpipe replay: nothing read: {lines} lines, no event or document among them ({} anomalies)",
+            anomalies.len()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    if state.jobs.is_empty() && state.resources.is_empty() {
+        eprintln!(
+            "fluxpipe replay: nothing placed: {records} records read, none made a job or a node ({} anomalies say why)",
+            anomalies.len()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -201,10 +230,15 @@ impl Reader {
     }
 
     fn apply(&mut self, rec: Record) {
+        self.records += 1;
         self.send(Item::Record(rec));
     }
 
     fn path(&mut self, path: &Path) -> Result<()> {
+        if path == Path::new("-") {
+            let stdin = std::io::stdin();
+            return self.lines(stdin.lock(), path, &Origin::default());
+        }
         let meta =
             std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
         if meta.is_dir() {
@@ -219,9 +253,9 @@ impl Reader {
             // oldest first, before its live file.
             rotation::in_read_order(&mut files);
             for file in &files {
-                if rotation::is_compressed_log(file) {
+                if rotation::is_compressed_log(file) && !is_gzip(file) {
                     eprintln!(
-                        "fluxpipe replay: {}: compressed, not read (decompress it to replay it)",
+                        "fluxpipe replay: {}: compressed, not read (decompress it to replay it; only gzip is read)",
                         file.display()
                     );
                     continue;
@@ -237,8 +271,15 @@ impl Reader {
     /// Read one file; `named` is true when the user named it, so even a
     /// file whose path says nothing is read (its lines must name their keys).
     fn file(&mut self, path: &Path, named: bool) -> Result<()> {
+        // A gzip file reads as the name it had before (`journal.jsonl.2.gz`).
+        let gzip = is_gzip(path);
+        let named_as = if gzip {
+            path.with_extension("")
+        } else {
+            path.to_path_buf()
+        };
         // A rotated name reads as its live name (`journal.jsonl.1`).
-        let origin = match rotation::classify(path) {
+        let origin = match rotation::classify(&named_as) {
             PathKind::Eventlog(origin) => origin,
             PathKind::Lines => Origin::default(),
             PathKind::Other if named => Origin::default(),
@@ -276,15 +317,35 @@ impl Reader {
             }
         };
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let mut reader = BufReader::new(file);
+        if gzip {
+            let decoded = flate2::read::MultiGzDecoder::new(BufReader::new(file));
+            self.lines(BufReader::new(decoded), path, &origin)
+        } else {
+            self.lines(BufReader::new(file), path, &origin)
+        }
+    }
+
+    /// Read and decode the lines of one input. An input whose first
+    /// [`BINARY_AFTER`] lines are all undecodable is not an eventlog or a
+    /// journal: it is left with one anomaly, not one per line.
+    fn lines(&mut self, mut reader: impl BufRead, path: &Path, origin: &Origin) -> Result<()> {
         let mut line = Vec::new();
         let mut lineno = 0u64;
+        let mut good = 0u64;
         loop {
             line.clear();
-            let n = (&mut reader)
+            let n = match (&mut reader)
                 .take(MAX_LINE as u64 + 1)
                 .read_until(b'\n', &mut line)
-                .with_context(|| format!("cannot read {}", path.display()))?;
+            {
+                Ok(n) => n,
+                // A damaged file (a gzip cut short) is said, and the rest
+                // of the input is still read.
+                Err(e) => {
+                    self.input_anomaly(path, lineno + 1, format!("cannot read on: {e}"));
+                    break;
+                }
+            };
             if n == 0 {
                 break;
             }
@@ -309,7 +370,19 @@ impl Reader {
             if text.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let decoded = decode::decode_line(text, &origin, self.format);
+            let decoded = decode::decode_line(text, origin, self.format);
+            if decoded.errors.is_empty() {
+                good += 1;
+            } else if good == 0 && lineno >= BINARY_AFTER {
+                self.input_anomaly(
+                    path,
+                    lineno,
+                    format!(
+                        "none of the first {lineno} lines could be decoded: not an eventlog or a journal; the rest is not read"
+                    ),
+                );
+                break;
+            }
             for err in decoded.errors {
                 self.input_anomaly(path, lineno, err.to_string());
             }

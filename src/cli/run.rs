@@ -31,8 +31,11 @@ pub struct RunArgs {
 #[derive(Args, Debug)]
 pub struct ValidateArgs {
     /// Pipeline config (TOML) to check.
-    #[arg(long, short)]
-    pub config: PathBuf,
+    #[arg(long, short, conflicts_with = "file")]
+    pub config: Option<PathBuf>,
+    /// The config to check, named without `--config`.
+    #[arg(required_unless_present = "config")]
+    pub file: Option<PathBuf>,
 }
 
 /// The built-in default pipeline.
@@ -160,9 +163,24 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 }
 
 pub fn validate(args: ValidateArgs) -> Result<ExitCode> {
-    let label = args.config.display().to_string();
-    match config::load(&args.config) {
+    let Some(path) = args.config.or(args.file) else {
+        return Err(anyhow!("name the config to check"));
+    };
+    let label = path.display().to_string();
+    match config::load(&path) {
         Ok(c) => {
+            // What can be known without starting: the data folder, the
+            // addresses, the files.
+            let problems = crate::pipeline::preflight::problems(&c);
+            for w in crate::pipeline::preflight::warnings(&c) {
+                eprintln!("fluxpipe: {label}: warning: {w}");
+            }
+            if !problems.is_empty() {
+                for p in &problems {
+                    eprintln!("fluxpipe: {label}: {p}");
+                }
+                return Ok(ExitCode::FAILURE);
+            }
             println!(
                 "{label}: ok ({} sources, {} sinks)",
                 c.sources.len(),

@@ -294,16 +294,113 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// Parse TOML text into a config and validate it.
+/// Parse TOML text into a config and validate it. Every error is
+/// reported, not only the first: a key of the wrong type is noted, its
+/// line set aside, and the rest read again (at most [`MAX_ERRORS`] times);
+/// what is then read is validated too.
 pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
-    let config: Config = toml::from_str(text).map_err(|e| {
-        vec![typed_table_error(text).unwrap_or_else(|| ConfigError::Parse(e.to_string()))]
-    })?;
-    let errors = validate(&config, text);
-    if errors.is_empty() {
-        Ok(config)
-    } else {
-        Err(errors)
+    let mut errors = Vec::new();
+    let mut rest = text.to_string();
+    // Keys whose lines were set aside: a "missing field" for one of them
+    // is the same error again.
+    let mut set_aside: Vec<String> = Vec::new();
+    let config = loop {
+        match toml::from_str::<Config>(&rest) {
+            Ok(config) => break Some(config),
+            Err(e) => {
+                let error = typed_table_error(&rest).unwrap_or_else(|| match e.span() {
+                    Some(span) => ConfigError::At {
+                        line: line_of(&rest, span.start),
+                        message: e.message().to_string(),
+                    },
+                    None => ConfigError::Parse(e.to_string()),
+                });
+                let repeat = set_aside
+                    .iter()
+                    .any(|k| error.to_string().contains(&format!("missing field `{k}`")));
+                // A line set aside may break the text itself (a value over
+                // several lines): then what is left cannot be read on.
+                let broke = !errors.is_empty() && toml::from_str::<toml::Table>(&rest).is_err();
+                if broke || repeat {
+                    break None;
+                }
+                let line = match &error {
+                    ConfigError::At { line, .. } => Some(*line),
+                    _ => None,
+                };
+                errors.push(in_plain_words(error));
+                match line {
+                    Some(line) if errors.len() < MAX_ERRORS => {
+                        if let Some(key) = set_line_aside(&mut rest, line) {
+                            set_aside.push(key);
+                        }
+                    }
+                    _ => break None,
+                }
+            }
+        }
+    };
+    if let Some(config) = &config {
+        errors.extend(validate(config, &rest));
+    }
+    match config {
+        Some(config) if errors.is_empty() => Ok(config),
+        _ => Err(errors),
+    }
+}
+
+/// Most errors reported for one file.
+const MAX_ERRORS: usize = 20;
+
+/// Comment out line `line` (1-based) of `text`; the key it set, if any.
+fn set_line_aside(text: &mut String, line: usize) -> Option<String> {
+    let mut out = String::with_capacity(text.len() + 1);
+    let mut key = None;
+    for (i, l) in text.split_inclusive('\n').enumerate() {
+        if i + 1 == line {
+            key = l
+                .split_once('=')
+                .map(|(k, _)| k.trim().trim_matches('"').to_string());
+            out.push('#');
+        }
+        out.push_str(l);
+    }
+    *text = out;
+    key
+}
+
+/// serde's words for types, in words a sysadmin reads ("expected a whole
+/// number", not "expected usize").
+fn in_plain_words(error: ConfigError) -> ConfigError {
+    let plain = |m: String| {
+        let mut m = m;
+        for (rust, words) in [
+            ("expected usize", "expected a whole number"),
+            ("expected u64", "expected a whole number"),
+            ("expected u32", "expected a whole number"),
+            ("expected u16", "expected a whole number"),
+            ("expected u8", "expected a whole number"),
+            ("expected i64", "expected a whole number"),
+            ("expected i32", "expected a whole number"),
+            ("expected f64", "expected a number"),
+            ("expected f32", "expected a number"),
+            ("expected a sequence", "expected a list"),
+            ("expected a map", "expected a table"),
+            ("invalid type: ", "wrong type: "),
+            ("invalid value: integer", "out of range: integer"),
+        ] {
+            m = m.replace(rust, words);
+        }
+        m
+    };
+    match error {
+        ConfigError::At { line, message } => ConfigError::At {
+            line,
+            message: plain(message),
+        },
+        ConfigError::Parse(m) => ConfigError::Parse(plain(m)),
+        ConfigError::Invalid(m) => ConfigError::Invalid(plain(m)),
+        other => other,
     }
 }
 
@@ -572,6 +669,29 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
     }
 
     #[test]
+    fn every_error_of_a_file_comes_at_once_in_plain_words() {
+        let e = errors(
+            "workers = \"two\"\n[sources.a]\ntype = \"socket\"\naddress = \"127.0.0.1:7000\"\n\
+             max_connections = -1\n[sinks.c]\ntype = \"file\"\npath = \"/tmp/x\"\n\
+             inputs = [\"jobz\"]\nbuffer = \"big\"\n",
+        );
+        assert_eq!(e.len(), 4, "{e:#?}");
+        for (line, words) in [
+            (1, "expected a whole number"),
+            (5, "max_connections"),
+            (10, "expected a whole number"),
+            (9, "jobz"),
+        ] {
+            assert!(
+                e.iter()
+                    .any(|m| m.starts_with(&format!("line {line}:")) && m.contains(words)),
+                "line {line}: {words}: {e:#?}"
+            );
+        }
+        assert!(e.iter().all(|m| !m.contains("usize")), "{e:#?}");
+    }
+
+    #[test]
     fn errors_name_the_key_and_line() {
         let e = errors(
             "[sources.a]\ntype = \"stdin\"\n\n[sinks.b]\ntype = \"stdout\"\ninputs = [\"jobz\"]\n",
@@ -616,7 +736,7 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
              uri = \"http://127.0.0.1:1/\"\nbatch_max_records = \"many\"\n",
         );
         assert!(
-            e[0].starts_with("line 7: sinks.c.batch_max_records: invalid type"),
+            e[0].starts_with("line 7: sinks.c.batch_max_records: wrong type"),
             "{e:?}"
         );
     }

@@ -5,4 +5,5 @@
 
 pub mod config;
 pub mod coordinator;
+pub mod preflight;
 pub mod topology;

@@ -339,6 +339,11 @@ fn base_of(pattern: &str) -> PathBuf {
         .collect()
 }
 
+/// How many files the `include` patterns match now (`fluxpipe validate`).
+pub fn files_matching(config: &FileSourceConfig) -> Result<usize> {
+    Ok(Scanner::new(config, true, 0)?.walk().len())
+}
+
 fn glob_set(patterns: &[String]) -> Result<GlobSet> {
     let mut b = GlobSetBuilder::new();
     for p in patterns {
