@@ -471,12 +471,9 @@ address = "127.0.0.1:{api}"
             .expect("spawn fluxpipe"),
     );
     let buffered = || {
-        common::http_get(api, "/metrics")
-            .and_then(|(_, text)| {
-                text.lines()
-                    .find(|l| l.starts_with("fluxpipe_sink_buffered_records{sink=\"am\"}"))
-                    .and_then(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            })
+        common::scrape(api)
+            .get("fluxpipe_sink_buffered_records{sink=\"am\"}")
+            .copied()
             .unwrap_or(0.0)
     };
     wait_for(

@@ -9,9 +9,10 @@
 //! move no clock and fire nothing, also after a restart.
 
 mod common;
-use common::{Reaper, fluxpipe, free_port, http_get, read_records, sigterm, wait_until};
+use common::{
+    Reaper, fluxpipe, free_port, read_records, scrape as metrics, sigterm, total, wait_until,
+};
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
@@ -62,28 +63,6 @@ fn start(config: &Path) -> Reaper {
             .spawn()
             .expect("spawn fluxpipe"),
     )
-}
-
-/// Every sample of `/metrics` (series with labels → value), once it answers.
-fn metrics(port: u16) -> BTreeMap<String, f64> {
-    let Some((200, text)) = http_get(port, "/metrics") else {
-        return BTreeMap::new();
-    };
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-/// The sum of the samples of one metric (any labels).
-fn total(m: &BTreeMap<String, f64>, name: &str) -> f64 {
-    m.iter()
-        .filter(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
-        .map(|(_, v)| v)
-        .sum()
 }
 
 fn send(port: u16, bytes: &[u8]) {

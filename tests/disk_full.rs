@@ -222,13 +222,9 @@ fn a_full_disk_under_the_file_sink_is_waited_out() {
     let log = Arc::new(Mutex::new(String::new()));
     let child = common::Reaper(start(&config, &log));
     let errors = || {
-        common::http_get(api, "/metrics")
-            .map(|(_, text)| {
-                text.lines()
-                    .filter(|l| l.starts_with("fluxpipe_sink_errors_total{sink=\"out\"}"))
-                    .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-                    .sum::<f64>()
-            })
+        common::scrape(api)
+            .get("fluxpipe_sink_errors_total{sink=\"out\"}")
+            .copied()
             .unwrap_or(0.0)
     };
     wait_until("the disk full and the error counted", 60, || {

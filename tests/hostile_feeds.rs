@@ -23,10 +23,7 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+    common::total(&common::samples(text), name)
 }
 
 fn drain(cluster: &str, t: f64) -> String {

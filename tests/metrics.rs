@@ -3,7 +3,7 @@
 //! the Debian package `prometheus`, installed by `.ci/run`) accepts it.
 
 mod common;
-use common::{Reaper, corpus, fluxpipe, free_port, http_get, http_get_with, sigterm};
+use common::{Reaper, corpus, fluxpipe, free_port, http_get, http_get_with, samples, sigterm};
 
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,16 +62,6 @@ fn check_openmetrics(text: &str) {
         .expect("count");
     let samples = text.lines().filter(|l| !l.starts_with('#')).count();
     assert_eq!(parsed, samples, "every sample parsed");
-}
-
-fn samples(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
 }
 
 /// Lines for stdin: instance B's journals (cluster B, from the source's

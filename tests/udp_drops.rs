@@ -4,16 +4,17 @@
 //! every datagram sent is either received or counted as dropped.
 
 mod common;
-use common::{Reaper, fluxpipe, free_port, http_get, wait_until};
+use common::{Reaper, fluxpipe, free_port, wait_until};
 
 use std::process::Stdio;
 
+/// A metric's value, once `/metrics` answers and has it.
 fn sample(port: u16, name: &str) -> Option<f64> {
-    let (_, text) = http_get(port, "/metrics")?;
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .next()
+    let samples = common::scrape(port);
+    samples
+        .keys()
+        .any(|k| k.starts_with(name))
+        .then(|| common::total(&samples, name))
 }
 
 #[test]

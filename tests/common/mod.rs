@@ -328,3 +328,33 @@ impl XorShift {
         self.0
     }
 }
+
+/// The samples of a Prometheus text exposition: series (name and labels
+/// as written) → value.
+pub fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The samples `/metrics` on loopback port `port` gives now (none while
+/// it does not answer).
+pub fn scrape(port: u16) -> std::collections::BTreeMap<String, f64> {
+    match http_get(port, "/metrics") {
+        Some((200, text)) => samples(&text),
+        _ => Default::default(),
+    }
+}
+
+/// The sum of metric `name`'s samples, whatever their labels.
+pub fn total(samples: &std::collections::BTreeMap<String, f64>, name: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(k, _)| *k == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
+        .map(|(_, v)| v)
+        .sum()
+}
