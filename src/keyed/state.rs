@@ -463,15 +463,21 @@ impl State {
 
     /// The shared copy of a cluster name: a million job keys of one
     /// cluster hold one string, and making a key allocates nothing.
+    /// The copy of `cluster` if it is the name interned last: most records
+    /// name the cluster the one before named, often by the very string
+    /// interned (a shard's copy of its sources' names).
+    fn interned_last(&self, cluster: &str) -> Option<Arc<str>> {
+        self.last_cluster
+            .as_ref()
+            .filter(|c| std::ptr::eq(&***c, cluster) || ***c == *cluster)
+            .cloned()
+    }
+
     /// As [`State::intern`], for a record: `None` if the cluster is new
     /// and the most clusters are followed.
     pub fn intern_admitted(&mut self, cluster: &str) -> Option<Arc<str>> {
-        if let Some(c) = self
-            .last_cluster
-            .as_ref()
-            .filter(|c| std::ptr::eq(&***c, cluster) || ***c == *cluster)
-        {
-            return Some(c.clone());
+        if let Some(c) = self.interned_last(cluster) {
+            return Some(c);
         }
         if !self.clusters.contains(cluster) && !self.cluster_budget.admit(cluster) {
             return None;
@@ -480,14 +486,8 @@ impl State {
     }
 
     pub fn intern(&mut self, cluster: &str) -> Arc<str> {
-        // Most records name the cluster the one before named, often by
-        // the very string interned (a shard's copy of its sources' names).
-        if let Some(c) = self
-            .last_cluster
-            .as_ref()
-            .filter(|c| std::ptr::eq(&***c, cluster) || ***c == *cluster)
-        {
-            return c.clone();
+        if let Some(c) = self.interned_last(cluster) {
+            return c;
         }
         if let Some(c) = self.clusters.get(cluster) {
             let c = c.clone();
