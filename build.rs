@@ -17,4 +17,5 @@ fn main() {
         .unwrap_or_else(|| "unknown commit".to_string());
     let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
     println!("cargo:rustc-env=FLUXPIPE_VERSION={version} ({commit})");
+    println!("cargo:rustc-env=FLUXPIPE_COMMIT={commit}");
 }

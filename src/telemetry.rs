@@ -19,27 +19,68 @@ const SECONDS_BUCKETS: &[f64] = &[
     259200.0, 604800.0,
 ];
 
+/// Buckets for work that takes milliseconds to seconds: a checkpoint, an
+/// HTTP request (which may wait for one).
+const SHORT_SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The `process_*` series (CPU, memory, file descriptors, start time),
+/// read from /proc at each scrape.
+static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
 
 /// Install the Prometheus recorder (once per process) and return its handle.
 /// `None` if another recorder was installed first.
 pub fn prometheus() -> Option<&'static PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
+            // A full name wins over the suffix, whatever the order here.
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full("fluxpipe_checkpoint_duration_seconds".into()),
+                    SHORT_SECONDS_BUCKETS,
+                )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full("fluxpipe_http_request_duration_seconds".into()),
+                    SHORT_SECONDS_BUCKETS,
+                )
                 .ok()?;
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
             describe();
+            PROCESS
+                .get_or_init(metrics_process::Collector::default)
+                .describe();
+            metrics::gauge!(
+                "fluxpipe_build_info",
+                "version" => env!("CARGO_PKG_VERSION"),
+                "commit" => env!("FLUXPIPE_COMMIT"),
+            )
+            .set(1.0);
             Some(handle)
         })
         .as_ref()
 }
 
+/// Refresh the `process_*` series; called before each render of /metrics.
+pub fn collect_process() {
+    if let Some(collector) = PROCESS.get() {
+        collector.collect();
+    }
+}
+
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "fluxpipe_build_info",
+        "Always 1; the version and commit fluxpipe was built from."
+    );
     describe_gauge!("flux_jobs", "Active jobs per RFC 21 state.");
     describe_counter!("flux_job_transitions_total", "Job state transitions.");
     describe_counter!(

@@ -191,6 +191,34 @@ fn scrape_after_the_corpus_gives_exact_values() {
             .unwrap_or_else(|| panic!("no series {s} in\n{text}"))
     };
     assert_eq!(get("fluxpipe_source_lag_bytes{source=\"files\"}"), 0.0);
+    // The usual exporter series: this process's own, and what it was built from.
+    let version = String::from_utf8(
+        fluxpipe()
+            .arg("--version")
+            .output()
+            .expect("version")
+            .stdout,
+    )
+    .expect("utf-8");
+    let commit = version
+        .split(['(', ')'])
+        .nth(1)
+        .expect("a commit in --version");
+    assert_eq!(
+        get(&format!(
+            "fluxpipe_build_info{{version=\"{}\",commit=\"{commit}\"}}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        1.0
+    );
+    assert!(get("process_resident_memory_bytes") > 1e6);
+    assert!(get("process_open_fds") >= 3.0);
+    assert!(get("process_start_time_seconds") > 1.7e9);
+    // Checkpoints take milliseconds: their buckets start there.
+    assert!(
+        values.contains_key("fluxpipe_checkpoint_duration_seconds_bucket{le=\"0.001\"}"),
+        "{text}"
+    );
     // flux-core's own answers for instance B: 18 jobs, 16 inactive.
     let fj: Value = serde_json::from_str(
         &std::fs::read_to_string(corpus().join("instances/B/flux-jobs-a.json")).expect("answers"),

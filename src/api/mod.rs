@@ -136,6 +136,7 @@ impl Server {
             .route(
                 "/metrics",
                 get(move |headers: HeaderMap| {
+                    telemetry::collect_process();
                     let mut text = handle.render();
                     text.push_str(&nodes.render(node_series));
                     text.push_str(&ages.render());
