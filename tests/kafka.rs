@@ -740,3 +740,82 @@ async fn three_members_of_a_group_one_killed_and_replaced_agree_with_one_instanc
         }
     }
 }
+
+/// A broker that cannot be reached is said at once: a warning naming it,
+/// and `/readyz` not ready with the reason, until it comes back; then the
+/// source reads, and a stop during the wait is prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_broker_is_said_at_once_and_readyz_follows_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Broker::Mock(MockCluster::new(1).expect("mock cluster"));
+    let Broker::Mock(mock) = &broker else {
+        unreachable!()
+    };
+    let servers = broker.servers();
+    let topic = unique("away");
+    broker.create_topics(&topic, 1, &["away"]).await;
+    mock.broker_down(1).expect("broker down");
+
+    let out = dir.path().join("out.jsonl");
+    let port = common::free_port();
+    let config = member_config(
+        dir.path(),
+        &servers,
+        &topic,
+        "away",
+        "away",
+        &out,
+        &format!("[api]\naddress = \"127.0.0.1:{port}\"\n"),
+    );
+    let log = dir.path().join("log");
+    let mut running = Running(Some(
+        fluxpipe()
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn fluxpipe"),
+    ));
+    let started = Instant::now();
+    wait_until("the warning about the broker", 10, || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("no Kafka broker of"))
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let (status, body) = common::http_get(port, "/readyz").expect("/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("k: ") && body.contains(&servers), "{body}");
+
+    // Back: ready again, and the source reads.
+    mock.broker_up(1).expect("broker up");
+    wait_until("/readyz ready after the broker came back", 30, || {
+        common::http_get(port, "/readyz").is_some_and(|(s, _)| s == 200)
+    });
+    let journal = dir.path().join("journal.jsonl");
+    generate(5, &journal);
+    let text = std::fs::read_to_string(&journal).expect("journal");
+    let lines: Vec<&str> = text.lines().collect();
+    produce(&servers, &topic, &lines).await;
+    wait_until("the jobs read after the broker came back", 60, || {
+        !job_summaries(&out).is_empty()
+    });
+    stop(Running(running.0.take()));
+
+    // Away again, then a stop while the source waits for it: prompt.
+    mock.broker_down(1).expect("broker down");
+    let running = start(&config);
+    wait_until("not ready while the broker is away", 10, || {
+        common::http_get(port, "/readyz").is_some_and(|(s, _)| s == 503)
+    });
+    let stopping = Instant::now();
+    stop(running);
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "a stop while waiting for the broker took {:?}",
+        stopping.elapsed()
+    );
+}

@@ -154,12 +154,13 @@ impl Server {
             .route(
                 "/readyz",
                 get(move || {
-                    let ok = ready.get();
+                    let reasons = ready.reasons();
                     async move {
-                        if ok {
-                            (StatusCode::OK, "ready\n").into_response()
+                        if reasons.is_empty() {
+                            (StatusCode::OK, "ready\n".to_string()).into_response()
                         } else {
-                            (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+                            let text = format!("not ready\n{}\n", reasons.join("\n"));
+                            (StatusCode::SERVICE_UNAVAILABLE, text).into_response()
                         }
                     }
                 }),

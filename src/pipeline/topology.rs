@@ -261,7 +261,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             shutdown.child_token(),
             link.clone(),
         )
-        .with_ownership(ownership.clone());
+        .with_ownership(ownership.clone())
+        .with_readiness(views.ready.clone());
         let (name, source) = (name.clone(), source.clone());
         source_tasks.spawn(async move {
             let result = sources::run(source, ctx).await;

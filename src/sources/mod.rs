@@ -18,6 +18,7 @@ use crate::component::{Claim, Problem};
 use crate::decode::{self, Origin, Record};
 use crate::output::OutputStream;
 use crate::output::{self, OutputRecord};
+use crate::telemetry::Readiness;
 use config::DecodeConfig;
 use lines::Line;
 use std::sync::Arc;
@@ -62,6 +63,8 @@ pub struct SourceContext {
     /// Where a source that reads partitions says which it owns (the
     /// query API's answers carry it).
     pub ownership: Ownership,
+    /// Where a source says it cannot do its work (`/readyz`).
+    pub readiness: Readiness,
     /// `fluxpipe_events_received_total` of this source, registered once:
     /// the macro would build and look up its labelled key for every line.
     received: metrics::Counter,
@@ -89,6 +92,7 @@ impl SourceContext {
             invalid: Arc::new(AtomicU64::new(0)),
             dead_letters: Arc::new(DeadLetterRate::default()),
             ownership: Ownership::default(),
+            readiness: Readiness::default(),
             received: metrics::counter!("fluxpipe_events_received_total", "source" => name.to_string()),
         }
     }
@@ -97,6 +101,13 @@ impl SourceContext {
     /// its sources and its API).
     pub fn with_ownership(mut self, ownership: Ownership) -> Self {
         self.ownership = ownership;
+        self
+    }
+
+    /// Report what keeps this source from its work to `readiness` (the
+    /// pipeline's, behind `/readyz`).
+    pub fn with_readiness(mut self, readiness: Readiness) -> Self {
+        self.readiness = readiness;
         self
     }
 

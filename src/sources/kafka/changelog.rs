@@ -42,7 +42,7 @@ pub struct Fence {
 
 /// Broker connection settings shared by the changelog's clients: the
 /// user's options minus those that only a group member may have.
-fn base_config(config: &KafkaSourceConfig) -> ClientConfig {
+pub(super) fn base_config(config: &KafkaSourceConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &config.bootstrap_servers);
     for (k, v) in &config.librdkafka_options {

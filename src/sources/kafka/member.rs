@@ -2,6 +2,7 @@
 //! above for what it promises).
 
 use super::KafkaSourceConfig;
+use super::brokers::{self, BrokerHealth};
 use super::changelog;
 use crate::sources::SourceContext;
 use crate::sources::lines::Line;
@@ -100,10 +101,17 @@ struct GroupContext {
     fence: Arc<Mutex<changelog::Fence>>,
     /// Offsets reported per round, until committed.
     reported: Arc<Mutex<BTreeMap<u64, Offsets>>>,
+    /// Whether a broker is reachable, for `/readyz`.
+    health: BrokerHealth,
 }
 
 impl ClientContext for GroupContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.health.error(&error, reason);
+    }
+
     fn stats(&self, stats: Statistics) {
+        self.health.stats(&stats);
         for (topic, t) in &stats.topics {
             for (p, part) in &t.partitions {
                 if *p < 0 || part.consumer_lag < 0 {
@@ -561,10 +569,18 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
     let restored = parse_positions(ctx.checkpoint.restored())
         .with_context(|| format!("source {}: the positions in the checkpoint", ctx.name))?;
     let changelog_topic = config.changelog_topic();
+    // Stopped before a broker answered: nothing read, the positions stay.
+    let unchanged = || Ok(serde_json::to_string(&Positions::from_offsets(&restored))?);
+    if !brokers::wait_for_one(&config, &ctx).await? {
+        return unchanged();
+    }
     if let Some(topic) = &changelog_topic {
-        changelog::ensure_topic(&config, topic)
-            .await
-            .with_context(|| format!("source {}: changelog topic {topic}", ctx.name))?;
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return unchanged(),
+            made = changelog::ensure_topic(&config, topic) => {
+                made.with_context(|| format!("source {}: changelog topic {topic}", ctx.name))?;
+            }
+        }
     }
     // Nothing is committed for a partition before it is taken over.
     let shared = Arc::new(Mutex::new(Shared::default()));
@@ -577,6 +593,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
         rebalanced: rebalanced.clone(),
         fence: fence.clone(),
         reported: reported.clone(),
+        health: BrokerHealth::new(&ctx, &config),
     };
     let consumer: StreamConsumer<GroupContext> = client_config(&config)
         .create_with_context(context)

@@ -44,6 +44,8 @@ use crate::sources::{SourceContext, SourceSpec};
 use std::collections::BTreeMap;
 
 #[cfg(feature = "kafka")]
+mod brokers;
+#[cfg(feature = "kafka")]
 mod changelog;
 #[cfg(feature = "kafka")]
 mod member;
