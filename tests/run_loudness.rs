@@ -235,3 +235,65 @@ fn validate_reports_every_error_at_once() {
     );
     drop(taken);
 }
+
+#[test]
+fn a_checkpoint_of_another_pipeline_is_refused_with_the_way_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let journal =
+        common::corpus().join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl");
+    let config = |source: &str| {
+        let path = dir.path().join(format!("{source}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "data_dir = {data:?}\n[sources.{source}]\ntype = \"stdin\"\n\
+                 [sinks.out]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\n"
+            ),
+        )
+        .expect("config");
+        path
+    };
+    let run = |config: &std::path::Path, extra: &[&str]| {
+        fluxpipe()
+            .args(["run", "--config"])
+            .arg(config)
+            .args(extra)
+            .stdin(std::fs::File::open(&journal).expect("journal"))
+            .output()
+            .expect("run")
+    };
+    let first = run(&config("journal"), &[]);
+    assert!(first.status.success(), "{first:?}");
+
+    // Another config on the same folder: refused, saying whose it is and
+    // the ways out.
+    let other = config("other");
+    let refused = run(&other, &[]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{err}");
+    for words in [
+        "belongs to another pipeline",
+        "journal (stdin)",
+        "other (stdin)",
+        "--reset-state",
+        "--adopt-checkpoint",
+    ] {
+        assert!(err.contains(words), "no {words:?} in: {err}");
+    }
+    // Told to: restored, with a warning.
+    let adopted = run(&other, &["--adopt-checkpoint"]);
+    let err = String::from_utf8_lossy(&adopted.stderr);
+    assert!(adopted.status.success(), "{err}");
+    assert!(
+        err.contains("restoring the checkpoint of another pipeline"),
+        "{err}"
+    );
+    // The same config again: its own checkpoint now, restored quietly.
+    let again = run(&other, &[]);
+    assert!(again.status.success(), "{again:?}");
+    // The first config is now the other one; --reset-state starts it anew.
+    assert!(!run(&config("journal"), &[]).status.success());
+    let reset = run(&config("journal"), &["--reset-state"]);
+    assert!(reset.status.success(), "{reset:?}");
+}

@@ -24,6 +24,10 @@ pub struct RunArgs {
     /// `checkpoint.bin.reset`) instead of restoring it.
     #[arg(long)]
     pub reset_state: bool,
+    /// Restore the checkpoint even though it was written by a pipeline
+    /// whose sources read other files, topics or groups.
+    #[arg(long, conflicts_with = "reset_state")]
+    pub adopt_checkpoint: bool,
     /// Files or folders for the built-in default (ignored with --config).
     pub paths: Vec<PathBuf>,
 }
@@ -101,6 +105,7 @@ impl RunArgs {
                 std::env::temp_dir().join(format!("fluxpipe-demo-{}", std::process::id())),
             ),
             reset_state: false,
+            adopt_checkpoint: false,
             paths: vec![corpus.join("jobs"), corpus.join("instances/B/journals")],
         }
     }
@@ -127,6 +132,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(dir) = args.data_dir {
         config.data_dir = dir;
     }
+    config.adopt_checkpoint = args.adopt_checkpoint;
     init_logging(&config);
     let dir = &config.data_dir;
     std::fs::create_dir_all(dir)

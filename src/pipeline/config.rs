@@ -43,6 +43,20 @@ pub struct Config {
     /// this table.
     #[serde(default)]
     pub api: Option<ApiConfig>,
+    /// `fluxpipe run --adopt-checkpoint`: restore a checkpoint written for
+    /// other sources.
+    #[serde(skip)]
+    pub adopt_checkpoint: bool,
+}
+
+impl Config {
+    /// What each source reads (name → identity), as checkpoints keep it.
+    pub fn source_identities(&self) -> BTreeMap<String, String> {
+        self.sources
+            .iter()
+            .map(|(name, s)| (name.clone(), s.identity()))
+            .collect()
+    }
 }
 
 fn default_data_dir() -> PathBuf {

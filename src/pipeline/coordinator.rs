@@ -77,6 +77,8 @@ pub struct Coordinator {
     changelogs: HashMap<Arc<str>, mpsc::Sender<ChangelogBatch>>,
     /// A round was asked for while one was under way.
     hurried: bool,
+    /// What the pipeline's sources read, kept in each checkpoint.
+    identities: BTreeMap<String, String>,
     /// Changes not yet in a changelog (a round failed after the shards
     /// handed them over): they go with the next round.
     carry: HashMap<Arc<str>, Vec<Change>>,
@@ -138,7 +140,14 @@ impl Coordinator {
             changelogs: HashMap::new(),
             carry: HashMap::new(),
             hurried: false,
+            identities: BTreeMap::new(),
         }
+    }
+
+    /// Checkpoints name what the sources read (see [`Head::identities`]).
+    pub fn with_identities(mut self, identities: BTreeMap<String, String>) -> Self {
+        self.identities = identities;
+        self
     }
 
     /// The link for a source; `positions`: whether it takes part in rounds;
@@ -334,6 +343,7 @@ impl Coordinator {
             written_at: crate::keyed::alerts::wall_now(),
             sources: self.positions.clone(),
             sinks: sink_cuts,
+            identities: self.identities.clone(),
         };
         write(self.dir.clone(), head, shards)
             .await

@@ -104,6 +104,20 @@ fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<ShardSt
     else {
         return Ok((None, (0..workers).map(|_| ShardState::default()).collect()));
     };
+    // Another pipeline's state (a data folder shared by two configs) is
+    // not taken silently.
+    if let Some(why) = checkpoint::mismatch(&saved.head.identities, &config.source_identities()) {
+        if !config.adopt_checkpoint {
+            anyhow::bail!(
+                "the checkpoint in {} belongs to another pipeline: {why}. \
+                 `fluxpipe run --reset-state` sets it aside and starts from nothing, \
+                 `--data-dir` (or the config's data_dir) keeps this pipeline's state apart, \
+                 `--adopt-checkpoint` restores it anyway",
+                dir.display()
+            );
+        }
+        tracing::warn!("--adopt-checkpoint: restoring the checkpoint of another pipeline: {why}");
+    }
     let (head, shards) = saved.split(workers, |c, id| Router::shard_index(workers, c, id));
     let jobs: usize = shards.iter().map(|s| s.jobs.len()).sum();
     tracing::info!(
@@ -247,7 +261,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         outputs.counters(),
         sink_ctx.offsets.clone(),
         head.as_ref(),
-    );
+    )
+    .with_identities(config.source_identities());
 
     let mut source_tasks = JoinSet::new();
     for (index, (name, source)) in config.sources.iter().enumerate() {
@@ -342,6 +357,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             written_at: crate::keyed::alerts::wall_now(),
             sources: positions,
             sinks: sink_ctx.offsets.ends(),
+            identities: config.source_identities(),
         };
         match coordinator::write(config.data_dir.clone(), head, states).await {
             Ok(bytes) => tracing::info!(bytes, "final checkpoint written"),

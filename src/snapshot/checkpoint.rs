@@ -88,6 +88,54 @@ pub struct Head {
     /// Last, with a default: checkpoints written before it read as before.
     #[serde(default)]
     pub sinks: BTreeMap<String, String>,
+    /// What each source of the config that wrote it reads (its type, and
+    /// its file patterns or Kafka topics and group): a config reading
+    /// something else is not given this state ([`mismatch`]). Last, with a
+    /// default: older checkpoints have none and are not checked.
+    #[serde(default)]
+    pub identities: BTreeMap<String, String>,
+}
+
+/// Why a checkpoint whose sources read `saved` does not belong to a
+/// pipeline whose sources read `now` (source name → identity), or `None`
+/// if it does: a source of both names that reads something else, or no
+/// source in common. Sources added or removed beside ones that match are
+/// the same pipeline changed.
+pub fn mismatch(
+    saved: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> Option<String> {
+    if saved.is_empty() {
+        return None;
+    }
+    let changed: Vec<String> = saved
+        .iter()
+        .filter_map(|(name, was)| match now.get(name) {
+            Some(is) if is != was => Some(format!("source {name} read {was}, now {is}")),
+            _ => None,
+        })
+        .collect();
+    if !changed.is_empty() {
+        return Some(changed.join("; "));
+    }
+    if !saved.keys().any(|name| now.contains_key(name)) {
+        let list = |m: &BTreeMap<String, String>| {
+            m.iter()
+                .map(|(n, i)| format!("{n} ({i})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Some(format!(
+            "it was written for the sources {}; this config has {}",
+            list(saved),
+            if now.is_empty() {
+                "none".to_string()
+            } else {
+                list(now)
+            }
+        ));
+    }
+    None
 }
 
 /// One shard's state, as restored.
@@ -1004,6 +1052,11 @@ mod tests {
             written_at: 1.5,
             sources: [("files".to_string(), "{\"a\":1}".to_string())].into(),
             sinks: [("out".to_string(), "{\"offset\":3}".to_string())].into(),
+            identities: [(
+                "files".to_string(),
+                "file include [\"*.jsonl\"]".to_string(),
+            )]
+            .into(),
         };
         let bytes = encoded(&st, &head);
         let back = decode(&bytes, Path::new("x")).unwrap();
@@ -1262,5 +1315,38 @@ mod tests {
             // Garbage may decode to a head by chance, but never panics.
             let _ = decode(&frame(&tail), Path::new("p"));
         }
+    }
+
+    #[test]
+    fn a_checkpoint_belongs_to_a_pipeline_reading_the_same() {
+        let m = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        let saved = m(&[("files", "file a"), ("k", "kafka t")]);
+        // Older checkpoints name nothing: not checked.
+        assert_eq!(mismatch(&BTreeMap::new(), &m(&[("x", "stdin")])), None);
+        assert_eq!(mismatch(&saved, &saved), None);
+        // A source added, or one removed beside one that matches.
+        assert_eq!(
+            mismatch(&saved, &m(&[("files", "file a"), ("s", "stdin")])),
+            None
+        );
+        assert_eq!(mismatch(&saved, &m(&[("k", "kafka t")])), None);
+        // A source that reads something else under its old name.
+        let why = mismatch(&saved, &m(&[("files", "file b"), ("k", "kafka t")])).unwrap();
+        assert!(
+            why.contains("source files read file a, now file b"),
+            "{why}"
+        );
+        // Another pipeline altogether.
+        let why = mismatch(&saved, &m(&[("stdin", "stdin")])).unwrap();
+        assert!(
+            why.contains("files (file a), k (kafka t)") && why.contains("stdin (stdin)"),
+            "{why}"
+        );
+        assert!(mismatch(&saved, &BTreeMap::new()).unwrap().contains("none"));
     }
 }

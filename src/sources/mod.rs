@@ -378,6 +378,14 @@ pub trait SourceSpec {
     fn keeps_changelog(&self) -> bool {
         false
     }
+
+    /// What names its input, beyond its type (file patterns; Kafka topics
+    /// and group): kept in checkpoints, so that a checkpoint is not
+    /// restored into a pipeline reading something else. Not where it
+    /// listens: an address can move and the feed stay the same.
+    fn reads(&self) -> String {
+        String::new()
+    }
 }
 
 /// The source types: `type = "NAME"` → module and config. Makes the
@@ -397,6 +405,13 @@ macro_rules! source_types {
             fn spec(&self) -> &dyn SourceSpec {
                 match self {
                     $(SourceConfig::$variant(c) => c,)*
+                }
+            }
+
+            /// Its `type`.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(SourceConfig::$variant(_) => stringify!($module),)*
                 }
             }
 
@@ -458,6 +473,20 @@ impl SourceSpec for SourceConfig {
 
     fn keeps_changelog(&self) -> bool {
         self.spec().keeps_changelog()
+    }
+
+    fn reads(&self) -> String {
+        self.spec().reads()
+    }
+}
+
+impl SourceConfig {
+    /// Its type and what it reads, as checkpoints keep it.
+    pub fn identity(&self) -> String {
+        match self.reads() {
+            r if r.is_empty() => self.kind().to_string(),
+            r => format!("{} {r}", self.kind()),
+        }
     }
 }
 

@@ -35,6 +35,10 @@ fn default_poll_ms() -> u64 {
 }
 
 impl SourceSpec for FileSourceConfig {
+    fn reads(&self) -> String {
+        format!("include {:?} exclude {:?}", self.include, self.exclude)
+    }
+
     /// At least one pattern, each a glob whose fixed part can be read.
     fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();

@@ -89,6 +89,10 @@ impl KafkaSourceConfig {
 }
 
 impl SourceSpec for KafkaSourceConfig {
+    fn reads(&self) -> String {
+        format!("topics {:?} group {:?}", self.topics, self.group_id)
+    }
+
     fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         for (key, empty) in [
