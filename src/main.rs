@@ -59,6 +59,16 @@ clusters are listed. Unlike `flux jobs`, every user's jobs are listed unless -u 
     Jobs(cli::jobs::JobsArgs),
     /// Show the nodes a running fluxpipe holds, as `flux resource` does.
     Resource(cli::resource::ResourceArgs),
+    /// Show the records of chosen output streams of a running fluxpipe, live.
+    #[command(
+        after_help = "Reads /api/v1/tap of one or several running pipelines (--url, repeated) and \
+prints their records as JSON Lines as they are made, until Ctrl-C or --count: for example \
+`fluxpipe tap transitions alerts --cluster picl`, `fluxpipe tap resources --node node12`. \
+Nothing is reconfigured; a stream no sink takes is made only while a tap reads it. A reader \
+too slow for the pipeline loses records, never slows it: a line \
+{\"kind\":\"tap_dropped\",\"dropped\":N} says how many."
+    )]
+    Tap(cli::tap::TapArgs),
     /// Ask the job archive a `database` sink keeps: past jobs, node changes.
     #[command(
         after_help = "Reads the SQLite or PostgreSQL database a `database` sink writes (--db, its \
@@ -95,6 +105,7 @@ fn main() -> ExitCode {
         Some(Command::Validate(a)) => cli::run::validate(a),
         Some(Command::Jobs(a)) => cli::jobs::run(a),
         Some(Command::Resource(a)) => cli::resource::run(a),
+        Some(Command::Tap(a)) => cli::tap::run(a),
         Some(Command::History(a)) => cli::history::run(a),
         Some(Command::Generate(a)) => cli::generate::run(a),
         Some(Command::Bench(a)) => cli::bench::run(a),

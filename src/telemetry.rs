@@ -77,6 +77,11 @@ pub fn collect_process() {
 
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!("fluxpipe_taps_open", "Readers of fluxpipe tap now.");
+    describe_counter!(
+        "fluxpipe_tap_records_dropped_total",
+        "Records a tap reader had no room for."
+    );
     describe_gauge!(
         "fluxpipe_build_info",
         "Always 1; the version and commit fluxpipe was built from."
@@ -478,13 +483,23 @@ impl NodeBoard {
     }
 }
 
+/// A rank the instance has not named yet is `node="rankN"`, as in alerts,
+/// the query API and the status page.
 fn node_labels(cluster: &str, r: &RankState) -> String {
-    format!(
-        "flux_cluster=\"{}\",node=\"{}\",rank=\"{}\"",
-        escape(cluster),
-        escape(r.hostname.as_deref().unwrap_or("")),
-        r.rank
-    )
+    match r.hostname.as_deref() {
+        Some(host) => format!(
+            "flux_cluster=\"{}\",node=\"{}\",rank=\"{}\"",
+            escape(cluster),
+            escape(host),
+            r.rank
+        ),
+        None => format!(
+            "flux_cluster=\"{}\",node=\"rank{}\",rank=\"{}\"",
+            escape(cluster),
+            r.rank,
+            r.rank
+        ),
+    }
 }
 
 /// Escape a label value (backslash, quote, newline), as the text format says.
@@ -705,8 +720,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("flux_nodes_offline{flux_cluster=\"picl\"} 0"));
-        assert!(!text.contains("flux_node_online{flux_cluster=\"picl\",node=\"\",rank=\"5\"}"));
-        assert!(text.contains("flux_node_torpid{flux_cluster=\"picl\",node=\"\",rank=\"5\"} 0"));
+        assert!(
+            !text.contains("flux_node_online{flux_cluster=\"picl\",node=\"rank5\",rank=\"5\"}")
+        );
+        assert!(
+            text.contains("flux_node_torpid{flux_cluster=\"picl\",node=\"rank5\",rank=\"5\"} 0")
+        );
         board.update("picl", 5, None, 1700000000.5);
         assert!(text.contains("flux_instance_up{flux_cluster=\"picl\"} 1"));
         board.set_instance_down("picl", true);

@@ -579,6 +579,13 @@ def main() -> int:
         all_on = {"prometheusRule": {"enabled": True, "rules": {
             k: {"enabled": True} for k in merged_values(None)["prometheusRule"]["rules"]}}}
         every = scenario("all-alerts", all_on, [MONITORING_API], {"PrometheusRule": 1}, work)
+        # Turned on as it ships, the PrometheusRule watches the pipeline only:
+        # the Flux* alerts duplicate fluxpipe's own rules and are opt-in.
+        rules_on = scenario("rules-as-shipped", {"prometheusRule": {"enabled": True}},
+                            [MONITORING_API], {"PrometheusRule": 1}, work)
+        doubled = [a for a in rules_on.get("alerts", []) if not a.startswith("Fluxpipe")]
+        if doubled or not rules_on.get("alerts"):
+            problem("rules-as-shipped", f"Flux alerts on by default beside fluxpipe's own: {doubled}")
         full_kinds = full.get("kinds", {})
         crd_schema_self_test((full_kinds.get("ServiceMonitor") or [{}])[0],
                              (full_kinds.get("PrometheusRule") or [{}])[0])

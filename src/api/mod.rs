@@ -8,9 +8,11 @@
 mod auth;
 mod page;
 pub mod query;
+mod tap;
 
 use crate::channels::fanout::SinkCounters;
 use crate::channels::query::Questions;
+use crate::channels::tap::Taps;
 use crate::component::{Claim, Problem, Resource};
 use crate::exposition::{self, Format};
 use crate::telemetry::{self, NodeBoard, Readiness, StateAges, UserJobs};
@@ -85,6 +87,8 @@ pub struct Views {
     pub users: UserJobs,
     /// Every sink's queued and done counts, for the buffered-records gauge.
     pub buffers: SinkCounters,
+    /// The fan-out's taps (`/api/v1/tap`).
+    pub taps: Taps,
 }
 
 /// The server, bound: binding first makes a taken address a start-up
@@ -131,6 +135,7 @@ impl Server {
             ready,
             users,
             buffers,
+            taps,
         } = views;
         let app = axum::Router::new()
             .route(
@@ -166,7 +171,9 @@ impl Server {
                 }),
             )
             .merge(auth::guard(
-                query::routes(questions.clone()).merge(page::routes(questions, Some(handle))),
+                query::routes(questions.clone())
+                    .merge(page::routes(questions, Some(handle)))
+                    .merge(tap::routes(taps, stop.clone())),
                 self.token,
             ));
         tracing::info!(address = %self.address, "serving the api (/metrics, /healthz, /readyz, /api/v1)");

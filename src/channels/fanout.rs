@@ -4,6 +4,7 @@
 //! counts of what each sink is done with (the acknowledgements checkpoints
 //! wait for).
 
+use crate::channels::tap::Taps;
 use crate::component::Problem;
 use crate::output::OutputRecord;
 use crate::output::OutputStream;
@@ -356,6 +357,9 @@ impl DropCounts {
 pub struct Outputs {
     ports: Arc<[SinkPort]>,
     streams: u8,
+    /// Readers looking in (`fluxpipe tap`): offered every batch, never
+    /// waited for.
+    taps: Taps,
 }
 
 impl Outputs {
@@ -395,9 +399,16 @@ impl Outputs {
             Outputs {
                 ports: ports.into(),
                 streams,
+                taps: Taps::default(),
             },
             rxs,
         )
+    }
+
+    /// Offer records to these taps too.
+    pub fn with_taps(mut self, taps: Taps) -> Self {
+        self.taps = taps;
+        self
     }
 
     /// Counters of dropped records, which outlive the fan-out table.
@@ -429,7 +440,7 @@ impl Outputs {
 
     /// Whether any sink takes `stream`: records nobody wants are not built.
     pub fn wants(&self, stream: OutputStream) -> bool {
-        self.streams & stream.bit() != 0
+        (self.streams | self.taps.bits()) & stream.bit() != 0
     }
 
     /// Deliver one record to every subscribed sink.
@@ -472,6 +483,9 @@ impl Outputs {
                     }
                 }
             }
+        }
+        if self.taps.bits() != 0 {
+            self.taps.offer(records);
         }
         records.clear();
     }

@@ -10,3 +10,4 @@ pub mod checkpoint;
 pub mod fanout;
 pub mod query;
 pub mod router;
+pub mod tap;

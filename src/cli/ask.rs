@@ -154,6 +154,81 @@ impl Client {
     }
 }
 
+impl Client {
+    /// `GET path` of every server as one long answer of lines (a tap),
+    /// each line handed to `each` as it comes, from whichever server sent
+    /// it, until `each` says stop or every answer has ended. A server that
+    /// refuses fails the whole.
+    pub fn stream_lines(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        mut each: impl FnMut(&str) -> bool,
+    ) -> Result<()> {
+        // No overall timeout: the answer lasts as long as the tap.
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .context("cannot build the HTTP client")?;
+        self.runtime.block_on(async {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<String>>(64);
+            let mut readers = tokio::task::JoinSet::new();
+            for base in &self.urls {
+                let url = format!("{base}{path}");
+                let mut request = http.get(&url).query(query);
+                if let Some(t) = &self.token {
+                    request = request.bearer_auth(t);
+                }
+                let tx = tx.clone();
+                readers.spawn(async move {
+                    let read = async {
+                        let mut response = request
+                            .send()
+                            .await
+                            .with_context(|| format!("{url}: no answer"))?;
+                        let status = response.status();
+                        if !status.is_success() {
+                            let body = response.text().await.unwrap_or_default();
+                            let why = serde_json::from_str::<Value>(&body)
+                                .ok()
+                                .and_then(|v| v["error"].as_str().map(str::to_string))
+                                .unwrap_or(body);
+                            bail!("{url}: {status}: {why}");
+                        }
+                        let mut pending = Vec::new();
+                        while let Some(chunk) = response
+                            .chunk()
+                            .await
+                            .with_context(|| format!("{url}: answer cut off"))?
+                        {
+                            pending.extend_from_slice(&chunk);
+                            while let Some(at) = pending.iter().position(|b| *b == b'\n') {
+                                let line: Vec<u8> = pending.drain(..=at).collect();
+                                let text = String::from_utf8_lossy(&line[..at]).into_owned();
+                                if tx.send(Ok(text)).await.is_err() {
+                                    return Ok(());
+                                }
+                            }
+                        }
+                        Ok(())
+                    };
+                    if let Err(e) = read.await {
+                        let _ = tx.send(Err(e)).await;
+                    }
+                });
+            }
+            drop(tx);
+            while let Some(line) = rx.recv().await {
+                if !each(&line?) {
+                    break;
+                }
+            }
+            readers.abort_all();
+            Ok(())
+        })
+    }
+}
+
 /// One server's pages of a list.
 pub struct Paged {
     pub items: Vec<Value>,

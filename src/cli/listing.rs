@@ -25,6 +25,15 @@ struct Column {
     cut: Option<bool>,
 }
 
+/// `1 job`, `2 jobs`: a count and its noun, singular for one.
+pub fn counted(n: usize, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
 /// A table's columns and rows; the last column is never padded.
 #[derive(Debug, Clone, Default)]
 pub struct Columns {

@@ -10,3 +10,4 @@ mod listing;
 pub mod replay;
 pub mod resource;
 pub mod run;
+pub mod tap;

@@ -1,6 +1,7 @@
 //! `fluxpipe replay`: read eventlogs and journals from files and folders,
 //! replay them through the Flux model and print jobs, ranks and anomalies.
 
+use super::listing::counted;
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
@@ -587,16 +588,22 @@ fn print_table(
         .map(|(s, n)| format!("{n} {s}"))
         .collect();
     writeln!(out)?;
+    let jobs_part = match by_state.is_empty() {
+        true => counted(jobs.len(), "job", "jobs"),
+        false => format!(
+            "{} ({})",
+            counted(jobs.len(), "job", "jobs"),
+            by_state.join(", ")
+        ),
+    };
     writeln!(
         out,
-        "{} lines, {} jobs ({}), {} ranks, {} anomalies, {} repeats skipped, {} alerts still firing",
-        lines,
-        jobs.len(),
-        by_state.join(", "),
-        nranks,
-        anomalies.len(),
-        state.counts.duplicates,
-        firing
+        "{}, {jobs_part}, {}, {}, {} skipped, {} still firing",
+        counted(lines as usize, "line", "lines"),
+        counted(nranks, "rank", "ranks"),
+        counted(anomalies.len(), "anomaly", "anomalies"),
+        counted(state.counts.duplicates as usize, "repeat", "repeats"),
+        counted(firing, "alert", "alerts"),
     )?;
     Ok(())
 }

@@ -188,9 +188,9 @@ pub fn validate(args: ValidateArgs) -> Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
             println!(
-                "{label}: ok ({} sources, {} sinks)",
-                c.sources.len(),
-                c.sinks.len()
+                "{label}: ok ({}, {})",
+                super::listing::counted(c.sources.len(), "source", "sources"),
+                super::listing::counted(c.sinks.len(), "sink", "sinks"),
             );
             Ok(ExitCode::SUCCESS)
         }

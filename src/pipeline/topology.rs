@@ -183,6 +183,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     };
     let (outputs, sink_rxs) =
         Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c.common())));
+    let outputs = outputs.with_taps(views.taps.clone());
     // The file sinks' marks exist before any checkpoint round can ask.
     for (name, sink) in &config.sinks {
         if matches!(sink, SinkConfig::File(_)) {
