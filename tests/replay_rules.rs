@@ -682,8 +682,8 @@ fn table_output_reads_like_flux_jobs() {
     assert!(text.contains("1 jobs (1 INACTIVE)"), "{text}");
 }
 
-/// `fluxpipe replay -` reads standard input, and a `.gz` file is read
-/// decompressed: both give what the plain file gives.
+/// `fluxpipe replay -` reads standard input, and `.gz` and `.zst` files
+/// are read decompressed: all give what the plain file gives.
 #[test]
 fn standard_input_and_gzip_replay_as_the_file_does() {
     use std::io::Write;
@@ -739,6 +739,30 @@ fn standard_input_and_gzip_replay_as_the_file_does() {
     );
     let jobs = |r: &[Value]| r.iter().filter(|v| v["kind"] == "job").count();
     assert_eq!(jobs(&got), jobs(&plain));
+
+    // zstd, as logrotate's `compresscmd zstd` leaves it: two frames (a
+    // file compressed, then more appended) read as one.
+    let zdir = tempfile::tempdir().expect("tempdir");
+    let zst = zdir
+        .path()
+        .join("incarnation1.job-manager.events-journal.jsonl.1.zst");
+    let whole = std::fs::read(&journal).expect("journal");
+    let half = whole.len() / 2;
+    let cut = half
+        + whole[half..]
+            .iter()
+            .position(|b| *b == b'\n')
+            .expect("a line")
+        + 1;
+    let mut bytes = zstd::encode_all(&whole[..cut], 3).expect("zstd");
+    bytes.extend(zstd::encode_all(&whole[cut..], 3).expect("zstd"));
+    std::fs::write(&zst, bytes).expect("write");
+    assert_eq!(common::replay(&[], &[&zst]), plain, "zstd");
+    assert_eq!(
+        common::replay(&[], &[zdir.path()]),
+        plain,
+        "zstd in a folder"
+    );
 }
 
 /// A binary file is not read line by line into thousands of anomalies:

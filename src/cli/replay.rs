@@ -52,7 +52,7 @@ pub struct ReplayArgs {
     pub no_alerts: bool,
     /// Files and folders (read recursively, in sorted path order; the
     /// rotated files of a journal or eventlog oldest first, before it);
-    /// `-` for standard input; `.gz` files are read decompressed.
+    /// `-` for standard input; `.gz` and `.zst` files are read decompressed.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
 }
@@ -65,9 +65,21 @@ fn parse_format(s: &str) -> Result<Format> {
 /// for something else than an eventlog or a journal (a binary file).
 const BINARY_AFTER: u64 = 10;
 
-/// Whether a path names a gzip file.
-fn is_gzip(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "gz")
+/// How a file is compressed, by its name: `.gz` (gzip) and `.zst`
+/// (zstd) are read decompressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+fn compression(path: &Path) -> Compression {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("gz") => Compression::Gzip,
+        Some("zst") => Compression::Zstd,
+        _ => Compression::None,
+    }
 }
 
 /// Records and bad lines a batch carries from the reading thread.
@@ -254,9 +266,9 @@ impl Reader {
             // oldest first, before its live file.
             rotation::in_read_order(&mut files);
             for file in &files {
-                if rotation::is_compressed_log(file) && !is_gzip(file) {
+                if rotation::is_compressed_log(file) && compression(file) == Compression::None {
                     eprintln!(
-                        "fluxpipe replay: {}: compressed, not read (decompress it to replay it; only gzip is read)",
+                        "fluxpipe replay: {}: compressed, not read (decompress it to replay it; gzip and zstd are read)",
                         file.display()
                     );
                     continue;
@@ -272,12 +284,12 @@ impl Reader {
     /// Read one file; `named` is true when the user named it, so even a
     /// file whose path says nothing is read (its lines must name their keys).
     fn file(&mut self, path: &Path, named: bool) -> Result<()> {
-        // A gzip file reads as the name it had before (`journal.jsonl.2.gz`).
-        let gzip = is_gzip(path);
-        let named_as = if gzip {
-            path.with_extension("")
-        } else {
-            path.to_path_buf()
+        // A compressed file reads as the name it had before
+        // (`journal.jsonl.2.gz`).
+        let compressed = compression(path);
+        let named_as = match compressed {
+            Compression::None => path.to_path_buf(),
+            _ => path.with_extension(""),
         };
         // A rotated name reads as its live name (`journal.jsonl.1`).
         let origin = match rotation::classify(&named_as) {
@@ -318,11 +330,17 @@ impl Reader {
             }
         };
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        if gzip {
-            let decoded = flate2::read::MultiGzDecoder::new(BufReader::new(file));
-            self.lines(BufReader::new(decoded), path, &origin)
-        } else {
-            self.lines(BufReader::new(file), path, &origin)
+        match compressed {
+            Compression::Gzip => {
+                let decoded = flate2::read::MultiGzDecoder::new(BufReader::new(file));
+                self.lines(BufReader::new(decoded), path, &origin)
+            }
+            Compression::Zstd => {
+                let decoded = zstd::stream::read::Decoder::new(file)
+                    .with_context(|| format!("cannot read {} as zstd", path.display()))?;
+                self.lines(BufReader::new(decoded), path, &origin)
+            }
+            Compression::None => self.lines(BufReader::new(file), path, &origin),
         }
     }
 
