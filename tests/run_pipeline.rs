@@ -358,3 +358,68 @@ fn file_sink_reopens_on_sighup_for_logrotate() {
     drop(stdin);
     assert!(child.wait().expect("wait").success());
 }
+
+/// A reopen on SIGHUP that fails (its folder is now a file, so nothing can
+/// be made there) does not end the sink: it says so, writes on to the file
+/// it has open, and tries again until it can.
+#[test]
+fn file_sink_survives_a_failed_reopen_on_sighup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = dir.path().join("out");
+    let out_path = folder.join("records.jsonl");
+    let moved = dir.path().join("out.old");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\n\
+             [sinks.out]\ntype = \"file\"\npath = {:?}\ninputs = [\"jobs\"]\n",
+            dir.path().join("state"),
+            out_path
+        ),
+    );
+    let mut child = spawn_run(&config);
+    let mut stdin = child.stdin.take().expect("stdin");
+    let count = |p: &Path| std::fs::read_to_string(p).map_or(0, |s| s.lines().count());
+    let wait_for = |p: &Path, n: usize, secs: u64| {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while count(p) < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        count(p)
+    };
+    stdin.write_all(&job_lines(1, 10)).expect("write");
+    stdin.flush().expect("flush");
+    assert_eq!(wait_for(&out_path, 10, 10), 10);
+    // The folder moved away and a file in its place: no reopen can work.
+    std::fs::rename(&folder, &moved).expect("rename");
+    std::fs::write(&folder, b"in the way").expect("block");
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    std::thread::sleep(Duration::from_millis(300));
+    stdin.write_all(&job_lines(100, 5)).expect("write");
+    stdin.flush().expect("flush");
+    let old = moved.join("records.jsonl");
+    assert_eq!(
+        wait_for(&old, 15, 10),
+        15,
+        "written on to the file already open"
+    );
+    // Out of the way: the next try (within 5 s) opens the new file.
+    std::fs::remove_file(&folder).expect("unblock");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !out_path.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stdin.write_all(&job_lines(200, 3)).expect("write");
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("cannot reopen on SIGHUP"), "{err}");
+    assert!(err.contains("reopened on SIGHUP"), "{err}");
+    assert_eq!(count(&out_path), 3, "new records in the new file");
+    assert_eq!(count(&old), 15, "nothing more in the old one");
+}

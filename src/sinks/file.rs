@@ -23,6 +23,7 @@ use super::offsets::Saved;
 use anyhow::Context;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
 use std::path::{Path, PathBuf};
 use tokio::fs::{File, OpenOptions};
 use tokio::signal::unix::{SignalKind, signal};
@@ -74,6 +75,20 @@ impl super::SinkSpec for FileSinkConfig {
 
 /// Bytes read at a time when looking back for the last newline.
 const TAIL_BLOCK: u64 = 64 * 1024;
+
+/// The pause between tries to reopen the file after SIGHUP.
+const REOPEN_RETRY: Duration = Duration::from_secs(5);
+
+/// The file at `path` opened for appending (made if missing) and what it
+/// is now.
+async fn open_with_meta(path: &Path) -> anyhow::Result<(File, std::fs::Metadata)> {
+    let file = open(path).await?;
+    let meta = file
+        .metadata()
+        .await
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok((file, meta))
+}
 
 async fn open(path: &Path) -> anyhow::Result<File> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -180,7 +195,17 @@ pub async fn run(
     let mut base = resumed.len;
     let mut retry = Retry::new(name, &ctx.shutdown, "the file can be written");
     let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+    // A reopen that failed (the folder gone, no room for a new file) is
+    // tried again at this time; meanwhile the open file is written on.
+    let mut reopen_again: Option<tokio::time::Instant> = None;
     loop {
+        let due = reopen_again;
+        let reopen_now = async move {
+            match due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let done = tokio::select! {
             next = lines.next(&mut rx) => match next {
                 // A record counts as delivered once flushed to the file.
@@ -188,14 +213,26 @@ pub async fn run(
                 Next::Flush => lines.flush(&rx).await.map(|()| false),
                 Next::Closed => lines.flush(&rx).await.map(|()| true),
             },
-            _ = hup.recv() => match lines.flush(&rx).await {
+            _ = hup.recv() => {
+                reopen_again = Some(tokio::time::Instant::now());
+                Ok(false)
+            }
+            _ = reopen_now => match lines.flush(&rx).await {
                 Ok(()) => {
-                    let file = open(&path).await?;
-                    let meta = file.metadata().await.with_context(|| format!("cannot read {}", path.display()))?;
-                    mark.reset(meta.dev(), meta.ino(), meta.len());
-                    base = meta.len();
-                    lines.reopen(file);
-                    tracing::info!(sink = name, path = %path.display(), "reopened on SIGHUP");
+                    match open_with_meta(&path).await {
+                        Ok((file, meta)) => {
+                            mark.reset(meta.dev(), meta.ino(), meta.len());
+                            base = meta.len();
+                            lines.reopen(file);
+                            reopen_again = None;
+                            tracing::info!(sink = name, path = %path.display(), "reopened on SIGHUP");
+                        }
+                        Err(e) => {
+                            metrics::counter!("fluxpipe_sink_errors_total", "sink" => name.to_string()).increment(1);
+                            tracing::error!(sink = name, path = %path.display(), "cannot reopen on SIGHUP: {e:#}; writing on to the file open before, trying again in {} s", REOPEN_RETRY.as_secs());
+                            reopen_again = Some(tokio::time::Instant::now() + REOPEN_RETRY);
+                        }
+                    }
                     Ok(false)
                 }
                 Err(e) => Err(e),
