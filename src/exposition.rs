@@ -137,6 +137,86 @@ pub fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = f64> + 
     })
 }
 
+/// One sample of the 0.0.4 text: its labels and value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    /// The value of label `name`, if it has one.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Every sample of the 0.0.4 text by family name (a histogram's series
+/// under their own names: `x_bucket`, `x_sum`, `x_count`). Lines that do
+/// not read as samples are skipped; nothing panics.
+pub fn parse_samples(text: &str) -> std::collections::BTreeMap<String, Vec<Sample>> {
+    let mut out: std::collections::BTreeMap<String, Vec<Sample>> = Default::default();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        if let Some((name, sample)) = parse_sample(line) {
+            out.entry(name).or_default().push(sample);
+        }
+    }
+    out
+}
+
+fn parse_sample(line: &str) -> Option<(String, Sample)> {
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    let name = &line[..name_end];
+    if name.is_empty() {
+        return None;
+    }
+    let rest = &line[name_end..];
+    let (labels, rest) = match rest.strip_prefix('{') {
+        Some(inner) => parse_labels(inner)?,
+        None => (Vec::new(), rest),
+    };
+    let value = match rest.split_whitespace().next()? {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    Some((name.to_string(), Sample { labels, value }))
+}
+
+/// `k="v",...}` (what follows a `{`): the labels, and the text after `}`.
+fn parse_labels(mut rest: &str) -> Option<(Vec<(String, String)>, &str)> {
+    let mut labels = Vec::new();
+    loop {
+        rest = rest.trim_start();
+        if let Some(after) = rest.strip_prefix('}') {
+            return Some((labels, after));
+        }
+        let (key, after) = rest.split_once('=')?;
+        let quoted = after.strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = quoted.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                (i, '"') => break i,
+                (_, c) => value.push(c),
+            }
+        };
+        labels.push((key.trim().to_string(), value));
+        rest = quoted[end + 1..].trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest);
+    }
+}
+
 /// A HELP line; in 0.0.4 only `\\` and newlines are escaped in its text,
 /// OpenMetrics also escapes `"`.
 fn write_help(name: &str, help: &str, out: &mut String) {
@@ -170,6 +250,36 @@ mod tests {
 
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn samples_are_read_with_their_labels() {
+        let text = "# HELP a x\n# TYPE a gauge\na{x=\"1 2\",y=\"q\\\"\\\\z\\n\"} 3.5\nb 4\nc{} 1\nh_bucket{le=\"+Inf\"} 2\nbad{x=1} 2\n";
+        let s = parse_samples(text);
+        assert_eq!(s["a"][0].label("x"), Some("1 2"));
+        assert_eq!(s["a"][0].label("y"), Some("q\"\\z\n"));
+        assert_eq!(s["a"][0].value, 3.5);
+        assert_eq!(s["b"][0].value, 4.0);
+        assert!(s["c"][0].labels.is_empty());
+        assert_eq!(s["h_bucket"][0].label("le"), Some("+Inf"));
+        assert!(!s.contains_key("bad"));
+    }
+
+    proptest! {
+        #[test]
+        fn parsing_any_text_never_panics(text in any::<String>()) {
+            let _ = parse_samples(&text);
+        }
+
+        #[test]
+        fn label_values_read_back_as_rendered(v in any::<String>(), n in -1e9f64..1e9) {
+            let escaped = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+            let line = format!("m{{a=\"{escaped}\",b=\"2\"}} {n}");
+            let s = parse_samples(&line);
+            prop_assert_eq!(s["m"][0].label("a"), Some(v.as_str()));
+            prop_assert_eq!(s["m"][0].label("b"), Some("2"));
+            prop_assert_eq!(s["m"][0].value, n);
+        }
+    }
 
     #[test]
     fn prometheus_scrapers_get_openmetrics_others_text() {

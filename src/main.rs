@@ -69,6 +69,14 @@ too slow for the pipeline loses records, never slows it: a line \
 {\"kind\":\"tap_dropped\",\"dropped\":N} says how many."
     )]
     Tap(cli::tap::TapArgs),
+    /// A live view of running fluxpipes in the terminal, as `vector top`.
+    #[command(
+        after_help = "Looks at /metrics and the query API of one or several running pipelines \
+(--url, repeated) every --interval seconds: per source and sink, records per second, totals, \
+lag, buffers, errors and drops; per cluster, jobs per state and nodes; the alerts firing; \
+the checkpoint's age. q, Esc or Ctrl-C leaves. --once prints one frame as text and exits."
+    )]
+    Top(cli::top::TopArgs),
     /// Ask the job archive a `database` sink keeps: past jobs, node changes.
     #[command(
         after_help = "Reads the SQLite or PostgreSQL database a `database` sink writes (--db, its \
@@ -106,6 +114,7 @@ fn main() -> ExitCode {
         Some(Command::Jobs(a)) => cli::jobs::run(a),
         Some(Command::Resource(a)) => cli::resource::run(a),
         Some(Command::Tap(a)) => cli::tap::run(a),
+        Some(Command::Top(a)) => cli::top::run(a),
         Some(Command::History(a)) => cli::history::run(a),
         Some(Command::Generate(a)) => cli::generate::run(a),
         Some(Command::Bench(a)) => cli::bench::run(a),

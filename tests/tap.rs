@@ -1,5 +1,5 @@
-//! `fluxpipe tap`: the records of a running pipeline's streams, live, from
-//! its API, through the real binary on loopback: every transition of a
+//! `fluxpipe tap` and `fluxpipe top`, a look inside a running pipeline
+//! through its API, with the real binary on loopback. The tap: every transition of a
 //! journal sent to it, as a pipeline whose sink takes them writes them,
 //! though no sink of this one takes that stream; a filter on one job; a stream name that does not
 //! exist refused by the server.
@@ -129,4 +129,138 @@ fn tap_shows_every_transition_though_no_sink_takes_them() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `fluxpipe top --once`: one frame of a running pipeline as text, its
+/// figures those of what was sent; in a terminal, it draws and leaves on
+/// `q`; a pipeline that does not answer is said, and fails `--once`.
+#[test]
+fn top_shows_sources_sinks_and_clusters() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (api, ingest) = (common::free_port(), common::free_port());
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[sources.feed]\ntype = \"socket\"\naddress = \"127.0.0.1:{ingest}\"\ncluster = \"B\"\n\
+             [sinks.summaries]\ntype = \"file\"\npath = {:?}\ninputs = [\"jobs\"]\n\
+             [api]\naddress = \"127.0.0.1:{api}\"\n",
+            dir.path().join("data"),
+            dir.path().join("jobs.jsonl"),
+        ),
+    )
+    .expect("config");
+    let _run = Reaper(
+        fluxpipe()
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("run"),
+    );
+    wait_until("the API", 20, || {
+        common::http_get(api, "/healthz").is_some_and(|(s, _)| s == 200)
+    });
+    let journal =
+        common::corpus().join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl");
+    let text = std::fs::read(&journal).expect("journal");
+    let lines = text
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
+    let mut feed = std::net::TcpStream::connect(("127.0.0.1", ingest)).expect("connect");
+    feed.write_all(&text).expect("send");
+    drop(feed);
+    let summaries = dir.path().join("jobs.jsonl");
+    let jobs = common::replay(&["--cluster", "B"], &[&journal])
+        .iter()
+        .filter(|r| r["kind"] == "job" && r["state"] == "INACTIVE")
+        .count();
+    wait_until("the summaries", 20, || {
+        common::read_records(&summaries).len() == jobs
+    });
+
+    let url = format!("127.0.0.1:{api}");
+    let out = fluxpipe()
+        .args(["top", "--once", "--interval", "0.3", "--url", &url])
+        .output()
+        .expect("top");
+    let frame = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{frame}");
+    let row = |first: &str| -> Vec<String> {
+        frame
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(first))
+            .unwrap_or_else(|| panic!("no row {first} in\n{frame}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(frame.contains(&format!("at http://{url}")), "{frame}");
+    // SOURCE EVENTS/S EVENTS ...: every line sent, counted.
+    assert_eq!(row("feed")[2], lines.to_string(), "{frame}");
+    // SINK RECORDS/S RECORDS BUFFERED: every summary written, none waiting.
+    let sink = row("summaries");
+    assert_eq!(
+        (sink[2].as_str(), sink[3].as_str()),
+        (jobs.to_string().as_str(), "0")
+    );
+    // CLUSTER NEW DEPEND PRIORITY SCHED RUN CLEANUP INACTIVE: the jobs held.
+    let cluster = row("B");
+    let held: u64 = cluster[1..8]
+        .iter()
+        .map(|n| n.parse::<u64>().expect("count"))
+        .sum();
+    assert!(held > 0, "{frame}");
+
+    // In a terminal (script(1) gives it one): draws, and q leaves.
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok()
+    {
+        let mut tui = fluxpipe_in_a_terminal(&["top", "--interval", "0.3", "--url", &url]);
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        tui.stdin.take().expect("stdin").write_all(b"q").expect("q");
+        let out = tui.wait_with_output().expect("top in a terminal");
+        let screen = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{screen}");
+        assert!(
+            screen.contains("Sources") && screen.contains("summaries"),
+            "{screen}"
+        );
+    }
+
+    // Nobody there.
+    let gone = fluxpipe()
+        .args(["top", "--once", "--interval", "0.1", "--url"])
+        .arg(format!("127.0.0.1:{}", common::free_port()))
+        .output()
+        .expect("top");
+    assert!(!gone.status.success());
+    assert!(String::from_utf8_lossy(&gone.stdout).contains("no answer"));
+}
+
+/// `fluxpipe ARGS` under script(1), which gives it a terminal; its input
+/// piped in, what it drew piped out.
+fn fluxpipe_in_a_terminal(args: &[&str]) -> std::process::Child {
+    let command = std::iter::once(env!("CARGO_BIN_EXE_fluxpipe"))
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ");
+    std::process::Command::new("script")
+        // A pseudo-terminal made by script has no size until given one.
+        .args([
+            "-q",
+            "-e",
+            "-c",
+            &format!("stty rows 40 cols 160; {command}"),
+            "/dev/null",
+        ])
+        .env("TERM", "xterm")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script")
 }

@@ -155,6 +155,49 @@ impl Client {
 }
 
 impl Client {
+    /// `GET path` of every server at once, each answer's text (or why
+    /// there is none) in `urls` order; one server failing fails only its
+    /// own answer.
+    pub fn get_text_each(&self, path: &str) -> Vec<Result<String>> {
+        self.runtime.block_on(async {
+            let mut asks = tokio::task::JoinSet::new();
+            for (i, base) in self.urls.iter().enumerate() {
+                let url = format!("{base}{path}");
+                let mut request = self.http.get(&url);
+                if let Some(t) = &self.token {
+                    request = request.bearer_auth(t);
+                }
+                asks.spawn(async move {
+                    let answer = async {
+                        let response = request
+                            .send()
+                            .await
+                            .with_context(|| format!("{url}: no answer"))?;
+                        let status = response.status();
+                        let body = response
+                            .text()
+                            .await
+                            .with_context(|| format!("{url}: answer cut off"))?;
+                        if !status.is_success() {
+                            bail!("{url}: {status}");
+                        }
+                        Ok(body)
+                    };
+                    (i, answer.await)
+                });
+            }
+            let mut answers: Vec<Result<String>> = self
+                .urls
+                .iter()
+                .map(|u| Err(anyhow::anyhow!("{u}: not asked")))
+                .collect();
+            while let Some(Ok((i, answer))) = asks.join_next().await {
+                answers[i] = answer;
+            }
+            answers
+        })
+    }
+
     /// `GET path` of every server as one long answer of lines (a tap),
     /// each line handed to `each` as it comes, from whichever server sent
     /// it, until `each` says stop or every answer has ended. A server that

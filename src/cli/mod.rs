@@ -11,3 +11,4 @@ pub mod replay;
 pub mod resource;
 pub mod run;
 pub mod tap;
+pub mod top;
