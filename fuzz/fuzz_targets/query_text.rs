@@ -1,5 +1,6 @@
 //! What the query API and its commands read from text never panics: a page
-//! position (`after`), a state list (`state`), a duration (RFC 23); and a
+//! position (`after`), a state list (`state`), a duration (RFC 23), the
+//! Prometheus text `fluxpipe top` reads; and a
 //! duration that reads back prints and reads again to about itself.
 #![no_main]
 
@@ -14,6 +15,8 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(back.cmp(&p), std::cmp::Ordering::Equal);
     }
     let _ = JobFilter::parse_states(s);
+    // What `fluxpipe top` reads from /metrics.
+    let _ = fluxpipe::exposition::parse_samples(s);
     if let Ok(secs) = fsd::parse(s)
         && secs.is_finite()
     {
