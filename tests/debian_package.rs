@@ -1,8 +1,9 @@
 //! The Debian package (contrib/debian, cargo-deb): built from the binary
 //! under test, installed with `dpkg -i` on this machine, its unit checked
 //! by systemd, and started the way the unit starts it, by its own command
-//! line, as a user that is not root (systemd is not running here to make
-//! the unit's dynamic user). It reads its installed configuration, takes a
+//! line, as a user that is not root (where systemd is not running to make
+//! the unit's dynamic user; where it is, the unit it started is checked
+//! too). It reads its installed configuration, takes a
 //! journal on the ingest port, counts the jobs in `/metrics`, and stops
 //! with a checkpoint in its state folder. Purged at the end.
 //!
@@ -118,6 +119,15 @@ fn the_package_installs_and_its_unit_command_runs() {
         run(Command::new("systemd-analyze").args(["verify", UNIT]));
     }
     run(Command::new("/usr/bin/fluxpipe").args(["validate", "/etc/fluxpipe/fluxpipe.toml"]));
+
+    // Where systemd runs, the package started the unit: it serves, then
+    // is stopped to free its ports for the run below.
+    if Path::new("/run/systemd/system").is_dir() {
+        common::wait_until("the fluxpipe unit to answer", 30, || {
+            common::http_get(9464, "/healthz").is_some_and(|(s, _)| s == 200)
+        });
+        run(Command::new("systemctl").args(["stop", "fluxpipe"]));
+    }
 
     // The unit's command line, as systemd would run it: StateDirectory=
     // made and owned by the (here: fixed) user, who is not root.
