@@ -13,7 +13,6 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::Duration;
 
 const UID: &str = "65532";
 
@@ -185,24 +184,7 @@ fn the_image_runs_non_root_on_a_read_only_root() {
     );
 
     // A journal POSTed to the http source is acknowledged and counted.
-    let journal = corpus.join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl");
-    let body = std::fs::read(&journal).expect("journal");
-    let client = common::http_client();
-    let answer = client
-        .post(format!("http://127.0.0.1:{ingest}/"))
-        .body(body)
-        .timeout(Duration::from_secs(60))
-        .send()
-        .expect("POST to the container");
-    assert_eq!(answer.status().as_u16(), 200);
-    let expected = common::replay(&[], &[&journal])
-        .iter()
-        .filter(|r| r["kind"] == "job" && r["state"] == "INACTIVE")
-        .count() as f64;
-    assert!(expected > 0.0);
-    common::wait_until("the jobs in /metrics", 30, || {
-        common::total(&common::scrape(api), "flux_jobs_inactive_total") == expected
-    });
+    common::post_journal_until_counted(&format!("http://127.0.0.1:{ingest}/"), api);
 
     // A stop writes its checkpoint onto the volume, as the image's user.
     run(Command::new("podman").args(["stop", "-t", "30", &guard.container]));

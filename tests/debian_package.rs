@@ -17,7 +17,6 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 const STATE: &str = "/var/lib/fluxpipe";
 const UNIT: &str = "/usr/lib/systemd/system/fluxpipe.service";
@@ -162,23 +161,7 @@ fn the_package_installs_and_its_unit_command_runs() {
         common::http_get(9464, "/healthz").is_some_and(|(s, _)| s == 200)
     });
 
-    let journal =
-        common::corpus().join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl");
-    let answer = common::http_client()
-        .post("http://127.0.0.1:7070/")
-        .body(std::fs::read(&journal).expect("journal"))
-        .timeout(Duration::from_secs(60))
-        .send()
-        .expect("POST to the installed service");
-    assert_eq!(answer.status().as_u16(), 200);
-    let expected = common::replay(&[], &[&journal])
-        .iter()
-        .filter(|r| r["kind"] == "job" && r["state"] == "INACTIVE")
-        .count() as f64;
-    assert!(expected > 0.0);
-    common::wait_until("the jobs in /metrics", 30, || {
-        common::total(&common::scrape(9464), "flux_jobs_inactive_total") == expected
-    });
+    common::post_journal_until_counted("http://127.0.0.1:7070/", 9464);
 
     common::sigterm(&service.0);
     let status = service.0.wait().expect("wait");

@@ -679,7 +679,7 @@ fn table_output_reads_like_flux_jobs() {
         text.contains("INACTIVE") && text.contains("COMPLETED"),
         "{text}"
     );
-    assert!(text.contains("1 jobs (1 INACTIVE)"), "{text}");
+    assert!(text.contains("1 job (1 INACTIVE)"), "{text}");
 }
 
 /// `fluxpipe replay -` reads standard input, and `.gz` and `.zst` files
@@ -799,4 +799,85 @@ fn binary_input_gives_one_anomaly_and_a_failure() {
         "{records:#?}"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing read"));
+}
+
+/// A bare eventlog, its lines naming no job, replays as the job named with
+/// `--job-id` (as `flux job eventlog ID | fluxpipe replay --job-id ID -`);
+/// the job's summary is the one its own folder gives.
+#[test]
+fn a_bare_eventlog_replays_as_the_job_named() {
+    let id = "104203288576";
+    let folder = common::corpus().join("jobs").join(id);
+    let from_folder: Vec<Value> = common::replay(&[], &[&folder.join("eventlog")])
+        .into_iter()
+        .filter(|r| r["kind"] == "job")
+        .collect();
+    assert_eq!(from_folder.len(), 1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bare = dir.path().join("saved-output.txt");
+    std::fs::copy(folder.join("eventlog"), &bare).expect("copy");
+    let f58 = String::from_utf8(
+        fluxpipe()
+            .args(["id", "--to", "f58", id])
+            .output()
+            .expect("id")
+            .stdout,
+    )
+    .expect("utf-8");
+    let named: Vec<Value> = common::replay(&["--job-id", f58.trim()], &[&bare])
+        .into_iter()
+        .filter(|r| r["kind"] == "job")
+        .collect();
+    assert_eq!(named, from_folder);
+}
+
+/// Filters and a count as `flux jobs` has them: states (names and
+/// groups), a user, and at most N, in `flux jobs` order (inactive newest
+/// end first).
+#[test]
+fn replay_lists_jobs_as_flux_jobs_filters_them() {
+    let journal =
+        common::corpus().join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl");
+    let jobs = |args: &[&str]| -> Vec<Value> {
+        common::replay(args, &[&journal])
+            .into_iter()
+            .filter(|r| r["kind"] == "job")
+            .collect()
+    };
+    let all = jobs(&[]);
+    let inactive = all.iter().filter(|j| j["state"] == "INACTIVE").count();
+    assert!(
+        inactive > 3 && inactive < all.len(),
+        "{inactive} of {}",
+        all.len()
+    );
+
+    let ended = jobs(&["-f", "inactive"]);
+    assert_eq!(ended.len(), inactive);
+    let ends: Vec<f64> = ended
+        .iter()
+        .map(|j| j["t_inactive"].as_f64().expect("t_inactive"))
+        .collect();
+    assert!(
+        ends.windows(2).all(|w| w[0] >= w[1]),
+        "newest end first: {ends:?}"
+    );
+    assert_eq!(jobs(&["-f", "inactive", "-c", "3"]), ended[..3]);
+
+    let active = jobs(&["--filter", "active"]);
+    assert_eq!(active.len(), all.len() - inactive);
+    assert!(active.iter().all(|j| j["state"] != "INACTIVE"));
+
+    let user = all[0]["userid"].as_i64().expect("userid").to_string();
+    let theirs = jobs(&["-u", &user]);
+    assert!(!theirs.is_empty());
+    assert!(theirs.iter().all(|j| j["userid"].to_string() == user));
+
+    // A state that does not exist is refused.
+    let out = fluxpipe()
+        .args(["replay", "-f", "finished"])
+        .arg(&journal)
+        .output()
+        .expect("replay");
+    assert!(!out.status.success());
 }

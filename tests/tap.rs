@@ -12,22 +12,22 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::Stdio;
 
-#[test]
-fn tap_shows_every_transition_though_no_sink_takes_them() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// `fluxpipe run` with a socket source `source` of cluster B, the sinks
+/// given and an API, both on free loopback ports, answering: (the
+/// process, API port, socket port).
+fn running(dir: &std::path::Path, source: &str, sinks: &str) -> (Reaper, u16, u16) {
     let (api, ingest) = (common::free_port(), common::free_port());
-    let config = dir.path().join("p.toml");
+    let config = dir.join("p.toml");
     std::fs::write(
         &config,
         format!(
-            "data_dir = {:?}\n[sources.s]\ntype = \"socket\"\naddress = \"127.0.0.1:{ingest}\"\ncluster = \"B\"\n\
-             [sinks.out]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\n\
-             [api]\naddress = \"127.0.0.1:{api}\"\n",
-            dir.path().join("data")
+            "data_dir = {:?}\n[sources.{source}]\ntype = \"socket\"\naddress = \"127.0.0.1:{ingest}\"\ncluster = \"B\"\n\
+             {sinks}[api]\naddress = \"127.0.0.1:{api}\"\n",
+            dir.join("data")
         ),
     )
     .expect("config");
-    let _run = Reaper(
+    let run = Reaper(
         fluxpipe()
             .args(["run", "--config"])
             .arg(&config)
@@ -38,6 +38,17 @@ fn tap_shows_every_transition_though_no_sink_takes_them() {
     wait_until("the API", 20, || {
         common::http_get(api, "/healthz").is_some_and(|(s, _)| s == 200)
     });
+    (run, api, ingest)
+}
+
+#[test]
+fn tap_shows_every_transition_though_no_sink_takes_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_run, api, ingest) = running(
+        dir.path(),
+        "s",
+        "[sinks.out]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\n",
+    );
 
     let journal =
         common::corpus().join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl");
@@ -137,30 +148,14 @@ fn tap_shows_every_transition_though_no_sink_takes_them() {
 #[test]
 fn top_shows_sources_sinks_and_clusters() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (api, ingest) = (common::free_port(), common::free_port());
-    let config = dir.path().join("p.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\n[sources.feed]\ntype = \"socket\"\naddress = \"127.0.0.1:{ingest}\"\ncluster = \"B\"\n\
-             [sinks.summaries]\ntype = \"file\"\npath = {:?}\ninputs = [\"jobs\"]\n\
-             [api]\naddress = \"127.0.0.1:{api}\"\n",
-            dir.path().join("data"),
-            dir.path().join("jobs.jsonl"),
+    let (_run, api, ingest) = running(
+        dir.path(),
+        "feed",
+        &format!(
+            "[sinks.summaries]\ntype = \"file\"\npath = {:?}\ninputs = [\"jobs\"]\n",
+            dir.path().join("jobs.jsonl")
         ),
-    )
-    .expect("config");
-    let _run = Reaper(
-        fluxpipe()
-            .args(["run", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("run"),
     );
-    wait_until("the API", 20, || {
-        common::http_get(api, "/healthz").is_some_and(|(s, _)| s == 200)
-    });
     let journal =
         common::corpus().join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl");
     let text = std::fs::read(&journal).expect("journal");

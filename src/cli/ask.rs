@@ -3,7 +3,7 @@
 //! members of a Kafka consumer group each answer for their part) and hand
 //! back every member's answer.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -168,22 +168,12 @@ impl Client {
                     request = request.bearer_auth(t);
                 }
                 asks.spawn(async move {
-                    let answer = async {
-                        let response = request
-                            .send()
-                            .await
-                            .with_context(|| format!("{url}: no answer"))?;
-                        let status = response.status();
-                        let body = response
-                            .text()
-                            .await
-                            .with_context(|| format!("{url}: answer cut off"))?;
-                        if !status.is_success() {
-                            bail!("{url}: {status}");
-                        }
-                        Ok(body)
+                    let answer = match fetch(request, &url).await {
+                        Ok((status, _)) if !status.is_success() => Err(anyhow!("{url}: {status}")),
+                        Ok((_, body)) => Ok(body),
+                        Err(e) => Err(e),
                     };
-                    (i, answer.await)
+                    (i, answer)
                 });
             }
             let mut answers: Vec<Result<String>> = self
@@ -355,15 +345,7 @@ async fn get<K: serde::Serialize, V: serde::Serialize>(
     if let Some(t) = token {
         request = request.bearer_auth(t);
     }
-    let response = request
-        .send()
-        .await
-        .with_context(|| format!("{base}: no answer"))?;
-    let status = response.status();
-    let body = response
-        .text()
-        .await
-        .with_context(|| format!("{base}: answer cut off"))?;
+    let (status, body) = fetch(request, base).await?;
     let value: Value = serde_json::from_str(&body)
         .with_context(|| format!("{url}: not JSON (is this a fluxpipe API?)"))?;
     if !status.is_success() {
@@ -371,6 +353,24 @@ async fn get<K: serde::Serialize, V: serde::Serialize>(
         bail!("{url}: {status}: {why}");
     }
     Ok(value)
+}
+
+/// Send a request and read its whole answer: status and text. `who`
+/// names the server in errors.
+async fn fetch(
+    request: reqwest::RequestBuilder,
+    who: &str,
+) -> Result<(reqwest::StatusCode, String)> {
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("{who}: no answer"))?;
+    let status = response.status();
+    let body = response
+        .text()
+        .await
+        .with_context(|| format!("{who}: answer cut off"))?;
+    Ok((status, body))
 }
 
 #[cfg(test)]

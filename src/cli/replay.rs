@@ -5,12 +5,15 @@ use super::listing::counted;
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
+use crate::flux::jobid::JobId;
 use crate::flux::object::JsonObject;
+use crate::keyed::JobKey;
 use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::engine::AlertEvent;
 use crate::keyed::alerts::rule::default_rules;
 use crate::keyed::processor::Processor;
-use crate::keyed::state::{KeyedAnomaly, State};
+use crate::keyed::query::{JobFilter, select_jobs};
+use crate::keyed::state::{JobEntry, KeyedAnomaly, State};
 use crate::output;
 use crate::sources::file::rotation;
 use anyhow::{Context, Result};
@@ -50,11 +53,80 @@ pub struct ReplayArgs {
     /// Report no alerts.
     #[arg(long)]
     pub no_alerts: bool,
+    /// The job a bare eventlog named on the command line (or `-`) belongs
+    /// to, any id encoding (`flux job eventlog ƒ2GeDKtT` printed it): its
+    /// lines name no job. Paths inside folders still say theirs.
+    #[arg(long, value_name = "ID")]
+    pub job_id: Option<String>,
+    /// The stream of a bare eventlog named on the command line: job, exec
+    /// or resource (default: job with --job-id).
+    #[arg(long, value_name = "STREAM", value_parser = parse_stream)]
+    pub stream: Option<EventStream>,
+    /// Jobs to list, as `flux jobs --filter`: state names or pending,
+    /// running, active, inactive, comma-separated; listed then in `flux
+    /// jobs` order (pending, running, inactive newest first).
+    #[arg(short = 'f', long, value_name = "STATES")]
+    pub filter: Option<String>,
+    /// Only this user's jobs (a name or a uid).
+    #[arg(short = 'u', long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Only jobs active at or after this time (seconds since the epoch):
+    /// still active, or ended since.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<f64>,
+    /// At most this many jobs (in `flux jobs` order).
+    #[arg(short = 'c', long)]
+    pub count: Option<usize>,
     /// Files and folders (read recursively, in sorted path order; the
     /// rotated files of a journal or eventlog oldest first, before it);
     /// `-` for standard input; `.gz` and `.zst` files are read decompressed.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
+}
+
+/// Which jobs to list and how many, when filters or a count are given
+/// (`None`: every job, by key).
+fn listing(args: &ReplayArgs) -> Result<Option<(JobFilter, usize)>> {
+    if args.filter.is_none() && args.user.is_none() && args.since.is_none() && args.count.is_none()
+    {
+        return Ok(None);
+    }
+    let states = args
+        .filter
+        .as_deref()
+        .map(JobFilter::parse_states)
+        .transpose()?;
+    let userid = args.user.as_deref().map(super::jobs::uid_of).transpose()?;
+    let filter = JobFilter {
+        cluster: None,
+        states,
+        userid,
+        since: args.since,
+        id: None,
+    };
+    Ok(Some((filter, args.count.unwrap_or(usize::MAX))))
+}
+
+/// The jobs to print: every job by key, or those `listing` takes in `flux
+/// jobs` order.
+fn jobs_listed<'a>(
+    state: &'a State,
+    listing: Option<&(JobFilter, usize)>,
+) -> Vec<(&'a JobKey, &'a JobEntry)> {
+    let Some((filter, count)) = listing else {
+        return state.listed_jobs();
+    };
+    let limit = (*count).min(state.jobs.len());
+    select_jobs(state, filter, None, limit)
+        .into_iter()
+        .filter_map(|(_, key)| state.jobs.get_key_value(&key))
+        .filter(|(_, e)| e.job.submitted && !e.job.invalidated)
+        .map(|(k, e)| (k, &**e))
+        .collect()
+}
+
+fn parse_stream(s: &str) -> Result<EventStream> {
+    EventStream::parse(s).with_context(|| format!("unknown stream `{s}` (job, exec or resource)"))
 }
 
 fn parse_format(s: &str) -> Result<Format> {
@@ -97,6 +169,9 @@ enum Item {
 struct Reader {
     cluster: String,
     format: Format,
+    /// What a path named on the command line is, when told (`--job-id`,
+    /// `--stream`): its lines name no job.
+    told: Option<Origin>,
     lines: u64,
     /// Records decoded.
     records: u64,
@@ -149,9 +224,21 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     };
     // A few batches in flight: the reader runs ahead, never far.
     let (tx, rx) = std::sync::mpsc::sync_channel(16);
+    let job_id = args
+        .job_id
+        .as_deref()
+        .map(JobId::parse)
+        .transpose()
+        .with_context(|| "--job-id")?;
+    let told = (job_id.is_some() || args.stream.is_some()).then(|| Origin {
+        stream: Some(args.stream.unwrap_or(EventStream::Job)),
+        id: job_id,
+    });
+    let listing = listing(&args)?;
     let mut reader = Reader {
         cluster: args.cluster.clone(),
         format: args.input_format,
+        told,
         lines: 0,
         records: 0,
         batch: Vec::with_capacity(READ_BATCH),
@@ -191,9 +278,10 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let state = &replay.processor.state;
+    let jobs = jobs_listed(state, listing.as_ref());
     match args.format {
-        OutputFormat::Json => print_json(&mut out, state, &anomalies, &alerts)?,
-        OutputFormat::Table => print_table(&mut out, state, &anomalies, &alerts, lines)?,
+        OutputFormat::Json => print_json(&mut out, state, &jobs, &anomalies, &alerts)?,
+        OutputFormat::Table => print_table(&mut out, state, &jobs, &anomalies, &alerts, lines)?,
     }
     out.flush()?;
     // Said, and a failure: a replay that found nothing is a wrong path or
@@ -250,7 +338,8 @@ impl Reader {
     fn path(&mut self, path: &Path) -> Result<()> {
         if path == Path::new("-") {
             let stdin = std::io::stdin();
-            return self.lines(stdin.lock(), path, &Origin::default());
+            let origin = self.told.clone().unwrap_or_default();
+            return self.lines(stdin.lock(), path, &origin);
         }
         let meta =
             std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -292,42 +381,48 @@ impl Reader {
             _ => path.with_extension(""),
         };
         // A rotated name reads as its live name (`journal.jsonl.1`).
-        let origin = match rotation::classify(&named_as) {
-            PathKind::Eventlog(origin) => origin,
-            PathKind::Lines => Origin::default(),
-            PathKind::Other if named => Origin::default(),
-            PathKind::Other => return Ok(()),
-            PathKind::JobR(id) => {
-                let r = read_json(path)?;
-                self.apply(Record {
-                    cluster: None,
-                    stream: EventStream::Job,
-                    id: Some(id),
-                    body: Body::R(r),
-                });
-                return Ok(());
+        let origin = match (rotation::classify(&named_as), &self.told) {
+            // Told on the command line what a named file is.
+            (PathKind::Eventlog(_) | PathKind::Lines | PathKind::Other, Some(told)) if named => {
+                told.clone()
             }
-            PathKind::JobSpec(id) => {
-                let text = std::fs::read(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                self.apply(Record {
-                    cluster: None,
-                    stream: EventStream::Job,
-                    id: Some(id),
-                    body: crate::decode::job_spec(&String::from_utf8_lossy(&text)),
-                });
-                return Ok(());
-            }
-            PathKind::ResourceR => {
-                let r = read_json(path)?;
-                self.apply(Record {
-                    cluster: None,
-                    stream: EventStream::Resource,
-                    id: None,
-                    body: Body::R(r),
-                });
-                return Ok(());
-            }
+            (kind, _) => match kind {
+                PathKind::Eventlog(origin) => origin,
+                PathKind::Lines => Origin::default(),
+                PathKind::Other if named => Origin::default(),
+                PathKind::Other => return Ok(()),
+                PathKind::JobR(id) => {
+                    let r = read_json(path)?;
+                    self.apply(Record {
+                        cluster: None,
+                        stream: EventStream::Job,
+                        id: Some(id),
+                        body: Body::R(r),
+                    });
+                    return Ok(());
+                }
+                PathKind::JobSpec(id) => {
+                    let text = std::fs::read(path)
+                        .with_context(|| format!("cannot read {}", path.display()))?;
+                    self.apply(Record {
+                        cluster: None,
+                        stream: EventStream::Job,
+                        id: Some(id),
+                        body: crate::decode::job_spec(&String::from_utf8_lossy(&text)),
+                    });
+                    return Ok(());
+                }
+                PathKind::ResourceR => {
+                    let r = read_json(path)?;
+                    self.apply(Record {
+                        cluster: None,
+                        stream: EventStream::Resource,
+                        id: None,
+                        body: Body::R(r),
+                    });
+                    return Ok(());
+                }
+            },
         };
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         match compressed {
@@ -436,10 +531,11 @@ fn read_json(path: &Path) -> Result<JsonObject> {
 fn print_json(
     out: &mut impl Write,
     state: &State,
+    jobs: &[(&JobKey, &JobEntry)],
     anomalies: &[KeyedAnomaly],
     alerts: &[Value],
 ) -> Result<()> {
-    for (key, entry) in state.listed_jobs() {
+    for (key, entry) in jobs {
         writeln!(out, "{}", output::job(key, entry))?;
     }
     for (cluster, res) in state.clusters() {
@@ -485,17 +581,17 @@ fn duration(secs: f64) -> String {
 fn print_table(
     out: &mut impl Write,
     state: &State,
+    jobs: &[(&JobKey, &JobEntry)],
     anomalies: &[KeyedAnomaly],
     alerts: &[Value],
     lines: u64,
 ) -> Result<()> {
-    let jobs = state.listed_jobs();
     writeln!(
         out,
         "{:<10} {:>14} {:>6} {:<8} {:<9} {:>4} {:<20} {:>8}  EXCEPTION",
         "CLUSTER", "JOBID", "UID", "STATE", "RESULT", "RC", "SUBMITTED", "RUNTIME"
     )?;
-    for (key, entry) in &jobs {
+    for (key, entry) in jobs {
         let s = entry.summary();
         let runtime = match (s.t_run, s.t_cleanup) {
             (Some(r), Some(c)) => duration(c - r),
@@ -593,7 +689,7 @@ fn print_table(
     let firing = alerts.iter().filter(|a| a["status"] == "firing").count()
         - alerts.iter().filter(|a| a["status"] == "resolved").count();
     let mut states = [0usize; 7];
-    for (_, e) in &jobs {
+    for (_, e) in jobs {
         states[JobState::ALL
             .iter()
             .position(|s| *s == e.job.state)

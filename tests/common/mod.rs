@@ -358,3 +358,26 @@ pub fn total(samples: &std::collections::BTreeMap<String, f64>, name: &str) -> f
         .map(|(_, v)| v)
         .sum()
 }
+
+/// POST instance B's job-manager journal of the corpus to an `http`
+/// source at `url`, expect it acknowledged, and wait until the pipeline's
+/// `/metrics` on `api` counts every job of it that ended.
+pub fn post_journal_until_counted(url: &str, api: u16) {
+    let journal =
+        corpus().join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl");
+    let answer = http_client()
+        .post(url)
+        .body(std::fs::read(&journal).expect("journal"))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .unwrap_or_else(|e| panic!("POST to {url}: {e}"));
+    assert_eq!(answer.status().as_u16(), 200);
+    let ended = replay(&[], &[&journal])
+        .iter()
+        .filter(|r| r["kind"] == "job" && r["state"] == "INACTIVE")
+        .count() as f64;
+    assert!(ended > 0.0);
+    wait_until("the jobs in /metrics", 30, || {
+        total(&scrape(api), "flux_jobs_inactive_total") == ended
+    });
+}
