@@ -868,10 +868,10 @@ fn replay_lists_jobs_as_flux_jobs_filters_them() {
     assert_eq!(active.len(), all.len() - inactive);
     assert!(active.iter().all(|j| j["state"] != "INACTIVE"));
 
-    let user = all[0]["userid"].as_i64().expect("userid").to_string();
-    let theirs = jobs(&["-u", &user]);
+    let user = all[0]["userid"].as_i64().expect("userid");
+    let theirs = jobs(&["-u", &user.to_string()]);
     assert!(!theirs.is_empty());
-    assert!(theirs.iter().all(|j| j["userid"].to_string() == user));
+    assert!(theirs.iter().all(|j| j["userid"].as_i64() == Some(user)));
 
     // A state that does not exist is refused.
     let out = fluxpipe()
