@@ -423,3 +423,42 @@ fn file_sink_survives_a_failed_reopen_on_sighup() {
     assert_eq!(count(&out_path), 3, "new records in the new file");
     assert_eq!(count(&old), 15, "nothing more in the old one");
 }
+
+/// SIGHUP (logrotate, `systemctl reload`) does not end a pipeline that has
+/// no file sink: the signal's default action would.
+#[test]
+fn sighup_without_a_file_sink_does_not_end_the_pipeline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\n\
+             [sinks.out]\ntype = \"stdout\"\ninputs = [\"jobs\"]\n",
+            dir.path().join("state"),
+        ),
+    );
+    let mut child = spawn_run(&config);
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&job_lines(1, 3)).expect("write");
+    stdin.flush().expect("flush");
+    // Running (its signal handlers set) before the signal comes.
+    std::thread::sleep(Duration::from_millis(500));
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    std::thread::sleep(Duration::from_millis(300));
+    stdin
+        .write_all(&job_lines(100, 2))
+        .expect("write after SIGHUP");
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 5);
+}

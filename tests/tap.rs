@@ -259,3 +259,59 @@ fn fluxpipe_in_a_terminal(args: &[&str]) -> std::process::Child {
         .spawn()
         .expect("script")
 }
+
+/// A tap reader that stops reading never holds the pipeline: records go
+/// on to the sinks (the tap's are dropped for it), and a stop ends the
+/// process within the API's grace, though the reader still holds its
+/// connection open.
+#[test]
+fn a_stalled_tap_reader_holds_nothing() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let summaries = dir.path().join("jobs.jsonl");
+    let (mut run, api, ingest) = running(
+        dir.path(),
+        "feed",
+        &format!("[sinks.summaries]\ntype = \"file\"\npath = {summaries:?}\ninputs = [\"jobs\"]\n"),
+    );
+    // A reader that asks and then never reads.
+    let mut stalled = std::net::TcpStream::connect(("127.0.0.1", api)).expect("connect");
+    stalled
+        .write_all(b"GET /api/v1/tap?stream=events,transitions HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("ask");
+    wait_until("the tap open", 20, || {
+        common::total(&common::scrape(api), "fluxpipe_taps_open") == 1.0
+    });
+    let journal = dir.path().join("big.jsonl");
+    common::generate(
+        &["--jobs", "5000", "--nodes", "16", "--seed", "7"],
+        &journal,
+    );
+    let ended = common::replay(&["--cluster", "B"], &[&journal])
+        .iter()
+        .filter(|r| r["kind"] == "job" && r["state"] == "INACTIVE")
+        .count();
+    let mut feed = std::net::TcpStream::connect(("127.0.0.1", ingest)).expect("connect");
+    feed.write_all(&std::fs::read(&journal).expect("journal"))
+        .expect("send");
+    drop(feed);
+    wait_until("every summary, the tap stalled", 120, || {
+        common::read_records(&summaries).len() == ended
+    });
+    assert!(
+        common::total(&common::scrape(api), "fluxpipe_tap_records_dropped_total") > 0.0,
+        "the stalled tap lost records rather than holding them"
+    );
+    let stopping = std::time::Instant::now();
+    common::sigterm(&run.0);
+    let status = run.0.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    assert!(
+        stopping.elapsed() < std::time::Duration::from_secs(15),
+        "the stop took {:?} with a stalled tap",
+        stopping.elapsed()
+    );
+    // Still connected until the pipeline went: it read nothing.
+    let mut one = [0u8; 1];
+    let _ = stalled.read(&mut one);
+}

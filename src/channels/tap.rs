@@ -76,16 +76,26 @@ impl Taps {
         let Ok(ports) = self.0.ports.lock() else {
             return;
         };
+        let mut dropped = 0;
         for port in ports.iter() {
+            let mut lost = 0;
             for r in records
                 .iter()
                 .filter(|r| port.streams & r.stream.bit() != 0)
             {
                 if port.tx.try_send(r.clone()).is_err() {
-                    port.dropped.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("fluxpipe_tap_records_dropped_total").increment(1);
+                    lost += 1;
                 }
             }
+            if lost > 0 {
+                port.dropped.fetch_add(lost, Ordering::Relaxed);
+                dropped += lost;
+            }
+        }
+        drop(ports);
+        // Counted once a batch, out of the lock.
+        if dropped > 0 {
+            metrics::counter!("fluxpipe_tap_records_dropped_total").increment(dropped);
         }
     }
 

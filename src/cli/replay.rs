@@ -116,12 +116,14 @@ fn jobs_listed<'a>(
     let Some((filter, count)) = listing else {
         return state.listed_jobs();
     };
-    let limit = (*count).min(state.jobs.len());
-    select_jobs(state, filter, None, limit)
+    // Every job taken, in order, then those listed: the count is of
+    // listed jobs.
+    select_jobs(state, filter, None, state.jobs.len())
         .into_iter()
         .filter_map(|(_, key)| state.jobs.get_key_value(&key))
         .filter(|(_, e)| e.job.submitted && !e.job.invalidated)
         .map(|(k, e)| (k, &**e))
+        .take(*count)
         .collect()
 }
 
@@ -383,9 +385,8 @@ impl Reader {
         // A rotated name reads as its live name (`journal.jsonl.1`).
         let origin = match (rotation::classify(&named_as), &self.told) {
             // Told on the command line what a named file is.
-            (PathKind::Eventlog(_) | PathKind::Lines | PathKind::Other, Some(told)) if named => {
-                told.clone()
-            }
+            // (Not a path that names its own job: `jobs/ID/eventlog`.)
+            (PathKind::Lines | PathKind::Other, Some(told)) if named => told.clone(),
             (kind, _) => match kind {
                 PathKind::Eventlog(origin) => origin,
                 PathKind::Lines => Origin::default(),

@@ -22,13 +22,20 @@ use std::time::{Duration, Instant};
 #[derive(Args, Debug)]
 pub struct TopArgs {
     /// Seconds between two looks.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = parse_interval)]
     pub interval: f64,
     /// Print one frame as text and exit (rates over one interval).
     #[arg(long)]
     pub once: bool,
     #[command(flatten)]
     pub servers: Servers,
+}
+
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds above 0")),
+    }
 }
 
 /// What one pipeline showed at one look.

@@ -89,6 +89,9 @@ fn on_own_thread(
     Ok(async move { done_rx.await.map_err(|_| ShardPanicked) })
 }
 
+/// How long the API server may take to finish its answers at a stop.
+const SERVER_STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// Read the checkpoint and deal its state out to `workers` shards.
 fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<ShardState>)> {
     let dir = &config.data_dir;
@@ -146,6 +149,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     // by the signal's default.
     let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    // SIGHUP asks file sinks to reopen their files (logrotate, `systemctl
+    // reload`); watched here too, so that a pipeline with no file sink is
+    // not ended by the signal's default action.
+    let mut sighup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     let workers = config
@@ -307,6 +314,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         tokio::select! {
             _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); shutdown.cancel(); }
             _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); shutdown.cancel(); }
+            _ = sighup.recv() => { tracing::info!("SIGHUP: file sinks reopen their files"); }
             _ = shutdown.cancelled(), if !shutdown.is_cancelled() => {}
             done = source_tasks.join_next() => match done {
                 None => break,
@@ -376,14 +384,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         tracing::warn!(sink = %sink, dropped = n, "records dropped (buffer full or sink stopped)");
     }
     stop_server.cancel();
-    if let Some(server) = server {
-        match server.await {
-            Ok(Err(e)) => {
+    if let Some(mut server) = server {
+        // A client that stopped reading (a tap left in a pager) would hold
+        // the graceful stop for ever: it gets a few seconds.
+        match tokio::time::timeout(SERVER_STOP_GRACE, &mut server).await {
+            Ok(Ok(Err(e))) => {
                 tracing::error!("{e:#}");
                 failed = true;
             }
-            Err(e) => tracing::error!("api task: {e}"),
-            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("api task: {e}"),
+            Ok(Ok(Ok(()))) => {}
+            Err(_) => {
+                tracing::warn!(
+                    "the API's clients did not let go within {SERVER_STOP_GRACE:?}: closed"
+                );
+                server.abort();
+            }
         }
     }
     if drained.is_err() {

@@ -1,6 +1,7 @@
 //! Whether the Kafka brokers can be reached, said at once: in the log and
-//! in `/readyz`. librdkafka retries on its own and says nothing through
-//! fluxpipe's log, so an unreachable broker would otherwise be silent.
+//! in `/readyz`. librdkafka retries on its own, and a metadata request
+//! that cannot reach a broker waits out its whole timeout, so an
+//! unreachable broker would otherwise be silent for that long.
 
 use super::KafkaSourceConfig;
 use super::changelog::base_config;
@@ -105,7 +106,8 @@ impl BrokerHealth {
             tracing::warn!(source = %self.source, "{why}");
             self.ctx.readiness.block(&self.source, why);
         } else {
-            tracing::debug!(source = %self.source, "Kafka: {error}: {reason}");
+            // As rdkafka's own handler would say it (this one replaces it).
+            tracing::warn!(source = %self.source, "Kafka: {error}: {reason}");
         }
     }
 
