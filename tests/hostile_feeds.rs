@@ -126,16 +126,24 @@ address = "127.0.0.1:{api}"
         read_records(&out).len() == 2
     });
     let through = sent.elapsed();
+    let refused_in = |metrics: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("fluxpipe_jobs_refused_total{reason=\"max_clusters\"}"))
+            .and_then(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // The good job may come through before the shards holding the rest of
+    // the flood have read all of it: wait for every refusal to be counted.
+    wait_until("every made-up cluster past the cap refused", 60, || {
+        http_get(api, "/metrics").is_some_and(|(_, m)| refused_in(&m) >= 1950.0)
+    });
     let scraped = Instant::now();
     let metrics = http_get(api, "/metrics").expect("scrape").1;
     let scrape = scraped.elapsed();
     let rss = rss_kib(run.0.id());
     let ranks = metric_sum(&metrics, "flux_nodes");
-    let refused = metrics
-        .lines()
-        .find(|l| l.starts_with("fluxpipe_jobs_refused_total{reason=\"max_clusters\"}"))
-        .and_then(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .unwrap_or(0.0);
+    let refused = refused_in(&metrics);
     let clusters: std::collections::BTreeSet<&str> = metrics
         .lines()
         .filter_map(|l| l.split_once("flux_cluster=\"")?.1.split_once('"'))
