@@ -12,7 +12,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 const UID: &str = "65532";
 
@@ -23,16 +23,7 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use common::run_ok as run;
 
 /// `podman run` with what this machine needs: runc where it is installed
 /// (crun refuses hybrid cgroup v1 hosts), and limits no higher than this

@@ -23,16 +23,7 @@ const UNIT: &str = "/usr/lib/systemd/system/fluxpipe.service";
 /// The user the unit's command runs as here: `nobody`.
 const USER: u32 = 65534;
 
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use common::run_ok as run;
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()

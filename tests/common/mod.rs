@@ -381,3 +381,15 @@ pub fn post_journal_until_counted(url: &str, api: u16) {
         total(&scrape(api), "flux_jobs_inactive_total") == ended
     });
 }
+
+/// Run a command to its end; fail the test, with its output, if it fails.
+pub fn run_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
