@@ -331,7 +331,15 @@ impl Coordinator {
         if given_up > 0 {
             return Err(Abandoned::GivenUp(given_up));
         }
-        let sink_cuts = self.offsets.cuts().map_err(Abandoned::Cut)?;
+        // Each file sink's place at the cut (one just started may still be
+        // opening its file).
+        let sink_cuts = loop {
+            match self.offsets.cuts() {
+                Ok(cuts) => break cuts,
+                Err(e) if Instant::now() >= deadline => return Err(Abandoned::Cut(e)),
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        };
         // 5. The changelogs: their positions are those of this round.
         self.write_changelogs(deadline).await?;
         // 6. One file.

@@ -70,13 +70,16 @@ impl Mark {
 
     /// Note the place if the sink stands at the cut asked for.
     fn check_cut(&self) {
-        let at = self.cut_at.load(SeqCst);
-        if at == NONE || !self.ready.load(SeqCst) || self.taken.load(SeqCst) != at {
-            return;
+        if let Ok(mut cut) = self.cut.lock() {
+            self.place_cut(&mut cut);
         }
-        if let Ok(mut cut) = self.cut.lock()
-            && cut.is_none()
-        {
+    }
+
+    /// With the cut's lock held, so that a round asking for a new cut never
+    /// gets the place of the cut asked for before it.
+    fn place_cut(&self, cut: &mut Option<Saved>) {
+        let at = self.cut_at.load(SeqCst);
+        if cut.is_none() && at != NONE && self.ready.load(SeqCst) && self.taken.load(SeqCst) == at {
             *cut = Some(self.saved());
         }
     }
@@ -86,9 +89,9 @@ impl Mark {
     fn ask_cut(&self, records: u64) {
         if let Ok(mut cut) = self.cut.lock() {
             *cut = None;
+            self.cut_at.store(records, SeqCst);
+            self.place_cut(&mut cut);
         }
-        self.cut_at.store(records, SeqCst);
-        self.check_cut();
     }
 
     /// The place of the cut asked for, once the sink has reached it.
@@ -172,8 +175,10 @@ impl SinkOffsets {
     }
 
     /// Every file sink's cut, once the sinks are done with the records
-    /// before it. A sink that has not opened its file and was given nothing
-    /// keeps what was restored.
+    /// before it. A sink that has not opened its file yet and was given
+    /// nothing keeps what was restored; with nothing restored, the round
+    /// waits until it has opened it: a checkpoint that named no place would
+    /// leave what this run writes uncut after a crash, to be written again.
     pub fn cuts(&self) -> Result<BTreeMap<String, String>, NotReached> {
         let mut out = (*self.restored).clone();
         if let Ok(marks) = self.marks.lock() {
@@ -182,7 +187,9 @@ impl SinkOffsets {
                     Some(cut) => {
                         out.insert(name.clone(), cut.text());
                     }
-                    None if !mark.ready.load(SeqCst) && mark.cut_at.load(SeqCst) == 0 => {}
+                    None if !mark.ready.load(SeqCst)
+                        && mark.cut_at.load(SeqCst) == 0
+                        && self.restored.contains_key(name) => {}
                     None => return Err(NotReached(name.clone())),
                 }
             }
@@ -232,6 +239,36 @@ mod tests {
         // The sink already at the cut when asked.
         offsets.ask_cuts(|_| Some(4));
         assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(140)));
+    }
+
+    #[test]
+    fn a_sink_with_nothing_restored_must_say_where_it_stood() {
+        let offsets = SinkOffsets::restored(BTreeMap::new());
+        let mark = offsets.mark("out");
+        // Given nothing, but its file not opened yet: no checkpoint can say
+        // where to cut it back to.
+        offsets.ask_cuts(|_| Some(0));
+        assert!(offsets.cuts().is_err());
+        mark.reset(7, 8, 20);
+        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(20)));
+    }
+
+    #[test]
+    fn a_round_given_up_leaves_no_cut_for_the_next() {
+        let offsets = SinkOffsets::restored(BTreeMap::new());
+        let mark = offsets.mark("out");
+        mark.reset(7, 8, 0);
+        // A round asks for the cut after 2 records and is given up on
+        // before the sink gets there.
+        offsets.ask_cuts(|_| Some(2));
+        mark.wrote(10);
+        // The next round asks after 3; the sink passing 2 meanwhile places
+        // nothing.
+        offsets.ask_cuts(|_| Some(3));
+        mark.wrote(10);
+        assert!(offsets.cuts().is_err());
+        mark.wrote(10);
+        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(30)));
     }
 
     #[test]
