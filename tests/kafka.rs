@@ -17,6 +17,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -817,5 +818,251 @@ async fn an_unreachable_broker_is_said_at_once_and_readyz_follows_it() {
         stopping.elapsed() < Duration::from_secs(5),
         "a stop while waiting for the broker took {:?}",
         stopping.elapsed()
+    );
+}
+
+/// The tansu binary `tests/run-all` starts (`FLUXPIPE_TANSU`), for a test
+/// that stops and starts its own broker. Required whenever the shared
+/// broker is there (the test command sets both).
+fn tansu() -> Option<PathBuf> {
+    match std::env::var_os("FLUXPIPE_TANSU") {
+        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        _ => {
+            assert!(
+                std::env::var_os("FLUXPIPE_KAFKA_BROKER").is_none(),
+                "FLUXPIPE_KAFKA_BROKER is set but FLUXPIPE_TANSU is not (tests/run-all sets both)"
+            );
+            eprintln!("FLUXPIPE_TANSU not set: skipped");
+            None
+        }
+    }
+}
+
+/// A tansu broker of its own on `addr`, in memory (started again, it is
+/// empty).
+struct OwnBroker(Child);
+
+impl OwnBroker {
+    fn start(tansu: &Path, addr: &str, log: &Path) -> OwnBroker {
+        let url = format!("tcp://{addr}");
+        let child = std::process::Command::new(tansu)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .expect("broker log"),
+            )
+            .spawn()
+            .expect("spawn tansu");
+        wait_until("the broker listening", 30, || {
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+        OwnBroker(child)
+    }
+
+    /// SIGKILL: what it held is gone.
+    fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A counter or gauge of a scrape (0 when absent).
+fn scraped(port: u16, series: &str) -> f64 {
+    common::http_get(port, "/metrics")
+        .and_then(|(_, body)| {
+            body.lines()
+                .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// The `kafka` sink's broker dies and comes back empty (nothing kept: its
+/// topic made again, the producer id it gave out unknown). Every record not
+/// acknowledged before reaches the new broker (none lost), the outage is
+/// one warning with counts rather than a line per record, and the sink
+/// goes on with what comes after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_back_empty_gets_every_record_it_did_not_acknowledge() {
+    let Some(tansu) = tansu() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let broker_log = d.join("broker.log");
+    let broker = OwnBroker::start(&tansu, &addr, &broker_log);
+    let external = Broker::External(addr.clone());
+    external.create_topic("out", 3).await;
+
+    // What the whole journal gives: every record id of an uninterrupted run.
+    let whole = d.join("whole.jsonl");
+    generate(600, &whole);
+    let stdin_config = d.join("stdin.toml");
+    std::fs::write(
+        &stdin_config,
+        format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"A\"\n\
+             [sinks.out]\ntype = \"stdout\"\ninputs = [\"jobs\", \"transitions\"]\n",
+            d.join("stdin-data")
+        ),
+    )
+    .expect("config");
+    let uninterrupted = fluxpipe()
+        .args(["run", "--config"])
+        .arg(&stdin_config)
+        .stdin(std::fs::File::open(&whole).expect("journal"))
+        .output()
+        .expect("run over stdin");
+    assert!(uninterrupted.status.success());
+    let want: BTreeSet<String> = String::from_utf8_lossy(&uninterrupted.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|r| r["record_id"].as_str().map(str::to_string))
+        .collect();
+    let text = std::fs::read_to_string(&whole).expect("journal");
+    let lines: Vec<&str> = text.lines().collect();
+    let third = lines.len() / 3;
+    let append = |part: &[&str]| {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("journal.jsonl"))
+            .expect("journal");
+        for l in part {
+            writeln!(f, "{l}").expect("append");
+        }
+    };
+
+    let port = common::free_port();
+    let config = d.join("sink.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[api]\naddress = \"127.0.0.1:{port}\"\n[checkpoint]\ninterval_secs = 0.5\n\
+             [sources.j]\ntype = \"file\"\ninclude = [{:?}]\ncluster = \"A\"\npoll_interval_ms = 50\n\
+             [sinks.k]\ntype = \"kafka\"\nbootstrap_servers = {addr:?}\ntopic = \"out\"\n\
+             message_timeout_secs = 3\ninputs = [\"jobs\", \"transitions\"]\n",
+            d.join("data"),
+            d.join("journal.jsonl"),
+        ),
+    )
+    .expect("config");
+    append(&lines[..third]);
+    let log = d.join("fluxpipe.log");
+    let running = Running(Some(
+        fluxpipe()
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("FLUXPIPE_LOG", "fluxpipe=info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn fluxpipe"),
+    ));
+    let sent = || scraped(port, "fluxpipe_records_sent_total{sink=\"k\"}") as usize;
+    let buffered = || scraped(port, "fluxpipe_sink_buffered_records{sink=\"k\"}") as usize;
+    wait_until("the first third acknowledged", 60, || {
+        sent() > 0 && buffered() == 0 && {
+            std::thread::sleep(Duration::from_millis(500));
+            buffered() == 0
+        }
+    });
+    let before: BTreeSet<String> = read_topic(&addr, "out", 3, sent())
+        .into_iter()
+        .filter_map(|(_, _, payload)| {
+            let r: Value = serde_json::from_str(&payload).ok()?;
+            r["record_id"].as_str().map(str::to_string)
+        })
+        .collect();
+    assert_eq!(
+        before.len(),
+        sent(),
+        "every record acknowledged is in the topic"
+    );
+
+    // The broker dies with records on their way; it comes back empty
+    // while they wait, and more come after.
+    broker.kill();
+    append(&lines[third..2 * third]);
+    wait_until("records waiting for the broker", 30, || buffered() > 0);
+    std::thread::sleep(Duration::from_secs(1));
+    let _broker = OwnBroker::start(&tansu, &addr, &broker_log);
+    external.create_topic("out", 3).await;
+    append(&lines[2 * third..]);
+    wait_until("every record acknowledged", 120, || {
+        sent() >= want.len() && buffered() == 0
+    });
+    // Records repeated (at least once) make the topic longer: read on
+    // while some are missing and more were there.
+    let mut n = want.len() - before.len();
+    let (after, missing) = loop {
+        let after: Vec<String> = read_topic(&addr, "out", 3, n)
+            .into_iter()
+            .filter_map(|(_, _, payload)| {
+                let r: Value = serde_json::from_str(&payload).ok()?;
+                r["record_id"].as_str().map(str::to_string)
+            })
+            .collect();
+        let got: BTreeSet<&String> = before.iter().chain(&after).collect();
+        let missing: Vec<String> = want
+            .iter()
+            .filter(|id| !got.contains(id))
+            .cloned()
+            .collect();
+        if missing.is_empty() || after.len() < n {
+            break (after, missing);
+        }
+        n = after.len() + missing.len();
+    };
+    let got: BTreeSet<&String> = before.iter().chain(&after).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} records never reached a broker, e.g. {:?}",
+        missing.len(),
+        want.len(),
+        missing.first()
+    );
+    let again = before.len() + after.len() - got.len();
+    stop(running);
+
+    let text = std::fs::read_to_string(&log).expect("log");
+    let warnings = text
+        .lines()
+        .filter(|l| l.contains("not acknowledged:"))
+        .count();
+    let per_record = text
+        .lines()
+        .filter(|l| l.contains("record dropped"))
+        .count();
+    assert!(
+        (1..=3).contains(&warnings) && per_record == 0,
+        "one warning an outage, with counts, and no line per record: {warnings} and {per_record}:\n{text}"
+    );
+    assert!(
+        text.contains("sent again"),
+        "the end of the outage is said: {text}"
+    );
+    eprintln!(
+        "{} records: {} acknowledged before the broker died, {} after it came back ({again} of them twice)",
+        want.len(),
+        before.len(),
+        after.len()
     );
 }

@@ -7,9 +7,10 @@
 //! Java client's partitioner, so every client agrees on where a key goes.
 //! A record counts as delivered when the broker acknowledges it (that is
 //! what a checkpoint waits for); one librdkafka gives up on after
-//! `message_timeout_secs` is dropped and counted. At most
-//! [`MAX_IN_FLIGHT`] records await their acknowledgement; beyond that the
-//! sink stops taking records and its buffer's `when_full` applies.
+//! `message_timeout_secs` is sent again, with backoff, by a new producer
+//! (one outage, one warning with counts). At most [`MAX_IN_FLIGHT`]
+//! records await their acknowledgement; beyond that the sink stops taking
+//! records and its buffer's `when_full` applies.
 //!
 //! Each message carries a `fluxpipe-stream` header with its output stream.
 
@@ -35,8 +36,8 @@ crate::channels::fanout::sink_config! {
         /// none | gzip | snappy | lz4 | zstd
         #[serde(default = "default_compression")]
         compression: String,
-        /// Seconds librdkafka keeps retrying a message before it is dropped
-        /// and counted (`message.timeout.ms`).
+        /// Seconds librdkafka keeps retrying a message before the sink
+        /// starts a new producer and sends it again (`message.timeout.ms`).
         #[serde(default = "default_kafka_timeout")]
         message_timeout_secs: f64,
         /// Passed to librdkafka as they are; they win over fluxpipe's own.
@@ -49,8 +50,11 @@ fn default_compression() -> String {
     "lz4".into()
 }
 
+/// Short enough that a broker back empty (which refuses the producer it
+/// no longer knows until the records time out) is got over in under a
+/// minute.
 fn default_kafka_timeout() -> f64 {
-    300.0
+    30.0
 }
 
 impl super::SinkSpec for KafkaSinkConfig {
@@ -85,13 +89,13 @@ pub async fn run(
     name: &str,
     config: KafkaSinkConfig,
     rx: SinkRx,
-    _ctx: &SinkContext,
+    ctx: &SinkContext,
 ) -> anyhow::Result<()> {
     #[cfg(feature = "kafka")]
-    return producer::run(name, config, rx).await;
+    return producer::run(name, config, rx, &ctx.shutdown).await;
     #[cfg(not(feature = "kafka"))]
     {
-        let _ = (name, config, rx);
+        let _ = (name, config, rx, ctx);
         anyhow::bail!("this fluxpipe was built without Kafka support")
     }
 }

@@ -4,6 +4,7 @@ use super::KafkaSinkConfig;
 use crate::channels::fanout::SinkRx;
 use crate::output::OutputRecord;
 use crate::output::OutputStream;
+use crate::sinks::retry::{Failure, Retry, SHUTDOWN_GRACE};
 use anyhow::{Context, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -12,8 +13,11 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 use serde::Deserialize;
 use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 /// Records sent and not yet acknowledged, at most.
 pub const MAX_IN_FLIGHT: usize = 10_000;
@@ -64,39 +68,147 @@ fn producer(config: &KafkaSinkConfig) -> Result<FutureProducer> {
     c.create().context("cannot create the Kafka producer")
 }
 
-pub async fn run(name: &str, config: KafkaSinkConfig, mut rx: SinkRx) -> Result<()> {
-    let producer = producer(&config)?;
-    let topics: Vec<(OutputStream, String)> = OutputStream::ALL
-        .iter()
-        .map(|s| {
-            let t = config.topics.get(s.as_str()).unwrap_or(&config.topic);
-            (*s, t.clone())
-        })
-        .collect();
-    let mut in_flight: JoinSet<bool> = JoinSet::new();
+/// The topic of each output stream.
+struct Topics(Vec<(OutputStream, String)>);
+
+impl Topics {
+    fn new(config: &KafkaSinkConfig) -> Self {
+        let of = |s: &OutputStream| config.topics.get(s.as_str()).unwrap_or(&config.topic);
+        Topics(
+            OutputStream::ALL
+                .iter()
+                .map(|s| (*s, of(s).clone()))
+                .collect(),
+        )
+    }
+
+    fn of(&self, stream: OutputStream) -> &str {
+        self.0
+            .iter()
+            .find(|(s, _)| *s == stream)
+            .map_or("", |(_, t)| t.as_str())
+    }
+}
+
+/// A record the broker did not acknowledge, with its place in the order
+/// the sink took records in.
+struct Unacked {
+    seq: u64,
+    record: Arc<OutputRecord>,
+    error: KafkaError,
+}
+
+/// What became of one record handed to librdkafka.
+type Ack = Result<(), Unacked>;
+
+/// Records not acknowledged, as the retry logs them.
+struct NotAcknowledged {
+    records: usize,
+    error: String,
+}
+
+impl std::fmt::Display for NotAcknowledged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "records not acknowledged: {} ({})", self.records, self.error)
+    }
+}
+
+impl Failure for NotAcknowledged {
+    /// A broker away, or back without the producer's state: it passes.
+    fn is_outage(&self) -> bool {
+        true
+    }
+}
+
+/// Errors no other try mends: the record itself is refused.
+fn hopeless(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    )
+}
+
+/// Deliver records until every sender is gone and nothing is left
+/// unacknowledged. A record librdkafka gives up on (after
+/// `message_timeout_secs`) is not dropped: once every record sent has an
+/// answer, those not acknowledged are sent again, in the order they were
+/// taken, by a new producer (a broker that came back empty does not know
+/// the old one's producer id, and refuses it for ever), with backoff. No
+/// new record is taken meanwhile, so a key's records keep their order.
+pub async fn run(
+    name: &str,
+    config: KafkaSinkConfig,
+    mut rx: SinkRx,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let mut producer = producer(&config)?;
+    let topics = Topics::new(&config);
+    let mut retry = Retry::new(name, shutdown, "Kafka acknowledges records");
+    let mut in_flight: JoinSet<Ack> = JoinSet::new();
+    // Not acknowledged, by the order they were taken in.
+    let mut unacked: BTreeMap<u64, Arc<OutputRecord>> = BTreeMap::new();
+    let mut last_error = String::new();
+    let mut sent_again = 0u64;
+    let mut taken = 0u64;
     let mut open = true;
-    while open || !in_flight.is_empty() {
+    loop {
+        if in_flight.is_empty() && !unacked.is_empty() {
+            let failure = NotAcknowledged {
+                records: unacked.len(),
+                error: std::mem::take(&mut last_error),
+            };
+            if !retry.failed("sending", &failure, &rx).await {
+                let held = unacked.len() as u64;
+                let left = rx.give_up_rest(held).await;
+                metrics::counter!("fluxpipe_records_dropped_total", "sink" => name.to_string(), "reason" => "undeliverable").increment(left);
+                anyhow::bail!(
+                    "records Kafka did not acknowledge: {left}, given up {} s after the stop",
+                    SHUTDOWN_GRACE.as_secs()
+                );
+            }
+            let old = std::mem::replace(&mut producer, self::producer(&config)?);
+            // Its drop waits for librdkafka's threads.
+            tokio::task::spawn_blocking(move || drop(old));
+            sent_again += unacked.len() as u64;
+            for (seq, record) in std::mem::take(&mut unacked) {
+                let topic = topics.of(record.stream);
+                send(&producer, topic, seq, record, &mut in_flight, name, &rx).await;
+            }
+            continue;
+        }
+        if !open && in_flight.is_empty() && unacked.is_empty() {
+            break;
+        }
         tokio::select! {
-            rec = rx.recv(), if open && in_flight.len() < MAX_IN_FLIGHT => match rec {
-                Some(rec) => {
-                    let topic = topics
-                        .iter()
-                        .find(|(s, _)| *s == rec.stream)
-                        .map_or(config.topic.as_str(), |(_, t)| t.as_str());
+            rec = rx.recv(), if open && unacked.is_empty() && in_flight.len() < MAX_IN_FLIGHT => match rec {
+                Some(record) => {
+                    taken += 1;
+                    let topic = topics.of(record.stream);
                     // Handed to librdkafka here, in order: a key's records
                     // keep their order in its partition.
-                    match enqueue(&producer, topic, &rec, &mut in_flight, name).await {
-                        Some(delivery) => {
-                            in_flight.spawn(delivery);
-                        }
-                        None => rx.given_up(1),
-                    }
+                    send(&producer, topic, taken, record, &mut in_flight, name, &rx).await;
                 }
                 None => open = false,
             },
             Some(done) = in_flight.join_next() => match done {
-                Ok(true) => rx.delivered(1),
-                Ok(false) | Err(_) => rx.given_up(1),
+                Ok(Ok(())) => {
+                    rx.delivered(1);
+                    if sent_again > 0 {
+                        retry.succeeded("sending");
+                        tracing::info!(sink = name, records = sent_again, "records not acknowledged before were sent again");
+                        sent_again = 0;
+                    }
+                }
+                Ok(Err(u)) => {
+                    last_error = u.error.to_string();
+                    unacked.insert(u.seq, u.record);
+                }
+                Err(_) => rx.given_up(1),
             },
         }
     }
@@ -106,62 +218,69 @@ pub async fn run(name: &str, config: KafkaSinkConfig, mut rx: SinkRx) -> Result<
     Ok(())
 }
 
-/// Hand one record to librdkafka (waiting while its queue is full); the
-/// future of its acknowledgement, or `None` if it was refused (counted).
-async fn enqueue(
+/// Hand one record to librdkafka (waiting while its queue is full) and
+/// follow its acknowledgement in `in_flight`. A record refused for what it
+/// is (too large) is dropped and counted; any other refusal is an answer
+/// like a failed delivery, tried again.
+async fn send(
     producer: &FutureProducer,
     topic: &str,
-    rec: &OutputRecord,
-    in_flight: &mut JoinSet<bool>,
+    seq: u64,
+    record: Arc<OutputRecord>,
+    in_flight: &mut JoinSet<Ack>,
     sink: &str,
-) -> Option<impl std::future::Future<Output = bool> + Send + 'static> {
-    let key = record_key(rec.line());
+    rx: &SinkRx,
+) {
+    let key = record_key(record.line());
     loop {
         let headers = OwnedHeaders::new().insert(Header {
             key: "fluxpipe-stream",
-            value: Some(rec.stream.as_str()),
+            value: Some(record.stream.as_str()),
         });
         let message = FutureRecord::to(topic)
             .key(&key)
-            .payload(rec.line())
+            .payload(record.line())
             .headers(headers);
-        match producer.send_result(message) {
+        let error = match producer.send_result(message) {
             Ok(delivery) => {
-                let (sink, topic) = (sink.to_string(), topic.to_string());
-                return Some(async move {
-                    match delivery.await {
-                        Ok(Ok(_)) => true,
-                        Ok(Err((e, _))) => {
-                            dropped(&sink, &topic, &e.to_string());
-                            false
-                        }
-                        Err(_) => {
-                            dropped(&sink, &topic, "the producer is gone");
-                            false
-                        }
+                let sink = sink.to_string();
+                in_flight.spawn(async move {
+                    let error = match delivery.await {
+                        Ok(Ok(_)) => return Ok(()),
+                        Ok(Err((e, _))) => e,
+                        Err(_) => KafkaError::Canceled,
+                    };
+                    if hopeless(&error) {
+                        dropped(&sink, &error);
+                        return Ok(());
                     }
+                    Err(Unacked { seq, record, error })
                 });
+                return;
             }
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 // Let acknowledgements come back, then try again.
-                if in_flight.is_empty() {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                } else {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                let pause = if in_flight.is_empty() { 10 } else { 1 };
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                continue;
             }
-            Err((e, _)) => {
-                dropped(sink, topic, &e.to_string());
-                return None;
-            }
+            Err((e, _)) => e,
+        };
+        if hopeless(&error) {
+            dropped(sink, &error);
+            rx.given_up(1);
+        } else {
+            in_flight.spawn(async move { Err(Unacked { seq, record, error }) });
         }
+        return;
     }
 }
 
-fn dropped(sink: &str, topic: &str, error: &str) {
+/// A record the broker refuses for what it is.
+fn dropped(sink: &str, error: &KafkaError) {
     metrics::counter!("fluxpipe_sink_errors_total", "sink" => sink.to_string()).increment(1);
     metrics::counter!("fluxpipe_records_dropped_total", "sink" => sink.to_string(), "reason" => "undeliverable").increment(1);
-    tracing::error!(%sink, %topic, "record dropped: {error}");
+    tracing::error!(%sink, "record dropped, the broker refuses it: {error}");
 }
 
 #[cfg(test)]
