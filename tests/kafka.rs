@@ -895,47 +895,103 @@ fn scraped(port: u16, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The `kafka` sink's broker dies and comes back empty (nothing kept: its
-/// topic made again, the producer id it gave out unknown). Every record not
-/// acknowledged before reaches the new broker (none lost), the outage is
-/// one warning with counts rather than a line per record, and the sink
-/// goes on with what comes after.
+/// On a failure, the logs of a test's folder are printed (the folder goes).
+struct LogsOnFailure(PathBuf);
+
+impl Drop for LogsOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for entry in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(60).collect();
+                eprintln!("--- {} (newest first)\n{}", path.display(), tail.join("\n"));
+            }
+        }
+    }
+}
+
+/// The record ids of the records a source gives, read in one go through
+/// an uninterrupted run over standard input.
+fn record_ids(dir: &Path, journal: &Path, inputs: &str) -> BTreeSet<String> {
+    let config = dir.join("stdin.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"A\"\n\
+             [sinks.out]\ntype = \"stdout\"\ninputs = {inputs}\n",
+            dir.join("stdin-data")
+        ),
+    )
+    .expect("config");
+    let out = fluxpipe()
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdin(std::fs::File::open(journal).expect("journal"))
+        .output()
+        .expect("run over stdin");
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|r| r["record_id"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The record ids of a topic's messages; with records repeated (at least
+/// once) the topic is longer than `at_least`: read on while some of `want`
+/// are missing and more were there.
+fn topic_ids(
+    servers: &str,
+    topic: &str,
+    at_least: usize,
+    want: &BTreeSet<String>,
+    have: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut n = at_least;
+    loop {
+        let ids: Vec<String> = read_topic(servers, topic, 3, n)
+            .into_iter()
+            .filter_map(|(_, _, payload)| {
+                let r: Value = serde_json::from_str(&payload).ok()?;
+                r["record_id"].as_str().map(str::to_string)
+            })
+            .collect();
+        let got: BTreeSet<&String> = have.iter().chain(&ids).collect();
+        let missing = want.iter().filter(|id| !got.contains(id)).count();
+        if missing == 0 || ids.len() < n {
+            return ids;
+        }
+        n = ids.len() + missing;
+    }
+}
+
+/// A broker of a pipeline's own dies and comes back empty (its topics
+/// made again; the producer ids it gave out, the group, its offsets and the
+/// changelog gone). The `kafka` sink sends every record it had no
+/// acknowledgement for to the new broker (none lost), says the outage once
+/// with counts rather than a line per record, and goes on; the consumer
+/// group member takes its partitions back, reads what the new broker
+/// holds (jobs submitted from then on come out whole, as replay gives
+/// them) and takes checkpoints again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_back_empty_gets_every_record_it_did_not_acknowledge() {
     let Some(tansu) = tansu() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
+    let _logs = LogsOnFailure(d.to_path_buf());
     let addr = format!("127.0.0.1:{}", common::free_port());
     let broker_log = d.join("broker.log");
     let broker = OwnBroker::start(&tansu, &addr, &broker_log);
     let external = Broker::External(addr.clone());
-    external.create_topic("out", 3).await;
+    external.create_topic("events", 3).await;
 
-    // What the whole journal gives: every record id of an uninterrupted run.
     let whole = d.join("whole.jsonl");
     generate(600, &whole);
-    let stdin_config = d.join("stdin.toml");
-    std::fs::write(
-        &stdin_config,
-        format!(
-            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"A\"\n\
-             [sinks.out]\ntype = \"stdout\"\ninputs = [\"jobs\", \"transitions\"]\n",
-            d.join("stdin-data")
-        ),
-    )
-    .expect("config");
-    let uninterrupted = fluxpipe()
-        .args(["run", "--config"])
-        .arg(&stdin_config)
-        .stdin(std::fs::File::open(&whole).expect("journal"))
-        .output()
-        .expect("run over stdin");
-    assert!(uninterrupted.status.success());
-    let want: BTreeSet<String> = String::from_utf8_lossy(&uninterrupted.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|r| r["record_id"].as_str().map(str::to_string))
-        .collect();
+    let want = record_ids(d, &whole, "[\"events\"]");
     let text = std::fs::read_to_string(&whole).expect("journal");
     let lines: Vec<&str> = text.lines().collect();
     let third = lines.len() / 3;
@@ -950,52 +1006,70 @@ async fn a_broker_back_empty_gets_every_record_it_did_not_acknowledge() {
         }
     };
 
-    let port = common::free_port();
-    let config = d.join("sink.toml");
+    // The shipping side: a journal to the topic. The topic is made by the
+    // test, not by the sink asking for it (on a broker just back, that
+    // would race the test's own).
+    let (ship_port, read_port) = (common::free_port(), common::free_port());
+    let ship = d.join("ship.toml");
     std::fs::write(
-        &config,
+        &ship,
         format!(
-            "data_dir = {:?}\n[api]\naddress = \"127.0.0.1:{port}\"\n[checkpoint]\ninterval_secs = 0.5\n\
+            "data_dir = {:?}\n[api]\naddress = \"127.0.0.1:{ship_port}\"\n[checkpoint]\ninterval_secs = 0.5\n\
              [sources.j]\ntype = \"file\"\ninclude = [{:?}]\ncluster = \"A\"\npoll_interval_ms = 50\n\
-             [sinks.k]\ntype = \"kafka\"\nbootstrap_servers = {addr:?}\ntopic = \"out\"\n\
-             message_timeout_secs = 3\ninputs = [\"jobs\", \"transitions\"]\n",
-            d.join("data"),
+             [sinks.k]\ntype = \"kafka\"\nbootstrap_servers = {addr:?}\ntopic = \"events\"\n\
+             message_timeout_secs = 3\ninputs = [\"events\"]\n\
+             librdkafka_options = {{ \"allow.auto.create.topics\" = \"false\" }}\n",
+            d.join("ship-data"),
             d.join("journal.jsonl"),
         ),
     )
     .expect("config");
+    // The reading side: a group member, job summaries to a file.
+    let summaries = d.join("jobs.jsonl");
+    let read = member_config(
+        d,
+        &addr,
+        "events",
+        "readers",
+        "reader",
+        &summaries,
+        &format!("[api]\naddress = \"127.0.0.1:{read_port}\"\n"),
+    );
     append(&lines[..third]);
-    let log = d.join("fluxpipe.log");
-    let running = Running(Some(
-        fluxpipe()
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("FLUXPIPE_LOG", "fluxpipe=info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn fluxpipe"),
-    ));
-    let sent = || scraped(port, "fluxpipe_records_sent_total{sink=\"k\"}") as usize;
-    let buffered = || scraped(port, "fluxpipe_sink_buffered_records{sink=\"k\"}") as usize;
+    let spawn = |config: &Path, log: &str| {
+        Running(Some(
+            fluxpipe()
+                .args(["run", "--config"])
+                .arg(config)
+                .env("FLUXPIPE_LOG", "fluxpipe=info")
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(d.join(log)).expect("log"))
+                .spawn()
+                .expect("spawn fluxpipe"),
+        ))
+    };
+    let shipping = spawn(&ship, "ship.log");
+    let reading = spawn(&read, "read.log");
+    let sent = || scraped(ship_port, "fluxpipe_records_sent_total{sink=\"k\"}") as usize;
+    let buffered = || scraped(ship_port, "fluxpipe_sink_buffered_records{sink=\"k\"}") as usize;
     wait_until("the first third acknowledged", 60, || {
         sent() > 0 && buffered() == 0 && {
             std::thread::sleep(Duration::from_millis(500));
             buffered() == 0
         }
     });
-    let before: BTreeSet<String> = read_topic(&addr, "out", 3, sent())
-        .into_iter()
-        .filter_map(|(_, _, payload)| {
-            let r: Value = serde_json::from_str(&payload).ok()?;
-            r["record_id"].as_str().map(str::to_string)
-        })
-        .collect();
+    let before: BTreeSet<String> =
+        topic_ids(&addr, "events", sent(), &BTreeSet::new(), &BTreeSet::new())
+            .into_iter()
+            .collect();
     assert_eq!(
         before.len(),
         sent(),
         "every record acknowledged is in the topic"
     );
+    wait_until("the reader taking part", 60, || {
+        scraped(read_port, "fluxpipe_kafka_partitions_owned{source=\"k\"}") == 3.0
+    });
 
     // The broker dies with records on their way; it comes back empty
     // while they wait, and more come after.
@@ -1004,34 +1078,18 @@ async fn a_broker_back_empty_gets_every_record_it_did_not_acknowledge() {
     wait_until("records waiting for the broker", 30, || buffered() > 0);
     std::thread::sleep(Duration::from_secs(1));
     let _broker = OwnBroker::start(&tansu, &addr, &broker_log);
-    external.create_topic("out", 3).await;
+    let back = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    external.create_topic("events", 3).await;
     append(&lines[2 * third..]);
     wait_until("every record acknowledged", 120, || {
         sent() >= want.len() && buffered() == 0
     });
-    // Records repeated (at least once) make the topic longer: read on
-    // while some are missing and more were there.
-    let mut n = want.len() - before.len();
-    let (after, missing) = loop {
-        let after: Vec<String> = read_topic(&addr, "out", 3, n)
-            .into_iter()
-            .filter_map(|(_, _, payload)| {
-                let r: Value = serde_json::from_str(&payload).ok()?;
-                r["record_id"].as_str().map(str::to_string)
-            })
-            .collect();
-        let got: BTreeSet<&String> = before.iter().chain(&after).collect();
-        let missing: Vec<String> = want
-            .iter()
-            .filter(|id| !got.contains(id))
-            .cloned()
-            .collect();
-        if missing.is_empty() || after.len() < n {
-            break (after, missing);
-        }
-        n = after.len() + missing.len();
-    };
+    let after = topic_ids(&addr, "events", want.len() - before.len(), &want, &before);
     let got: BTreeSet<&String> = before.iter().chain(&after).collect();
+    let missing: Vec<&String> = want.iter().filter(|id| !got.contains(id)).collect();
     assert!(
         missing.is_empty(),
         "{} of {} records never reached a broker, e.g. {:?}",
@@ -1040,9 +1098,8 @@ async fn a_broker_back_empty_gets_every_record_it_did_not_acknowledge() {
         missing.first()
     );
     let again = before.len() + after.len() - got.len();
-    stop(running);
-
-    let text = std::fs::read_to_string(&log).expect("log");
+    stop(shipping);
+    let text = std::fs::read_to_string(d.join("ship.log")).expect("log");
     let warnings = text
         .lines()
         .filter(|l| l.contains("not acknowledged:"))
@@ -1059,10 +1116,81 @@ async fn a_broker_back_empty_gets_every_record_it_did_not_acknowledge() {
         text.contains("sent again"),
         "the end of the outage is said: {text}"
     );
+
+    // The reader: jobs submitted after the broker died (their events all
+    // reached the new one) come out whole (the state of those active
+    // before was in the changelog the broker lost), and checkpoints are
+    // taken again.
+    let submitted_late: BTreeSet<u64> = lines[third..]
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v["events"]
+                .as_array()
+                .is_some_and(|es| es.iter().any(|e| e["name"] == "submit"))
+        })
+        .filter_map(|v| v["id"].as_u64())
+        .collect();
+    let replayed: BTreeMap<u64, Value> = common::replay(&["--cluster", "A"], &[&whole])
+        .into_iter()
+        .filter(|r| r["kind"] == "job")
+        .filter_map(|r| Some((r["id"].as_u64()?, r)))
+        .collect();
+    let late: Vec<u64> = submitted_late
+        .iter()
+        .filter(|id| replayed.contains_key(id))
+        .copied()
+        .collect();
+    assert!(
+        late.len() > 50,
+        "enough jobs submitted late: {}",
+        late.len()
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = job_summaries(&summaries);
+        let missing = late
+            .iter()
+            .filter(|id| !got.contains_key(&("A".to_string(), **id)))
+            .count();
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} of {} late jobs not summarized",
+            late.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let got = job_summaries(&summaries);
+    for id in &late {
+        assert_eq!(
+            got.get(&("A".to_string(), *id)),
+            replayed.get(id),
+            "job {id}"
+        );
+    }
+    wait_until(
+        "a checkpoint of the reader after the broker came back",
+        120,
+        || {
+            scraped(
+                read_port,
+                "fluxpipe_checkpoint_last_success_timestamp_seconds",
+            ) > back
+        },
+    );
+    // Killed, not stopped: a member's stop right after its broker came
+    // back empty has taken over 30 s (2 runs in 9; not understood yet,
+    // see the session notes), and how long a stop takes is not what this
+    // test is about.
+    crash(reading);
     eprintln!(
-        "{} records: {} acknowledged before the broker died, {} after it came back ({again} of them twice)",
+        "{} records: {} acknowledged before the broker died, {} after it came back ({again} of them twice); {} jobs submitted after it died read whole",
         want.len(),
         before.len(),
-        after.len()
+        after.len(),
+        late.len()
     );
 }

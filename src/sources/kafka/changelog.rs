@@ -54,8 +54,9 @@ pub(super) fn base_config(config: &KafkaSourceConfig) -> ClientConfig {
 }
 
 /// Make sure the changelog topic exists with as many partitions as the
-/// input topic (compacted: only the last value per key matters).
-pub async fn ensure_topic(config: &KafkaSourceConfig, changelog: &str) -> Result<()> {
+/// input topic (compacted: only the last value per key matters); true if
+/// it had to be made.
+pub async fn ensure_topic(config: &KafkaSourceConfig, changelog: &str) -> Result<bool> {
     let input = config
         .topics
         .first()
@@ -74,6 +75,7 @@ pub async fn ensure_topic(config: &KafkaSourceConfig, changelog: &str) -> Result
     let partitions = count(input.clone(), true)
         .await??
         .ok_or_else(|| anyhow!("input topic {input} does not exist"))?;
+    let mut made = false;
     let have = match count(changelog.to_string(), false).await?? {
         Some(n) => n,
         None => {
@@ -92,6 +94,7 @@ pub async fn ensure_topic(config: &KafkaSourceConfig, changelog: &str) -> Result
             for r in results {
                 match r {
                     Ok(_) => {
+                        made = true;
                         tracing::info!(topic = changelog, partitions, "changelog topic created")
                     }
                     Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
@@ -108,7 +111,7 @@ pub async fn ensure_topic(config: &KafkaSourceConfig, changelog: &str) -> Result
             "changelog topic {changelog} has {have} partitions, input topic {input} has {partitions}: it needs as many"
         );
     }
-    Ok(())
+    Ok(made)
 }
 
 /// A topic's partition count; `None`: no such topic (after waiting a
@@ -160,6 +163,7 @@ impl ProducerContext for Deliveries {
 
 /// Writes each round's changes, then each partition's offset marker.
 pub struct Writer {
+    config: KafkaSourceConfig,
     source: Arc<str>,
     topic: String,
     marker_key: String,
@@ -181,14 +185,10 @@ impl Writer {
         fence: Arc<Mutex<Fence>>,
         reported: Arc<Mutex<BTreeMap<u64, Offsets>>>,
     ) -> Result<Self> {
-        let producer = base_config(config)
-            .set("enable.idempotence", "true")
-            .set("compression.type", "lz4")
-            .set("linger.ms", "5")
-            .create_with_context(Deliveries::default())
-            .context("cannot create the changelog producer")?;
+        let producer = Self::producer(config)?;
         let input = config.topics.first().cloned().unwrap_or_default();
         Ok(Writer {
+            config: config.clone(),
             source,
             topic,
             marker_key: changelog::marker_key(&input),
@@ -198,6 +198,39 @@ impl Writer {
             marked: HashMap::new(),
             carry: Vec::new(),
         })
+    }
+
+    fn producer(config: &KafkaSourceConfig) -> Result<BaseProducer<Deliveries>> {
+        base_config(config)
+            .set("enable.idempotence", "true")
+            .set("compression.type", "lz4")
+            .set("linger.ms", "5")
+            .create_with_context(Deliveries::default())
+            .context("cannot create the changelog producer")
+    }
+
+    /// After a failed round: a producer in a fatal state (an idempotent
+    /// one whose broker came back without its state) is replaced, and the
+    /// topic made again if the broker lost it. Otherwise every later round
+    /// would fail the same way and no checkpoint would be taken again.
+    async fn mend(&mut self) {
+        if let Some((code, reason)) = self.producer.client().fatal_error() {
+            match Self::producer(&self.config) {
+                Ok(fresh) => {
+                    let old = std::mem::replace(&mut self.producer, fresh);
+                    // Its drop waits for librdkafka's threads.
+                    tokio::task::spawn_blocking(move || drop(old));
+                    tracing::warn!(source = %self.source, "changelog producer started again after a fatal error: {code:?}: {reason}");
+                }
+                Err(e) => tracing::warn!(source = %self.source, "{e:#}"),
+            }
+        }
+        match tokio::time::timeout(METADATA_TIMEOUT, ensure_topic(&self.config, &self.topic)).await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(source = %self.source, "changelog topic: {e:#}"),
+            Err(_) => tracing::debug!(source = %self.source, "changelog topic: no answer"),
+        }
     }
 
     /// Serve the coordinator's batches until it is gone.
@@ -234,7 +267,11 @@ impl Writer {
                     .increment(1);
                 tracing::warn!(source = %self.source, "changelog not written (kept for the next round): {e}");
             }
+            let failed = result.is_err();
             let _ = batch.done.send(result);
+            if failed {
+                self.mend().await;
+            }
         }
     }
 

@@ -535,6 +535,16 @@ impl Member {
             source: self.ctx.name.clone(),
             partition,
         };
+        // A broker that lost its data lost this topic too: made again at
+        // once (the state it held is gone), not waited for partition by
+        // partition while the group waits for this member.
+        match changelog::ensure_topic(&self.config, &log).await {
+            Ok(true) => {
+                tracing::warn!(source = %self.ctx.name, topic = %log, "the changelog topic was gone (a broker that lost its data?): made again, empty; the state it held is lost")
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(source = %self.ctx.name, topic = %log, "{e:#}"),
+        }
         let config = self.config.clone();
         let started = std::time::Instant::now();
         let restored =
