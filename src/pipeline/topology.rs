@@ -202,7 +202,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     for ((name, sink), rx) in config.sinks.iter().zip(sink_rxs) {
         let (name, sink, ctx) = (name.clone(), sink.clone(), sink_ctx.clone());
         sink_tasks.spawn(async move {
+            let offsets = ctx.offsets.clone();
             let result = sinks::run(name.clone(), sink, rx, ctx).await;
+            if let Err(e) = &result {
+                // Said now, not at the stop; a file sink that stopped
+                // holds no checkpoint back (its records are dropped as
+                // `closed`, and a restart writes them).
+                tracing::error!(sink = %name, "sink stopped: {e:#}");
+                offsets.stopped(&name);
+            }
             (name, result)
         });
     }
@@ -342,8 +350,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             }
         }
         while let Some(done) = sink_tasks.join_next().await {
-            if let Ok((name, Err(e))) = done {
-                tracing::error!(sink = %name, "sink failed: {e:#}");
+            if let Ok((_, Err(_))) = done {
                 sinks_ok = false;
             }
         }

@@ -30,6 +30,8 @@ pub struct Mark {
     taken: AtomicU64,
     /// The sink has opened its file.
     ready: AtomicBool,
+    /// The sink has stopped (an error): it writes nothing more.
+    stopped: AtomicBool,
     /// The record count of the cut asked for, and the place it fell at.
     cut_at: AtomicU64,
     cut: Mutex<Option<Saved>>,
@@ -43,6 +45,7 @@ impl Default for Mark {
             written: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             ready: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             cut_at: AtomicU64::new(NONE),
             cut: Mutex::new(None),
         }
@@ -190,11 +193,24 @@ impl SinkOffsets {
                     None if !mark.ready.load(SeqCst)
                         && mark.cut_at.load(SeqCst) == 0
                         && self.restored.contains_key(name) => {}
+                    // Stopped: it writes nothing more, and holds no
+                    // checkpoint back (what it was given is dropped and
+                    // counted; a restart writes it).
+                    None if mark.stopped.load(SeqCst) => {}
                     None => return Err(NotReached(name.clone())),
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Sink `name` has stopped after an error.
+    pub fn stopped(&self, name: &str) {
+        if let Ok(marks) = self.marks.lock()
+            && let Some(mark) = marks.get(name)
+        {
+            mark.stopped.store(true, SeqCst);
+        }
     }
 
     /// Every file sink's place now (at shutdown, every sink finished).
@@ -251,6 +267,16 @@ mod tests {
         assert!(offsets.cuts().is_err());
         mark.reset(7, 8, 20);
         assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(20)));
+    }
+
+    #[test]
+    fn a_sink_that_stopped_holds_no_checkpoint_back() {
+        let offsets = SinkOffsets::restored(BTreeMap::new());
+        offsets.mark("out");
+        offsets.ask_cuts(|_| Some(3));
+        assert!(offsets.cuts().is_err());
+        offsets.stopped("out");
+        assert!(!offsets.cuts().unwrap().contains_key("out"));
     }
 
     #[test]

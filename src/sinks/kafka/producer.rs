@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::util::Timeout;
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -98,8 +98,10 @@ struct Unacked {
     error: KafkaError,
 }
 
-/// What became of one record handed to librdkafka.
-type Ack = Result<(), Unacked>;
+/// What became of one record handed to librdkafka: acknowledged (true),
+/// refused for what it is (false: dropped and counted), or not
+/// acknowledged (to be sent again).
+type Ack = Result<bool, Unacked>;
 
 /// Records not acknowledged, as the retry logs them.
 struct NotAcknowledged {
@@ -127,7 +129,6 @@ fn hopeless(e: &KafkaError) -> bool {
         Some(
             RDKafkaErrorCode::MessageSizeTooLarge
                 | RDKafkaErrorCode::InvalidMessageSize
-                | RDKafkaErrorCode::InvalidMessage
                 | RDKafkaErrorCode::InvalidRecord
         )
     )
@@ -138,8 +139,11 @@ fn hopeless(e: &KafkaError) -> bool {
 /// `message_timeout_secs`) is not dropped: once every record sent has an
 /// answer, those not acknowledged are sent again, in the order they were
 /// taken, by a new producer (a broker that came back empty does not know
-/// the old one's producer id, and refuses it for ever), with backoff. No
-/// new record is taken meanwhile, so a key's records keep their order.
+/// the old one's producer id, and refuses it for ever), with backoff. At
+/// the first failure the old producer's queue is purged, so that no record
+/// sent after it is delivered before it, and no new record is taken until
+/// the failed ones are delivered: a key's records keep their order. Once
+/// the pipeline stops, [`SHUTDOWN_GRACE`] bounds it all.
 pub async fn run(
     name: &str,
     config: KafkaSinkConfig,
@@ -156,7 +160,15 @@ pub async fn run(
     let mut sent_again = 0u64;
     let mut taken = 0u64;
     let mut open = true;
+    let mut purged = false;
+    // When the broker last acknowledged something.
+    let mut last_ack = tokio::time::Instant::now();
     loop {
+        // Stopping, and the broker silent for the grace: what is in flight
+        // is not waited for to its timeout.
+        let stalled = retry
+            .deadline(&rx)
+            .map(|at| at.max(last_ack + SHUTDOWN_GRACE));
         if in_flight.is_empty() && !unacked.is_empty() {
             let failure = NotAcknowledged {
                 records: unacked.len(),
@@ -174,6 +186,7 @@ pub async fn run(
             let old = std::mem::replace(&mut producer, self::producer(&config)?);
             // Its drop waits for librdkafka's threads.
             tokio::task::spawn_blocking(move || drop(old));
+            purged = false;
             sent_again += unacked.len() as u64;
             for (seq, record) in std::mem::take(&mut unacked) {
                 let topic = topics.of(record.stream);
@@ -196,7 +209,8 @@ pub async fn run(
                 None => open = false,
             },
             Some(done) = in_flight.join_next() => match done {
-                Ok(Ok(())) => {
+                Ok(Ok(true)) => {
+                    last_ack = tokio::time::Instant::now();
                     rx.delivered(1);
                     if sent_again > 0 {
                         retry.succeeded("sending");
@@ -204,12 +218,24 @@ pub async fn run(
                         sent_again = 0;
                     }
                 }
+                Ok(Ok(false)) | Err(_) => rx.given_up(1),
                 Ok(Err(u)) => {
+                    if !purged {
+                        // What was sent after it fails now too, and goes
+                        // again after it.
+                        producer.purge(PurgeConfig::default().queue().inflight());
+                        purged = true;
+                    }
                     last_error = u.error.to_string();
                     unacked.insert(u.seq, u.record);
                 }
-                Err(_) => rx.given_up(1),
             },
+            // Stopping: the deadline is set on the next turn.
+            _ = shutdown.cancelled(), if stalled.is_none() => {}
+            _ = tokio::time::sleep_until(stalled.unwrap_or_else(tokio::time::Instant::now)), if stalled.is_some() && !purged && !in_flight.is_empty() => {
+                producer.purge(PurgeConfig::default().queue().inflight());
+                purged = true;
+            }
         }
     }
     producer
@@ -246,13 +272,13 @@ async fn send(
                 let sink = sink.to_string();
                 in_flight.spawn(async move {
                     let error = match delivery.await {
-                        Ok(Ok(_)) => return Ok(()),
+                        Ok(Ok(_)) => return Ok(true),
                         Ok(Err((e, _))) => e,
                         Err(_) => KafkaError::Canceled,
                     };
                     if hopeless(&error) {
                         dropped(&sink, &error);
-                        return Ok(());
+                        return Ok(false);
                     }
                     Err(Unacked { seq, record, error })
                 });
