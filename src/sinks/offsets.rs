@@ -65,8 +65,11 @@ impl Mark {
     /// One more record taken from the queue; `bytes` of it written.
     pub fn wrote(&self, bytes: u64) {
         self.written.fetch_add(bytes, SeqCst);
-        self.taken.fetch_add(1, SeqCst);
-        if self.cut_at.load(SeqCst) != NONE {
+        let taken = self.taken.fetch_add(1, SeqCst) + 1;
+        // Only the record that reaches the cut takes the lock. A round
+        // asking for a cut after this load sees `taken` already counted
+        // (sequentially consistent), so it places the cut itself.
+        if self.cut_at.load(SeqCst) == taken {
             self.check_cut();
         }
     }
