@@ -1181,11 +1181,10 @@ async fn a_broker_back_empty_gets_every_record_it_did_not_acknowledge() {
             ) > back
         },
     );
-    // Killed, not stopped: a member's stop right after its broker came
-    // back empty has taken over 30 s (2 runs in 9; not understood yet,
-    // see the session notes), and how long a stop takes is not what this
-    // test is about.
-    crash(reading);
+    // Stopped, and promptly: the hand-over at the stop waits for the
+    // changelog write in flight, which a broker back empty never
+    // acknowledges; it is given up 5 s after the stop, not after a minute.
+    stop(reading);
     eprintln!(
         "{} records: {} acknowledged before the broker died, {} after it came back ({again} of them twice); {} jobs submitted after it died read whole",
         want.len(),

@@ -20,17 +20,23 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Message};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext, PurgeConfig};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Longest a changelog partition may take to read back.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest one round's writes may take to be acknowledged.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a write may still wait for the broker once the source stops:
+/// the hand-over at the stop waits for the write in flight, and a broker
+/// that acknowledges nothing must not hold the stop for `WRITE_TIMEOUT`.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often a write waiting for acknowledgements looks at the stop.
+const SETTLE_SLICE: Duration = Duration::from_millis(200);
 const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The partitions this member owns, under the lock that orders changelog
@@ -175,6 +181,8 @@ pub struct Writer {
     marked: HashMap<i32, i64>,
     /// Changes of a round whose writes failed: written again first.
     carry: Vec<Change>,
+    /// When the source began to stop.
+    stopping: Arc<OnceLock<Instant>>,
 }
 
 impl Writer {
@@ -197,7 +205,22 @@ impl Writer {
             reported,
             marked: HashMap::new(),
             carry: Vec::new(),
+            stopping: Arc::default(),
         })
+    }
+
+    /// Set (to the time) when the source stops: a write not acknowledged
+    /// within `STOP_GRACE` of it is given up.
+    pub fn stopping(&self) -> Arc<OnceLock<Instant>> {
+        self.stopping.clone()
+    }
+
+    /// `deadline`, or sooner once the source is stopping.
+    fn give_up_at(&self, deadline: Instant) -> Instant {
+        match self.stopping.get() {
+            Some(t) => deadline.min(*t + STOP_GRACE),
+            None => deadline,
+        }
     }
 
     fn producer(config: &KafkaSourceConfig) -> Result<BaseProducer<Deliveries>> {
@@ -336,7 +359,9 @@ impl Writer {
             match self.producer.send(record) {
                 Ok(()) => return Ok(true),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    if Instant::now() >= deadline {
+                    if Instant::now() >= self.give_up_at(deadline) {
+                        self.producer
+                            .purge(PurgeConfig::default().queue().inflight());
                         return Err("the producer queue stays full".into());
                     }
                     record = r;
@@ -352,9 +377,17 @@ impl Writer {
 
     /// Wait until everything sent is acknowledged; fail if anything was not.
     fn settle(&self) -> Result<(), String> {
-        self.producer
-            .flush(WRITE_TIMEOUT)
-            .map_err(|e| format!("not acknowledged: {e}"))?;
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        // In slices, so that a stop meanwhile cuts the wait short.
+        while let Err(e) = self.producer.flush(SETTLE_SLICE) {
+            if Instant::now() >= self.give_up_at(deadline) {
+                // Nothing of this write may land later, after the next
+                // owner of its partitions has begun to write.
+                self.producer
+                    .purge(PurgeConfig::default().queue().inflight());
+                return Err(format!("not acknowledged: {e}"));
+            }
+        }
         let failed = self.producer.context().failed.swap(0, Ordering::Relaxed);
         if failed > 0 {
             let last = self

@@ -625,6 +625,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
             }
         });
     }
+    let mut writer_stopping = None;
     if let Some(topic) = &changelog_topic
         && let Some(batches) = ctx.checkpoint.take_changelog()
     {
@@ -635,6 +636,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
             fence.clone(),
             reported.clone(),
         )?;
+        writer_stopping = Some(writer.stopping());
         tokio::spawn(writer.run(batches));
     }
 
@@ -766,6 +768,12 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
     // librdkafka must not wait for partitions still to hand over.
     if let Ok(mut s) = shared.lock() {
         s.closing = true;
+    }
+    // The hand-over waits for a changelog write in flight: one the broker
+    // does not acknowledge is given up soon (a broker back empty refuses
+    // the writer's producer for good), not after a minute.
+    if let Some(stopping) = &writer_stopping {
+        let _ = stopping.set(std::time::Instant::now());
     }
     if let Err(e) = member.hand_over(true).await
         && !e.is::<Closed>()
