@@ -649,9 +649,7 @@ pub fn alert(rule: &Rule, a: &AlertEvent) -> Value {
             (summary, k.id.0.to_le_bytes())
         }
         (Subject::Node(n), detail) => {
-            let host = detail
-                .host()
-                .map_or_else(|| format!("rank{}", n.rank), str::to_string);
+            let host = crate::flux::resource::rank_name(n.rank, detail.host()).into_owned();
             labels.insert("node".into(), json!(host));
             labels.insert("rank".into(), json!(n.rank.to_string()));
             // As it stood when the alert fired (its detail is kept from

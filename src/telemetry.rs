@@ -486,20 +486,12 @@ impl NodeBoard {
 /// A rank the instance has not named yet is `node="rankN"`, as in alerts,
 /// the query API and the status page.
 fn node_labels(cluster: &str, r: &RankState) -> String {
-    match r.hostname.as_deref() {
-        Some(host) => format!(
-            "flux_cluster=\"{}\",node=\"{}\",rank=\"{}\"",
-            escape(cluster),
-            escape(host),
-            r.rank
-        ),
-        None => format!(
-            "flux_cluster=\"{}\",node=\"rank{}\",rank=\"{}\"",
-            escape(cluster),
-            r.rank,
-            r.rank
-        ),
-    }
+    format!(
+        "flux_cluster=\"{}\",node=\"{}\",rank=\"{}\"",
+        escape(cluster),
+        escape(&r.name()),
+        r.rank
+    )
 }
 
 /// Escape a label value (backslash, quote, newline), as the text format says.

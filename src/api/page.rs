@@ -147,10 +147,7 @@ impl Health {
 
 /// A rank's colour class and what its tooltip says.
 fn rank_look(r: &RankState) -> (&'static str, String) {
-    let host = r
-        .hostname
-        .clone()
-        .unwrap_or_else(|| format!("rank{}", r.rank));
+    let host = r.name().into_owned();
     let (class, state) = match r.online {
         Some(false) => ("offline", "offline"),
         _ if r.draining => ("draining", "draining"),
@@ -283,7 +280,7 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
                         tr { th { "node" } th { "state" } th { "since" } th { "reason" } }
                         @for r in &drained {
                             tr {
-                                td { (r.hostname.clone().unwrap_or_else(|| format!("rank{}", r.rank))) }
+                                td { (r.name()) }
                                 td { (if r.draining { "draining" } else { "drained" })
                                      @if r.online == Some(false) { " (offline)" } }
                                 td { @if let Some(t) = r.drain_timestamp { (ago(now, t)) " ago" } }

@@ -73,7 +73,21 @@ pub struct RankState {
     pub draining: bool,
 }
 
+/// The name a rank goes by: its hostname, or `rank{N}` while none is known
+/// (one spelling for alerts, metrics, tables and the status page).
+pub fn rank_name(rank: u32, hostname: Option<&str>) -> std::borrow::Cow<'_, str> {
+    match hostname {
+        Some(h) => std::borrow::Cow::Borrowed(h),
+        None => std::borrow::Cow::Owned(format!("rank{rank}")),
+    }
+}
+
 impl RankState {
+    /// Its hostname, or `rank{N}` while none is known.
+    pub fn name(&self) -> std::borrow::Cow<'_, str> {
+        rank_name(self.rank, self.hostname.as_deref())
+    }
+
     /// A rank with nothing known about it: liveness unknown, not drained.
     pub fn new(rank: u32) -> Self {
         RankState {
