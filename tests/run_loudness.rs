@@ -296,4 +296,19 @@ fn a_checkpoint_of_another_pipeline_is_refused_with_the_way_out() {
     assert!(!run(&config("journal"), &[]).status.success());
     let reset = run(&config("journal"), &["--reset-state"]);
     assert!(reset.status.success(), "{reset:?}");
+    // Where no flag can be given (a service), the config says it.
+    let third = config("third");
+    let text = std::fs::read_to_string(&third).expect("config");
+    std::fs::write(
+        &third,
+        format!("{text}[checkpoint]\nadopt_mismatched = true\n"),
+    )
+    .expect("config");
+    let adopted = run(&third, &[]);
+    let err = String::from_utf8_lossy(&adopted.stderr);
+    assert!(adopted.status.success(), "{err}");
+    assert!(
+        err.contains("checkpoint.adopt_mismatched: restoring the checkpoint of another pipeline"),
+        "{err}"
+    );
 }

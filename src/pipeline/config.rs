@@ -197,6 +197,11 @@ pub struct CheckpointConfig {
     /// shards saving, sinks delivering) before it is abandoned.
     #[serde(default = "default_checkpoint_timeout")]
     pub timeout_secs: f64,
+    /// Restore a checkpoint whose sources read something else, as
+    /// `--adopt-checkpoint` does: for a service whose command line is not
+    /// at hand, after a planned change of a source.
+    #[serde(default)]
+    pub adopt_mismatched: bool,
 }
 
 impl Default for CheckpointConfig {
@@ -204,6 +209,7 @@ impl Default for CheckpointConfig {
         CheckpointConfig {
             interval_secs: default_checkpoint_interval(),
             timeout_secs: default_checkpoint_timeout(),
+            adopt_mismatched: false,
         }
     }
 }

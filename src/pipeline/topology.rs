@@ -110,16 +110,21 @@ fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<ShardSt
     // Another pipeline's state (a data folder shared by two configs) is
     // not taken silently.
     if let Some(why) = checkpoint::mismatch(&saved.head.identities, &config.source_identities()) {
-        if !config.adopt_checkpoint {
+        let told = if config.adopt_checkpoint {
+            "--adopt-checkpoint"
+        } else if config.checkpoint.adopt_mismatched {
+            "checkpoint.adopt_mismatched"
+        } else {
             anyhow::bail!(
                 "the checkpoint in {} belongs to another pipeline: {why}. \
                  `fluxpipe run --reset-state` sets it aside and starts from nothing, \
                  `--data-dir` (or the config's data_dir) keeps this pipeline's state apart, \
-                 `--adopt-checkpoint` restores it anyway",
+                 `--adopt-checkpoint` (or `checkpoint.adopt_mismatched = true` in the config) \
+                 restores it anyway",
                 dir.display()
             );
-        }
-        tracing::warn!("--adopt-checkpoint: restoring the checkpoint of another pipeline: {why}");
+        };
+        tracing::warn!("{told}: restoring the checkpoint of another pipeline: {why}");
     }
     let (head, shards) = saved.split(workers, |c, id| Router::shard_index(workers, c, id));
     let jobs: usize = shards.iter().map(|s| s.jobs.len()).sum();
