@@ -191,6 +191,61 @@ fn the_api_answers_what_replay_finds() {
     let (_, only) = get_json(port, "/api/v1/nodes?state=drained,draining");
     assert_eq!(only["nodes"].as_array().map(Vec::len), Some(drained));
 
+    // `-o FORMAT`: `fluxpipe jobs` asking the pipeline and `fluxpipe
+    // replay` of the same lines print the same lines.
+    let format = "{id.f58:>12} {status_abbrev:>2.2} {state_single} {ntasks:>6h} ?:{queue:<8} ?:{project:<8} {exception.occurred} {nodelist}";
+    let printed = |cmd: &mut std::process::Command| -> (String, Vec<String>) {
+        let out = cmd.output().expect("fluxpipe");
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let header = lines.remove(0);
+        lines.sort();
+        (header, lines)
+    };
+    let asked = printed(fluxpipe().args([
+        "jobs",
+        "-a",
+        "-o",
+        format,
+        "--url",
+        &format!("127.0.0.1:{port}"),
+    ]));
+    let local = printed(
+        fluxpipe()
+            .args([
+                "replay",
+                "--cluster",
+                "g",
+                "-f",
+                "pending,running,inactive",
+                "-o",
+                format,
+            ])
+            .arg(&cut),
+    );
+    assert_eq!(
+        asked.0,
+        "       JOBID ST S NTASKS QUEUE    EXCEPTION-OCCURRED NODELIST"
+    );
+    assert_eq!(asked, local);
+    assert_eq!(asked.1.len(), jobs.len());
+    let refused = fluxpipe()
+        .args([
+            "jobs",
+            "-o",
+            "{id} {bogus}",
+            "--url",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .output()
+        .expect("fluxpipe");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("unknown format field: bogus"),
+        "{refused:?}"
+    );
+
     sigterm(&run);
     let status = run.wait().expect("wait");
     assert!(status.success(), "fluxpipe run: {status}");

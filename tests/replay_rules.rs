@@ -881,3 +881,62 @@ fn replay_lists_jobs_as_flux_jobs_filters_them() {
         .expect("replay");
     assert!(!out.status.success());
 }
+
+/// Ranks are grouped as `flux resource status` groups them (state, up or
+/// down, count, host list), then listed with their reasons as `flux
+/// resource drain` lists them: not a row per rank.
+#[test]
+fn table_groups_ranks_as_flux_resource_status() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("r/resource.eventlog");
+    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    let log = lines(&[
+        ec(
+            1.0,
+            "restart",
+            json!({"ranks": "0-7", "online": "0-4,6", "nodelist": "n[0-7]"}),
+        ),
+        ec(
+            2.0,
+            "drain",
+            json!({"idset": "1-2", "reason": "A", "overwrite": 0}),
+        ),
+        ec(
+            3.0,
+            "drain",
+            json!({"idset": "6", "reason": "maint", "overwrite": 0}),
+        ),
+    ]);
+    std::fs::write(&p, log).expect("write");
+    let out = fluxpipe()
+        .arg("replay")
+        .arg(dir.path())
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    for want in [
+        "       STATEUP NNODES NODELIST\n",
+        "       avail ✔      3 n[0,3-4]\n",
+        "      avail* ✗      2 n[5,7]\n",
+        "     drained ✔      3 n[1-2,6]\n",
+    ] {
+        assert!(text.contains(want), "{want:?} in:\n{text}");
+    }
+    let drains: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("TIME "))
+        .take(3)
+        .collect();
+    assert_eq!(drains.len(), 3, "{text}");
+    assert!(
+        drains[1].contains("drained") && drains[1].contains(" A ") && drains[1].ends_with("n[1-2]"),
+        "{text}"
+    );
+    assert!(
+        drains[2].contains("maint") && drains[2].ends_with("n6"),
+        "{text}"
+    );
+    assert!(text.contains("8 ranks"), "{text}");
+    assert!(!text.contains("liveness unknown"), "{text}");
+}

@@ -4,11 +4,12 @@
 //! several), or as JSON. Merges the answers of several servers.
 
 use super::ask::{Client, Servers, coverage};
+use super::format::{Format, Val};
 use super::listing::{self, Columns};
 use crate::flux::fsd;
 use crate::flux::hostlist::Hostlist;
 use crate::flux::idset::IdSet;
-use crate::flux::jobid::JobId;
+use crate::flux::jobid::{Encoding, JobId};
 use crate::keyed::alerts::wall_now;
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -47,8 +48,15 @@ pub struct JobsArgs {
     #[arg(short = 'n', long = "no-header")]
     pub no_header: bool,
     /// The job records as JSON (`{"jobs": [...]}`), not a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "format")]
     pub json: bool,
+    /// Columns by a `flux jobs` format string, e.g. `{id.f58:>12}
+    /// {name:<10.10+} {status_abbrev:>2} {runtime!F:>8h}` (flux's fields
+    /// the job records carry, its `!d`/`!D`/`!F`/`!H`/`!P` conversions,
+    /// `h` and `+` suffixes, `?:` and `+:` prefixes; `default` is the
+    /// default table).
+    #[arg(short = 'o', long, value_name = "FORMAT")]
+    pub format: Option<String>,
     /// Only these jobs (any id encoding), in this order.
     pub ids: Vec<String>,
 }
@@ -73,6 +81,20 @@ pub fn run(args: JobsArgs) -> Result<ExitCode> {
         return Ok(code);
     }
     let hosts = Hostnames::fetch(&client, &jobs)?;
+    if let Some(format) = args.format.as_deref().filter(|f| *f != "default") {
+        let lines = format_lines(
+            format,
+            &jobs,
+            &hosts,
+            &Users::default(),
+            wall_now(),
+            !args.no_header,
+        )?;
+        for line in lines {
+            writeln!(out, "{line}")?;
+        }
+        return Ok(code);
+    }
     let table = table(&jobs, &hosts, &Users::default(), wall_now());
     listing::print(&mut out, &table, !args.no_header)?;
     if truncated && !args.no_header {
@@ -261,6 +283,158 @@ pub fn status_abbrev(job: &Value) -> &'static str {
             _ => "",
         },
         _ => "",
+    }
+}
+
+/// The fields `-o FORMAT` knows, with their headings: the names of `flux
+/// jobs` that the job records carry, and fluxpipe's `cluster`.
+const FIELDS: &[(&str, &str)] = &[
+    ("id", "JOBID"),
+    ("id.dec", "JOBID"),
+    ("id.hex", "JOBID"),
+    ("id.f58", "JOBID"),
+    ("id.f58plain", "JOBID"),
+    ("id.kvs", "JOBID"),
+    ("id.words", "JOBID"),
+    ("id.dothex", "JOBID"),
+    ("cluster", "CLUSTER"),
+    ("userid", "UID"),
+    ("username", "USER"),
+    ("urgency", "URG"),
+    ("priority", "PRI"),
+    ("state", "STATE"),
+    ("state_single", "S"),
+    ("name", "NAME"),
+    ("queue", "QUEUE"),
+    ("project", "PROJECT"),
+    ("bank", "BANK"),
+    ("ntasks", "NTASKS"),
+    ("ncores", "NCORES"),
+    ("duration", "DURATION"),
+    ("nnodes", "NNODES"),
+    ("expiration", "EXPIRATION"),
+    ("ranks", "RANKS"),
+    ("nodelist", "NODELIST"),
+    ("success", "SUCCESS"),
+    ("result", "RESULT"),
+    ("result_abbrev", "RS"),
+    ("t_submit", "T_SUBMIT"),
+    ("t_depend", "T_DEPEND"),
+    ("t_run", "T_RUN"),
+    ("t_cleanup", "T_CLEANUP"),
+    ("t_inactive", "T_INACTIVE"),
+    ("runtime", "RUNTIME"),
+    ("status", "STATUS"),
+    ("status_abbrev", "ST"),
+    ("waitstatus", "WSTATUS"),
+    ("returncode", "RC"),
+    ("exception.occurred", "EXCEPTION-OCCURRED"),
+    ("exception.severity", "EXCEPTION-SEVERITY"),
+    ("exception.type", "EXCEPTION-TYPE"),
+    ("exception.note", "EXCEPTION-NOTE"),
+    ("dependencies", "DEPENDENCIES"),
+    ("contextual_info", "INFO"),
+    ("contextual_time", "TIME"),
+];
+
+/// A field's heading, if `-o` knows it.
+pub fn heading(name: &str) -> Option<&'static str> {
+    FIELDS.iter().find(|(n, _)| *n == name).map(|(_, h)| *h)
+}
+
+/// `flux jobs -o FORMAT`: the job records' lines by a format string
+/// (`None`: the format does not parse, and why).
+pub fn format_lines(
+    format: &str,
+    jobs: &[Value],
+    hosts: &Hostnames,
+    users: &Users,
+    now: f64,
+    header: bool,
+) -> Result<Vec<String>> {
+    let parsed = Format::parse(format, heading).with_context(|| format!("format `{format}`"))?;
+    Ok(parsed.render(
+        jobs,
+        |job, name| field(job, name, hosts, users, now),
+        header,
+    ))
+}
+
+/// A job record's value of a field, as `flux jobs` has it: missing times
+/// are 0 (so `!d` prints nothing), booleans `True` / `False`.
+fn field(job: &Value, name: &str, hosts: &Hostnames, users: &Users, now: f64) -> Val {
+    let id = job["id"].as_u64().map(JobId);
+    let time = |k: &str| Val::Float(job[k].as_f64().unwrap_or(0.0));
+    let state = job["state"].as_str().unwrap_or("");
+    match name {
+        "id" | "id.f58" => id.map_or(Val::Empty, |i| Val::Str(i.to_f58())),
+        "id.dec" => id.map_or(Val::Empty, |i| Val::Int(i.0 as i64)),
+        _ if name.starts_with("id.") => {
+            let enc = Encoding::parse(&name[3..]);
+            match (id, enc) {
+                (Some(i), Some(e)) => Val::Str(i.encode(e)),
+                _ => Val::Empty,
+            }
+        }
+        "username" => job["userid"]
+            .as_i64()
+            .map_or(Val::Empty, |u| Val::Str(users.name(u))),
+        "state_single" => Val::Str(state.chars().next().map(String::from).unwrap_or_default()),
+        "status" => Val::Str(match state {
+            "INACTIVE" => job["result"].as_str().unwrap_or(state).to_string(),
+            _ => state.to_string(),
+        }),
+        "status_abbrev" => Val::Str(status_abbrev(job).into()),
+        "result_abbrev" => Val::Str(
+            match job["result"].as_str().unwrap_or("") {
+                "COMPLETED" => "CD",
+                "FAILED" => "F",
+                "CANCELED" => "CA",
+                "TIMEOUT" => "TO",
+                _ => "",
+            }
+            .into(),
+        ),
+        "runtime" => {
+            let f = |k: &str| job[k].as_f64().filter(|t| *t > 0.0);
+            Val::Float(match (f("t_run"), f("t_cleanup")) {
+                (Some(run), Some(cleanup)) => cleanup - run,
+                (Some(run), None) => (now - run).max(0.0),
+                _ => 0.0,
+            })
+        }
+        "t_submit" | "t_depend" | "t_run" | "t_cleanup" | "t_inactive" | "duration"
+        | "expiration" => time(name),
+        "exception.occurred" => plain(&job["exception_occurred"]),
+        "exception.severity" => plain(&job["exception_severity"]),
+        "exception.type" => plain(&job["exception_type"]),
+        "exception.note" => plain(&job["exception_note"]),
+        "dependencies" => Val::Str(
+            job["dependencies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        "contextual_info" => Val::Str(contextual_info(job, hosts)),
+        "contextual_time" => Val::Float(contextual_time(job, now)),
+        _ => plain(&job[name]),
+    }
+}
+
+/// A JSON value as a format value (booleans as Python prints them).
+fn plain(v: &Value) -> Val {
+    match v {
+        Value::String(s) => Val::Str(s.clone()),
+        Value::Bool(b) => Val::Str(if *b { "True" } else { "False" }.into()),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Val::Int(i),
+            None => n.as_f64().map_or(Val::Empty, Val::Float),
+        },
+        Value::Array(_) | Value::Object(_) => Val::Str(v.to_string()),
+        Value::Null => Val::Empty,
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod ask;
 pub mod bench;
+pub mod format;
 pub mod generate;
 pub mod history;
 pub mod id;

@@ -1,7 +1,10 @@
 //! `fluxpipe replay`: read eventlogs and journals from files and folders,
 //! replay them through the Flux model and print jobs, ranks and anomalies.
 
+use super::format::Format as JobsFormat;
+use super::jobs::{Hostnames, Users, format_lines, heading};
 use super::listing::counted;
+use super::resource::{ByCluster, Node, print_rank_tables};
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
@@ -77,6 +80,18 @@ pub struct ReplayArgs {
     /// At most this many jobs (in `flux jobs` order).
     #[arg(short = 'c', long)]
     pub count: Option<usize>,
+    /// Only the jobs, with columns by a `flux jobs` format string, e.g.
+    /// `{id.f58:>12} {username:<8} {status_abbrev:>2} {runtime!F:>8h}
+    /// {nodelist}` (flux's fields the job records carry, its conversions,
+    /// suffixes and `?:`/`+:` prefixes). Running times count to the last
+    /// event read.
+    #[arg(
+        short = 'o',
+        long = "jobs-format",
+        value_name = "FORMAT",
+        conflicts_with = "format"
+    )]
+    pub jobs_format: Option<String>,
     /// Files and folders (read recursively, in sorted path order; the
     /// rotated files of a journal or eventlog oldest first, before it);
     /// `-` for standard input; `.gz` and `.zst` files are read decompressed.
@@ -192,6 +207,10 @@ struct Replay {
 }
 
 pub fn run(args: ReplayArgs) -> Result<ExitCode> {
+    // A wrong format is said before the input is read, not after.
+    if let Some(format) = &args.jobs_format {
+        JobsFormat::parse(format, heading).with_context(|| format!("format `{format}`"))?;
+    }
     let config = match &args.config {
         None => None,
         Some(path) => Some(crate::pipeline::config::load(path).map_err(|errors| {
@@ -281,9 +300,25 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let mut out = std::io::BufWriter::new(stdout.lock());
     let state = &replay.processor.state;
     let jobs = jobs_listed(state, listing.as_ref());
-    match args.format {
-        OutputFormat::Json => print_json(&mut out, state, &jobs, &anomalies, &alerts)?,
-        OutputFormat::Table => print_table(&mut out, state, &jobs, &anomalies, &alerts, lines)?,
+    match (&args.jobs_format, args.format) {
+        (Some(format), _) => {
+            let records: Vec<Value> = jobs.iter().map(|(k, e)| output::job(k, e)).collect();
+            // The last event read: a replay of an old log is not "now".
+            let now = replay
+                .processor
+                .event_clock
+                .clusters()
+                .map(|(_, t)| t)
+                .fold(0.0, f64::max);
+            let (hosts, users) = (Hostnames::default(), Users::default());
+            for line in format_lines(format, &records, &hosts, &users, now, true)? {
+                writeln!(out, "{line}")?;
+            }
+        }
+        (None, OutputFormat::Json) => print_json(&mut out, state, &jobs, &anomalies, &alerts)?,
+        (None, OutputFormat::Table) => {
+            print_table(&mut out, state, &jobs, &anomalies, &alerts, lines)?
+        }
     }
     out.flush()?;
     // Said, and a failure: a replay that found nothing is a wrong path or
@@ -562,23 +597,6 @@ fn clock(ts: Option<f64>) -> String {
         .unwrap_or_else(|_| format!("{ts}"))
 }
 
-fn duration(secs: f64) -> String {
-    // Flux Standard Duration, as `flux jobs` prints RUNTIME.
-    if secs < 1e-3 {
-        "0s".into()
-    } else if secs < 10.0 {
-        format!("{secs:.3}s")
-    } else if secs < 60.0 {
-        format!("{secs:.1}s")
-    } else if secs < 3600.0 {
-        format!("{:.1}m", secs / 60.0)
-    } else if secs < 86400.0 {
-        format!("{:.1}h", secs / 3600.0)
-    } else {
-        format!("{:.1}d", secs / 86400.0)
-    }
-}
-
 fn print_table(
     out: &mut impl Write,
     state: &State,
@@ -595,7 +613,7 @@ fn print_table(
     for (key, entry) in jobs {
         let s = entry.summary();
         let runtime = match (s.t_run, s.t_cleanup) {
-            (Some(r), Some(c)) => duration(c - r),
+            (Some(r), Some(c)) => crate::flux::fsd::format(c - r),
             _ => "-".into(),
         };
         let exception = match (&s.exception_type, s.exception_severity) {
@@ -619,41 +637,18 @@ fn print_table(
             exception
         )?;
     }
-    writeln!(out)?;
-    writeln!(
-        out,
-        "{:<10} {:>6} {:<16} {:<8} {:<7} {:<9} {:<20}  REASON",
-        "CLUSTER", "RANK", "HOSTNAME", "STATE", "TORPID", "DRAIN", "DRAINED SINCE"
-    )?;
+    let mut clusters = ByCluster::new();
     let mut nranks = 0;
     for (cluster, res) in state.clusters() {
-        for r in res.ranks() {
-            nranks += 1;
-            writeln!(
-                out,
-                "{:<10} {:>6} {:<16} {:<8} {:<7} {:<9} {:<20}  {}",
-                cluster,
-                r.rank,
-                r.hostname.as_deref().unwrap_or("-"),
-                match r.online {
-                    Some(true) => "online",
-                    Some(false) => "offline",
-                    None => "unknown",
-                },
-                if r.torpid { "torpid" } else { "-" },
-                match (r.drained, r.draining) {
-                    (true, true) => "draining",
-                    (true, false) => "drained",
-                    _ => "-",
-                },
-                if r.drained {
-                    clock(r.drain_timestamp)
-                } else {
-                    "-".into()
-                },
-                r.drain_reason.as_deref().unwrap_or("")
-            )?;
+        let nodes: Vec<Node> = res.ranks().map(|r| Node::of_rank(cluster, r)).collect();
+        nranks += nodes.len();
+        if !nodes.is_empty() {
+            clusters.insert(cluster.to_string(), nodes);
         }
+    }
+    if !clusters.is_empty() {
+        writeln!(out)?;
+        print_rank_tables(out, &clusters)?;
     }
     if !anomalies.is_empty() {
         writeln!(out)?;

@@ -6,6 +6,7 @@
 use super::ask::{Client, Servers, coverage};
 use super::listing::{self, Columns};
 use crate::flux::hostlist::Hostlist;
+use crate::flux::resource::{RankState, rank_name};
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
@@ -88,13 +89,31 @@ pub struct Node {
 }
 
 impl Node {
+    /// A rank of the model's state, as the query API gives it.
+    pub fn of_rank(cluster: &str, r: &RankState) -> Node {
+        Node {
+            cluster: cluster.to_string(),
+            rank: r.rank,
+            hostname: r.hostname.clone(),
+            online: r.online,
+            torpid: r.torpid,
+            drained: r.drained,
+            draining: r.draining,
+            drain_reason: r.drain_reason.clone(),
+            drain_timestamp: r.drain_timestamp,
+            states: if r.excluded {
+                vec!["excluded".to_string()]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
     fn excluded(&self) -> bool {
         self.states.iter().any(|s| s == "excluded")
     }
     fn host(&self) -> String {
-        self.hostname
-            .clone()
-            .unwrap_or_else(|| format!("rank{}", self.rank))
+        rank_name(self.rank, self.hostname.as_deref()).into_owned()
     }
     /// flux has no "unknown": a rank not known to be up shows as down.
     fn up(&self) -> bool {
@@ -103,7 +122,7 @@ impl Node {
 }
 
 /// Nodes by cluster, each cluster's in rank order.
-type ByCluster = BTreeMap<String, Vec<Node>>;
+pub type ByCluster = BTreeMap<String, Vec<Node>>;
 
 /// A state's name and which nodes are in it.
 type StateOf<'a> = (&'static str, &'a dyn Fn(&Node) -> bool);
@@ -157,15 +176,20 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// What no `-s` shows.
+    fn default_states() -> Self {
+        Selection {
+            states: DEFAULT_STATES.to_vec(),
+            online: true,
+            offline: true,
+            empty: false,
+            offline_named: false,
+        }
+    }
+
     pub fn parse(text: Option<&str>) -> Result<Self> {
         let Some(text) = text else {
-            return Ok(Selection {
-                states: DEFAULT_STATES.to_vec(),
-                online: true,
-                offline: true,
-                empty: false,
-                offline_named: false,
-            });
+            return Ok(Self::default_states());
         };
         let mut states: Vec<&'static str> = Vec::new();
         let (mut online, mut offline) = (false, false);
@@ -408,6 +432,39 @@ fn drain_table(clusters: &BTreeMap<String, Vec<Node>>) -> Columns {
     t
 }
 
+/// The ranks as `fluxpipe replay` prints them: grouped as `flux resource
+/// status` groups them, then the drained ones with their reasons as `flux
+/// resource drain` lists them, then those nothing said were up or down (a
+/// `flux dump` keeps no liveness): flux shows them down, so the table
+/// does, and this line says which they really are.
+pub fn print_rank_tables(out: &mut impl Write, clusters: &ByCluster) -> std::io::Result<()> {
+    for line in status_lines(clusters, &Selection::default_states(), true) {
+        writeln!(out, "{line}")?;
+    }
+    let drains = drain_table(clusters);
+    if !drains.is_empty() {
+        writeln!(out)?;
+        listing::print(out, &drains, true)?;
+    }
+    for (cluster, nodes) in clusters {
+        let unknown: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.online.is_none())
+            .map(Node::host)
+            .collect();
+        if !unknown.is_empty() {
+            writeln!(out)?;
+            writeln!(
+                out,
+                "{cluster}: liveness unknown (shown down above, as flux shows them): {} {}",
+                listing::counted(unknown.len(), "node", "nodes"),
+                hostlist(&unknown, false)
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn drain(args: DrainArgs) -> Result<ExitCode> {
     let q = &args.query;
     let (raw, clusters) = nodes(&q.servers, q.cluster.as_deref())?;
@@ -480,6 +537,26 @@ mod tests {
         );
         assert!(Selection::parse(Some("bogus")).is_err());
         assert!(Selection::parse(Some("allocated")).is_err());
+    }
+
+    #[test]
+    fn replay_says_which_ranks_have_unknown_liveness() {
+        let mut clusters = sample();
+        let nodes = clusters.get_mut("c").unwrap();
+        for r in [5, 7] {
+            nodes[r].online = None;
+        }
+        let mut out = Vec::new();
+        print_rank_tables(&mut out, &clusters).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("      avail* ✗      1 node7\n"), "{text}");
+        assert!(text.contains("\nTIME "), "{text}");
+        assert!(
+            text.ends_with(
+                "\nc: liveness unknown (shown down above, as flux shows them): 2 nodes node[5,7]\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
