@@ -316,6 +316,10 @@ struct Member {
     /// Partitions whose state the local checkpoint brought and no
     /// assignment has claimed yet (until the first assignment).
     unclaimed: Option<BTreeSet<(String, i32)>>,
+    /// Without a changelog, how long the unclaimed partitions' state waits
+    /// for them (a killed instance of this member holds them until its
+    /// session times out; nothing else could restore their state).
+    unclaimed_until: Option<tokio::time::Instant>,
     /// Revoked partitions waiting for a checkpoint round reported after
     /// their last record (the round's number, exclusive) to hand over.
     leaving: BTreeMap<(String, i32), u64>,
@@ -403,18 +407,22 @@ impl Member {
         // checkpoint's state is still good for: the rest would count twice
         // in the group's gauges (if one comes back later, it is taken over
         // from the changelog).
-        if let Some(unclaimed) = self.unclaimed.take() {
-            let stale: Vec<(String, i32)> = unclaimed
-                .into_iter()
-                .filter(|k| !assigned.contains(k))
-                .collect();
-            for key in &stale {
-                self.offsets.remove(key);
-                if let Ok(mut s) = self.shared.lock() {
-                    s.checkpointed.remove(key);
+        if let Some(mut unclaimed) = self.unclaimed.take() {
+            unclaimed.retain(|k| !assigned.contains(k));
+            let waiting = self
+                .unclaimed_until
+                .is_none_or(|t| tokio::time::Instant::now() < t);
+            if self.changelog.is_none() && !unclaimed.is_empty() && waiting {
+                if self.unclaimed_until.is_none() {
+                    let wait = unclaimed_wait(&self.config);
+                    tracing::info!(source = %self.ctx.name, partitions = ?unclaimed, ?wait, "partitions of the checkpoint not assigned yet (a killed instance holds them until its session times out): their state waits for them");
+                    self.unclaimed_until = Some(tokio::time::Instant::now() + wait);
                 }
+                self.unclaimed = Some(unclaimed);
+            } else {
+                self.unclaimed_until = None;
+                self.release_unclaimed(unclaimed).await?;
             }
-            self.release(&stale).await?;
         }
         for key in assigned {
             self.taking_over.insert(key, None);
@@ -424,6 +432,22 @@ impl Member {
             self.take_over(key).await?;
         }
         Ok(())
+    }
+
+    /// Drop the state of checkpointed partitions that were not assigned to
+    /// this member.
+    async fn release_unclaimed(
+        &mut self,
+        unclaimed: BTreeSet<(String, i32)>,
+    ) -> Result<(), Closed> {
+        let stale: Vec<(String, i32)> = unclaimed.into_iter().collect();
+        for key in &stale {
+            self.offsets.remove(key);
+            if let Ok(mut s) = self.shared.lock() {
+                s.checkpointed.remove(key);
+            }
+        }
+        self.release(&stale).await
     }
 
     /// Take an assigned partition over: its state (the local checkpoint's
@@ -642,6 +666,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
 
     let mut member = Member {
         unclaimed: Some(restored.keys().cloned().collect()),
+        unclaimed_until: None,
         offsets: restored,
         ctx: ctx.clone(),
         config,
@@ -667,6 +692,15 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
                 commit_checkpointed(&consumer, &shared, &reported, &member.owned, seq, CommitMode::Async, &ctx.name);
                 if !going_on(member.hand_over(false).await)? {
                     break;
+                }
+            }
+            _ = sleep_until(member.unclaimed_until), if member.unclaimed_until.is_some() => {
+                member.unclaimed_until = None;
+                if let Some(unclaimed) = member.unclaimed.take() {
+                    tracing::warn!(source = %ctx.name, partitions = ?unclaimed, "partitions of the checkpoint never assigned to this member: their state is dropped (another instance reads them: without a changelog, run one instance per group)");
+                    if member.release_unclaimed(unclaimed).await.is_err() {
+                        break;
+                    }
                 }
             }
             _ = sleep_until(member.leave_by), if member.leave_by.is_some() => {
@@ -796,6 +830,18 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
     Ok(serde_json::to_string(&Positions::from_offsets(
         &member.offsets,
     ))?)
+}
+
+/// How long, without a changelog, checkpointed partitions not assigned at
+/// the first assignment keep their state: the group's session timeout (a
+/// killed instance holds its partitions that long) and time to rebalance.
+fn unclaimed_wait(config: &KafkaSourceConfig) -> Duration {
+    let session_ms = config
+        .librdkafka_options
+        .get("session.timeout.ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(45_000);
+    Duration::from_millis(session_ms) + Duration::from_secs(15)
 }
 
 /// `Ok(false)`: the pipeline is shutting down (its operators are gone).
