@@ -43,13 +43,6 @@ fn generate(seed: u64, jobs: usize, out: &Path) -> Vec<String> {
         .collect()
 }
 
-fn json_lines(bytes: &[u8]) -> Vec<Value> {
-    String::from_utf8_lossy(bytes)
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect()
-}
-
 /// What the whole journal gives, read in one go: job summaries from
 /// `fluxpipe replay`, and every record (summaries and transitions) of an
 /// uninterrupted `fluxpipe run` over standard input, by `record_id`.
@@ -72,24 +65,9 @@ fn expected(dir: &Path, journals: &[(&str, &Path)]) -> Expected {
                 want.jobs.insert((cluster.to_string(), id), r);
             }
         }
-        let config = dir.join(format!("stdin-{cluster}.toml"));
-        std::fs::write(
-            &config,
-            format!(
-                "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"{cluster}\"\n\
-                 [sinks.out]\ntype = \"stdout\"\ninputs = [\"jobs\", \"transitions\", \"anomalies\"]\n",
-                dir.join(format!("stdin-{cluster}-data"))
-            ),
-        )
-        .expect("config");
-        let out = fluxpipe()
-            .args(["run", "--config"])
-            .arg(&config)
-            .stdin(std::fs::File::open(journal).expect("journal"))
-            .output()
-            .expect("run over stdin");
-        assert!(out.status.success());
-        for r in json_lines(&out.stdout) {
+        for r in
+            common::stdin_run_records(dir, cluster, journal, &["jobs", "transitions", "anomalies"])
+        {
             let id = r["record_id"].as_str().expect("record_id").to_string();
             want.records.insert(id, r);
         }

@@ -934,27 +934,9 @@ impl Drop for LogsOnFailure {
 
 /// The record ids of the records a source gives, read in one go through
 /// an uninterrupted run over standard input.
-fn record_ids(dir: &Path, journal: &Path, inputs: &str) -> BTreeSet<String> {
-    let config = dir.join("stdin.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = \"A\"\n\
-             [sinks.out]\ntype = \"stdout\"\ninputs = {inputs}\n",
-            dir.join("stdin-data")
-        ),
-    )
-    .expect("config");
-    let out = fluxpipe()
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdin(std::fs::File::open(journal).expect("journal"))
-        .output()
-        .expect("run over stdin");
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+fn record_ids(dir: &Path, journal: &Path, inputs: &[&str]) -> BTreeSet<String> {
+    common::stdin_run_records(dir, "A", journal, inputs)
+        .iter()
         .filter_map(|r| r["record_id"].as_str().map(str::to_string))
         .collect()
 }
@@ -1009,7 +991,7 @@ async fn a_broker_back_empty_gets_every_record_it_did_not_acknowledge() {
 
     let whole = d.join("whole.jsonl");
     generate(600, &whole);
-    let want = record_ids(d, &whole, "[\"events\"]");
+    let want = record_ids(d, &whole, &["events"]);
     let text = std::fs::read_to_string(&whole).expect("journal");
     let lines: Vec<&str> = text.lines().collect();
     let third = lines.len() / 3;

@@ -393,3 +393,36 @@ pub fn run_ok(cmd: &mut Command) -> std::process::Output {
     );
     out
 }
+
+/// What an uninterrupted `fluxpipe run` over standard input prints for
+/// `journal` (its lines of cluster `cluster`, the streams `inputs` on a
+/// `stdout` sink): the reference a run with faults is compared to. Its
+/// data folder is under `dir`.
+pub fn stdin_run_records(
+    dir: &Path,
+    cluster: &str,
+    journal: &Path,
+    inputs: &[&str],
+) -> Vec<serde_json::Value> {
+    let config = dir.join(format!("stdin-{cluster}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"stdin\"\ncluster = {cluster:?}\n\
+             [sinks.out]\ntype = \"stdout\"\ninputs = {inputs:?}\n",
+            dir.join(format!("stdin-{cluster}-data"))
+        ),
+    )
+    .expect("config");
+    let out = fluxpipe()
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdin(std::fs::File::open(journal).expect("journal"))
+        .output()
+        .expect("run over stdin");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
