@@ -23,6 +23,8 @@ pub enum FormatError {
     Spec(String, String),
     #[error("`sort:` in a format is not supported: fluxpipe lists jobs in `flux jobs` order")]
     Sort,
+    #[error("`{0}` names no field (of flux's named formats only `default` is known here)")]
+    NoField(String),
 }
 
 /// A field's value before it is formatted.
@@ -54,6 +56,8 @@ struct Spec {
     zero: bool,
     width: Option<usize>,
     grouping: Option<char>,
+    /// `#`: `0x`, `0o`, `0b` before a hexadecimal, octal or binary number.
+    alternate: bool,
     precision: Option<usize>,
     ty: Option<char>,
     hyphen: bool,
@@ -138,6 +142,10 @@ impl Format {
         }
         if !literal.is_empty() {
             items.push(Item::Text(literal));
+        }
+        // A named format (`long`, `deps`) would print its name on each line.
+        if !items.iter().any(|i| matches!(i, Item::Field(_))) {
+            return Err(FormatError::NoField(text.to_string()));
         }
         Ok(Format { items })
     }
@@ -291,7 +299,7 @@ fn parse_field(
     }
     let spec_text = rest.strip_prefix(':').unwrap_or("");
     let (time_format, spec_text) = match (conv, spec_text.split_once("::")) {
-        (Some('d'), Some((t, s))) => (Some(t.to_string()), s),
+        (Some('d'), Some((t, s))) => ((!t.is_empty()).then(|| t.to_string()), s),
         (Some('d'), None) if !spec_text.is_empty() => (Some(spec_text.to_string()), ""),
         _ => (None, spec_text),
     };
@@ -337,8 +345,20 @@ fn parse_spec(text: &str) -> Option<Spec> {
             i += 1;
         }
     }
+    // `z` (no negative zero) is taken and has no effect here.
+    if cs.get(i) == Some(&'z') {
+        i += 1;
+    }
+    if cs.get(i) == Some(&'#') {
+        spec.alternate = true;
+        i += 1;
+    }
     if cs.get(i) == Some(&'0') {
         spec.zero = true;
+        // As Python: `0` fills with zeros where no fill is given.
+        if spec.fill.is_none() {
+            spec.fill = Some('0');
+        }
         i += 1;
     }
     let digits = |i: &mut usize| -> Option<Option<usize>> {
@@ -513,6 +533,16 @@ fn number(x: f64, int: Option<i64>, spec: &Spec) -> String {
     if let Some(sep) = spec.grouping {
         body = group(&body, sep);
     }
+    if spec.alternate && int.is_some() {
+        let prefix = match spec.ty {
+            Some('x') => "0x",
+            Some('X') => "0X",
+            Some('o') => "0o",
+            Some('b') => "0b",
+            _ => "",
+        };
+        body = format!("{prefix}{body}");
+    }
     let negative = x < 0.0 || int.is_some_and(|n| n < 0);
     let sign = match (negative, spec.sign) {
         (true, _) => "-",
@@ -521,15 +551,9 @@ fn number(x: f64, int: Option<i64>, spec: &Spec) -> String {
         _ => "",
     };
     let text = format!("{sign}{body}");
-    if spec.zero && spec.align.is_none() {
-        let zeros = Spec {
-            fill: Some('0'),
-            align: Some(Align::Sign),
-            ..spec.clone()
-        };
-        return pad(&text, &zeros, Align::Right);
-    }
-    pad(&text, spec, Align::Right)
+    // `0` with no alignment pads after the sign.
+    let default = if spec.zero { Align::Sign } else { Align::Right };
+    pad(&text, spec, default)
 }
 
 /// Thousands separators in the integer part.
@@ -718,8 +742,12 @@ mod tests {
         assert_eq!(f("{runtime:,}", Val::Int(1234567)), "1,234,567");
         assert_eq!(f("{runtime:.3g}", Val::Float(123456.0)), "1.23e+05");
         assert_eq!(f("{runtime:^7}", Val::Str("ab".into())), "  ab   ");
+        assert_eq!(f("{runtime:>05}", Val::Int(5)), "00005");
+        assert_eq!(f("{runtime:05}", Val::Str("ab".into())), "ab000");
+        assert_eq!(f("{runtime:#x}", Val::Int(255)), "0xff");
         assert_eq!(f("{runtime!d:%Y::>6h}", Val::Empty), "     -");
-        assert_eq!(f("{{x}}", Val::Empty), "{x}");
+        assert_eq!(f("{{x}} {runtime}", Val::Empty), "{x} ");
+        assert!(!f("{runtime!d:::>20}", Val::Float(1e9)).trim().is_empty());
     }
 
     #[test]
@@ -761,6 +789,10 @@ mod tests {
             Err(FormatError::Spec(..))
         ));
         assert_eq!(Format::parse("sort:id {id}", known), Err(FormatError::Sort));
+        assert_eq!(
+            Format::parse("long", known),
+            Err(FormatError::NoField("long".into()))
+        );
     }
 
     proptest! {

@@ -337,6 +337,9 @@ const FIELDS: &[(&str, &str)] = &[
     ("contextual_time", "TIME"),
 ];
 
+/// flux jobs' default format, as `-o default` names it.
+pub const DEFAULT_FORMAT: &str = "{id.f58:>12} ?:{queue:<8.8} +:{username:<8} {name:<10.10+} {status_abbrev:>2.2} {ntasks:>6} {nnodes:>6h} {contextual_time!F:>8h} {contextual_info}";
+
 /// A field's heading, if `-o` knows it.
 pub fn heading(name: &str) -> Option<&'static str> {
     FIELDS.iter().find(|(n, _)| *n == name).map(|(_, h)| *h)
@@ -601,6 +604,17 @@ mod tests {
                     \x20         ƒ6          4000000000 hostname   CD      1      1      50s node4\n\
                     \x20         ƒ7          4000000000            CA             -        - \n";
         assert_eq!(text, want);
+        // flux's default format string prints the same lines.
+        let formatted = format_lines(
+            DEFAULT_FORMAT,
+            &jobs,
+            &hosts,
+            &Users::default(),
+            175.1,
+            true,
+        )
+        .unwrap();
+        assert_eq!(formatted.join("\n") + "\n", want);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! replay them through the Flux model and print jobs, ranks and anomalies.
 
 use super::format::Format as JobsFormat;
-use super::jobs::{Hostnames, Users, format_lines, heading};
+use super::jobs::{DEFAULT_FORMAT, Hostnames, Users, format_lines, heading};
 use super::listing::counted;
 use super::resource::{ByCluster, Node, print_rank_tables};
 use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
@@ -208,7 +208,11 @@ struct Replay {
 
 pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     // A wrong format is said before the input is read, not after.
-    if let Some(format) = &args.jobs_format {
+    let jobs_format = args
+        .jobs_format
+        .as_deref()
+        .map(|f| if f == "default" { DEFAULT_FORMAT } else { f });
+    if let Some(format) = jobs_format {
         JobsFormat::parse(format, heading).with_context(|| format!("format `{format}`"))?;
     }
     let config = match &args.config {
@@ -300,7 +304,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let mut out = std::io::BufWriter::new(stdout.lock());
     let state = &replay.processor.state;
     let jobs = jobs_listed(state, listing.as_ref());
-    match (&args.jobs_format, args.format) {
+    match (jobs_format, args.format) {
         (Some(format), _) => {
             let records: Vec<Value> = jobs.iter().map(|(k, e)| output::job(k, e)).collect();
             // The last event read: a replay of an old log is not "now".

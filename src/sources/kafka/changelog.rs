@@ -307,6 +307,14 @@ impl Writer {
             .lock()
             .map_err(|_| "fence poisoned".to_string())?;
         let owned = |p: i32| fence.owned.contains(&p);
+        // Reports of an earlier round's records (purged, or late) are not
+        // this round's: that round already failed, and its changes are
+        // among these.
+        self.producer.poll(Duration::ZERO);
+        self.producer.context().failed.store(0, Ordering::Relaxed);
+        if let Ok(mut last) = self.producer.context().last_error.lock() {
+            *last = None;
+        }
         let (mut sent, mut dropped) = (0usize, 0usize);
         for c in changes.iter().filter(|c| owned(c.owner.partition)) {
             let record = BaseRecord::<str, [u8]>::to(&self.topic)
@@ -381,8 +389,10 @@ impl Writer {
         // In slices, so that a stop meanwhile cuts the wait short.
         while let Err(e) = self.producer.flush(SETTLE_SLICE) {
             if Instant::now() >= self.give_up_at(deadline) {
-                // Nothing of this write may land later, after the next
-                // owner of its partitions has begun to write.
+                // Nothing of this write is sent again later, after the
+                // next owner of its partitions has begun to write (a request
+                // already on the wire may still land; without its round's
+                // marker, a restore does not apply it).
                 self.producer
                     .purge(PurgeConfig::default().queue().inflight());
                 return Err(format!("not acknowledged: {e}"));
