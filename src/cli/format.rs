@@ -346,20 +346,14 @@ fn parse_spec(text: &str) -> Option<Spec> {
         }
     }
     // `z` (no negative zero) is taken and has no effect here.
-    if cs.get(i) == Some(&'z') {
-        i += 1;
-    }
-    if cs.get(i) == Some(&'#') {
-        spec.alternate = true;
-        i += 1;
-    }
-    if cs.get(i) == Some(&'0') {
+    eat(&cs, &mut i, 'z');
+    spec.alternate = eat(&cs, &mut i, '#');
+    if eat(&cs, &mut i, '0') {
         spec.zero = true;
         // As Python: `0` fills with zeros where no fill is given.
         if spec.fill.is_none() {
             spec.fill = Some('0');
         }
-        i += 1;
     }
     let digits = |i: &mut usize| -> Option<Option<usize>> {
         let start = *i;
@@ -391,30 +385,24 @@ fn parse_spec(text: &str) -> Option<Spec> {
         spec.ty = Some(*c);
         i += 1;
     }
-    if cs.get(i) == Some(&'h') {
-        spec.hyphen = true;
-        i += 1;
-    }
-    if cs.get(i) == Some(&'W') {
-        i += 1;
-    }
-    if cs.get(i) == Some(&'+') {
-        spec.truncate = true;
-        i += 1;
-    }
+    spec.hyphen = eat(&cs, &mut i, 'h');
+    eat(&cs, &mut i, 'W');
+    spec.truncate = eat(&cs, &mut i, '+');
     (i == cs.len()).then_some(spec)
+}
+
+/// Step over `c` if it is next; whether it was.
+fn eat(cs: &[char], i: &mut usize, c: char) -> bool {
+    let there = cs.get(*i) == Some(&c);
+    *i += usize::from(there);
+    there
 }
 
 impl Field {
     /// The value after its conversion, as a string (what `?:` and `+:`
     /// measure).
     fn converted(&self, v: Val) -> String {
-        match self.convert(v) {
-            Val::Str(s) => s,
-            Val::Int(n) => n.to_string(),
-            Val::Float(x) => python_float(x),
-            Val::Empty => String::new(),
-        }
+        self.plain(self.convert(v))
     }
 
     fn convert(&self, v: Val) -> Val {

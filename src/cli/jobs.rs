@@ -275,13 +275,18 @@ pub fn status_abbrev(job: &Value) -> &'static str {
         "SCHED" => "S",
         "RUN" => "R",
         "CLEANUP" => "C",
-        "INACTIVE" => match job["result"].as_str().unwrap_or("") {
-            "COMPLETED" => "CD",
-            "FAILED" => "F",
-            "CANCELED" => "CA",
-            "TIMEOUT" => "TO",
-            _ => "",
-        },
+        "INACTIVE" => result_abbrev(job),
+        _ => "",
+    }
+}
+
+/// flux's `RS`: the result's abbreviation.
+fn result_abbrev(job: &Value) -> &'static str {
+    match job["result"].as_str().unwrap_or("") {
+        "COMPLETED" => "CD",
+        "FAILED" => "F",
+        "CANCELED" => "CA",
+        "TIMEOUT" => "TO",
         _ => "",
     }
 }
@@ -388,16 +393,7 @@ fn field(job: &Value, name: &str, hosts: &Hostnames, users: &Users, now: f64) ->
             _ => state.to_string(),
         }),
         "status_abbrev" => Val::Str(status_abbrev(job).into()),
-        "result_abbrev" => Val::Str(
-            match job["result"].as_str().unwrap_or("") {
-                "COMPLETED" => "CD",
-                "FAILED" => "F",
-                "CANCELED" => "CA",
-                "TIMEOUT" => "TO",
-                _ => "",
-            }
-            .into(),
-        ),
+        "result_abbrev" => Val::Str(result_abbrev(job).into()),
         "runtime" => {
             let f = |k: &str| job[k].as_f64().filter(|t| *t > 0.0);
             Val::Float(match (f("t_run"), f("t_cleanup")) {

@@ -314,7 +314,8 @@ struct Member {
     /// their messages dropped meanwhile.
     taking_over: BTreeMap<(String, i32), Option<i64>>,
     /// Partitions whose state the local checkpoint brought and no
-    /// assignment has claimed yet (until the first assignment).
+    /// assignment has claimed yet (until the first assignment; without a
+    /// changelog, until `unclaimed_until`).
     unclaimed: Option<BTreeSet<(String, i32)>>,
     /// Without a changelog, how long the unclaimed partitions' state waits
     /// for them (a killed instance of this member holds them until its
