@@ -7,7 +7,10 @@
 //!   and `pending`, `running`, `active`, `inactive`, comma-separated),
 //!   `userid`, `since` (epoch seconds), `id` (any encoding); `limit`
 //!   (default 1000, at most 10000) and `after` (the `next` of the page
-//!   before).
+//!   before). A narrow filter over many jobs may give a short page (even
+//!   an empty one) with a `next`: each shard looks at a bounded number of
+//!   jobs per answer, so that a question never holds up ingest; the
+//!   listing ends where `next` is null.
 //! - `GET /api/v1/jobs/{id}`: one job (`cluster` when the id is in several).
 //! - `GET /api/v1/nodes`: every rank, filters `cluster` and `state`.
 //! - `GET /api/v1/clusters`: each cluster's jobs per state, ranks per
@@ -134,13 +137,38 @@ async fn jobs_page(
         after,
         limit: limit + 1,
     };
-    let mut all: Vec<(Position, JobNow)> = Vec::new();
-    for answer in ask(questions, query).await? {
-        if let Answer::Jobs(page) = answer {
-            all.extend(page);
-        }
+    let pages = ask(questions, query)
+        .await?
+        .into_iter()
+        .filter_map(|a| match a {
+            Answer::Jobs(page, stopped_at) => Some((page, stopped_at)),
+            _ => None,
+        });
+    Ok(merge_job_pages(pages, limit))
+}
+
+/// The shards' pages of jobs merged into one of `limit`, and the position
+/// the next starts after. A shard that stopped short (its work per answer
+/// is bounded) looked at nothing past where it stopped: the page ends
+/// there, short perhaps, with a `next`.
+fn merge_job_pages<T>(
+    pages: impl IntoIterator<Item = (Vec<(Position, T)>, Option<Position>)>,
+    limit: usize,
+) -> (Vec<T>, Option<String>) {
+    let mut all: Vec<(Position, T)> = Vec::new();
+    let mut cut: Option<Position> = None;
+    for (page, stopped_at) in pages {
+        all.extend(page);
+        cut = match (cut, stopped_at) {
+            (Some(c), Some(s)) => Some(c.min(s)),
+            (c, s) => c.or(s),
+        };
     }
-    Ok(first_page(all, limit, Position::encode))
+    if let Some(c) = &cut {
+        all.retain(|(p, _)| p <= c);
+    }
+    let (jobs, next) = first_page(all, limit, Position::encode);
+    (jobs, next.or_else(|| cut.map(|c| c.encode())))
 }
 
 async fn jobs(
@@ -381,4 +409,38 @@ async fn alerts(
         &questions,
         json!({ "alerts": alerts, "next": next, "firing": total }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keyed::listing::Place;
+    use std::sync::Arc;
+
+    fn pos(id: u64) -> Position {
+        let c: Arc<str> = "c".into();
+        Position::at(&c, &Place::new(1, -(id as f64), id))
+    }
+
+    fn page(ids: &[u64], stopped: Option<u64>) -> (Vec<(Position, u64)>, Option<Position>) {
+        (ids.iter().map(|&i| (pos(i), i)).collect(), stopped.map(pos))
+    }
+
+    /// Places run from high ids to low (newest start first).
+    #[test]
+    fn a_shard_that_stopped_short_ends_the_page() {
+        // Shard one looked at everything; shard two stopped at 7: what
+        // shard one has past 7 waits for the next page.
+        let (jobs, next) = merge_job_pages([page(&[9, 6, 2], None), page(&[8], Some(7))], 10);
+        assert_eq!(jobs, [9, 8]);
+        assert_eq!(next, Some(pos(7).encode()));
+        // Full before the cut: the page ends at its last job.
+        let (jobs, next) = merge_job_pages([page(&[9, 6, 2], None), page(&[8], Some(1))], 2);
+        assert_eq!(jobs, [9, 8]);
+        assert_eq!(next, Some(pos(8).encode()));
+        // Nobody stopped, nothing more: no next.
+        let (jobs, next) = merge_job_pages([page(&[9, 6], None), page(&[8], None)], 10);
+        assert_eq!(jobs, [9, 8, 6]);
+        assert_eq!(next, None);
+    }
 }

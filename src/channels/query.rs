@@ -58,7 +58,9 @@ pub struct JobNow {
 /// One shard's answer.
 #[derive(Debug)]
 pub enum Answer {
-    Jobs(Vec<(Position, JobNow)>),
+    /// A page of jobs, and where this part stopped looking if it
+    /// stopped short ([`crate::keyed::query::JobPage::stopped_at`]).
+    Jobs(Vec<(Position, JobNow)>, Option<Position>),
     Nodes(Vec<(String, RankState)>),
     Clusters(BTreeMap<String, ClusterCounts>),
     /// Alert records, as the alerts stream has them, with their places;

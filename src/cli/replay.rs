@@ -133,7 +133,8 @@ fn jobs_listed<'a>(
     };
     // Every job taken, in order, then those listed: the count is of
     // listed jobs.
-    select_jobs(state, filter, None, state.jobs.len())
+    select_jobs(state, filter, None, state.jobs.len(), usize::MAX)
+        .jobs
         .into_iter()
         .filter_map(|(_, key)| state.jobs.get_key_value(&key))
         .filter(|(_, e)| e.job.submitted && !e.job.invalidated)

@@ -7,6 +7,7 @@
 pub mod alerts;
 pub mod finished;
 pub mod key;
+pub mod listing;
 pub mod processor;
 pub mod query;
 pub mod state;

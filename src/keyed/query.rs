@@ -10,13 +10,25 @@
 
 use super::JobKey;
 use super::alerts::engine::{AlertEvent, Subject};
+use super::listing::{ClusterJobs, Place};
 use super::state::State;
 use crate::flux::job::{Job, JobState};
 use crate::flux::jobid::JobId;
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::ops::Bound;
 use std::sync::Arc;
 use thiserror::Error;
+
+/// The states listed first (pending, and NEW), then those listed as
+/// running; inactive jobs come last.
+const PENDING_GROUP: [JobState; 4] = [
+    JobState::New,
+    JobState::Depend,
+    JobState::Priority,
+    JobState::Sched,
+];
+const RUNNING_GROUP: [JobState; 2] = [JobState::Run, JobState::Cleanup];
 
 /// Which jobs a listing takes.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -61,6 +73,32 @@ impl JobFilter {
             };
         }
         Ok(bits)
+    }
+
+    /// The groups of the listing ([`Place::group`]) that hold states this
+    /// filter takes, by bit.
+    fn groups(&self) -> u8 {
+        let Some(states) = self.states else {
+            return 0b111;
+        };
+        let of = |g: &[JobState]| g.iter().any(|s| states & (1 << s.index()) != 0);
+        u8::from(of(&PENDING_GROUP))
+            | u8::from(of(&RUNNING_GROUP)) << 1
+            | u8::from(of(&[JobState::Inactive])) << 2
+    }
+
+    /// Whether a job's group and cluster alone decide what this filter
+    /// takes (no look at the job itself).
+    fn takes_by_place(&self) -> bool {
+        let whole = |g: &[JobState], states: u8| {
+            let bits = g.iter().filter(|s| states & (1 << s.index()) != 0).count();
+            bits == 0 || bits == g.len()
+        };
+        self.userid.is_none()
+            && self.since.is_none()
+            && self
+                .states
+                .is_none_or(|b| whole(&PENDING_GROUP, b) && whole(&RUNNING_GROUP, b))
     }
 
     /// Whether this filter takes the job.
@@ -109,19 +147,16 @@ impl PartialOrd for Position {
 
 impl Position {
     pub fn of(key: &JobKey, job: &Job) -> Self {
-        let s = job.summary_view();
-        let (group, primary) = match s.state {
-            JobState::Run | JobState::Cleanup => (1, -s.t_run.unwrap_or(0.0)),
-            JobState::Inactive => (2, -s.t_inactive.unwrap_or(0.0)),
-            // Before the priority is known, as the lowest (flux-core's
-            // job-list lists such jobs last among the pending).
-            _ => (0, -(s.priority.unwrap_or(-1) as f64)),
-        };
+        Position::at(&key.cluster, &Place::of(key.id, job))
+    }
+
+    /// A cluster's place.
+    pub fn at(cluster: &Arc<str>, place: &Place) -> Self {
         Position {
-            group,
-            primary,
-            cluster: key.cluster.clone(),
-            id: key.id.0,
+            group: place.group,
+            primary: place.primary(),
+            cluster: cluster.clone(),
+            id: place.id,
         }
     }
 
@@ -153,56 +188,175 @@ impl Position {
     }
 }
 
-/// The first `limit` jobs the filter takes after `after`, in order. One
-/// pass over the jobs, keeping only the best `limit` (a bounded heap): the
-/// work is the number of jobs held, the memory the page.
+/// A part's page of jobs.
+#[derive(Debug, Default)]
+pub struct JobPage {
+    pub jobs: Vec<(Position, JobKey)>,
+    /// Where this part stopped looking with its page not full and more
+    /// left to look at (its work per answer is bounded): jobs after this
+    /// place were not looked at, and the next page starts after it.
+    pub stopped_at: Option<Position>,
+}
+
+/// The most jobs a part looks at for one page beyond the page itself: a
+/// narrow filter over many jobs gives a short page (and a `next`), not an
+/// answer that holds up the records behind it.
+pub const SCAN_BUDGET: usize = 10_000;
+
+/// One cluster's places, from where a page starts, through the groups
+/// the filter can take.
+struct Cursor<'a> {
+    cluster: &'a Arc<str>,
+    ranges: std::vec::IntoIter<std::collections::btree_set::Range<'a, Place>>,
+    now: Option<std::collections::btree_set::Range<'a, Place>>,
+}
+
+impl Iterator for Cursor<'_> {
+    type Item = Position;
+
+    fn next(&mut self) -> Option<Position> {
+        loop {
+            if let Some(p) = self.now.as_mut().and_then(Iterator::next) {
+                return Some(Position::at(self.cluster, p));
+            }
+            self.now = Some(self.ranges.next()?);
+        }
+    }
+}
+
+impl<'a> Cursor<'a> {
+    fn new(
+        cluster: &'a Arc<str>,
+        places: &'a BTreeSet<Place>,
+        filter: &JobFilter,
+        after: Option<&Position>,
+    ) -> Self {
+        let groups = filter.groups();
+        let mut ranges = Vec::new();
+        for group in (0..Place::GROUPS).filter(|g| groups & (1 << g) != 0) {
+            let start = match after {
+                Some(a) if a.group > group => continue,
+                Some(a) if a.group == group => {
+                    // Ties on the primary order by cluster, then id.
+                    match (**cluster).cmp(&*a.cluster) {
+                        Ordering::Less => Bound::Excluded(Place::new(group, a.primary, u64::MAX)),
+                        Ordering::Equal => Bound::Excluded(Place::new(group, a.primary, a.id)),
+                        Ordering::Greater => Bound::Included(Place::new(group, a.primary, 0)),
+                    }
+                }
+                _ => Bound::Included(Place::first_of(group)),
+            };
+            let end = match filter.since {
+                // Inactive since: ended at or after it.
+                Some(t) if group == 2 => Bound::Included(Place::last_at(group, -t)),
+                _ => Bound::Excluded(Place::first_of(group + 1)),
+            };
+            if nonempty(&start, &end) {
+                ranges.push(places.range((start, end)));
+            }
+        }
+        Cursor {
+            cluster,
+            ranges: ranges.into_iter(),
+            now: None,
+        }
+    }
+}
+
+/// Whether a range's bounds are in order (`BTreeSet::range` panics if not).
+fn nonempty(start: &Bound<Place>, end: &Bound<Place>) -> bool {
+    match (start, end) {
+        (Bound::Included(s), Bound::Included(e)) => s <= e,
+        (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) => s < e,
+        _ => true,
+    }
+}
+
+/// The first `limit` jobs the filter takes after `after`, in order: read
+/// from the listing (a range per cluster, merged), looking at no more than
+/// `budget` jobs beyond the page.
 pub fn select_jobs(
     state: &State,
     filter: &JobFilter,
     after: Option<&Position>,
     limit: usize,
-) -> Vec<(Position, JobKey)> {
+    budget: usize,
+) -> JobPage {
+    let mut page = JobPage::default();
     if limit == 0 {
-        return Vec::new();
+        return page;
     }
-    // One job, when asked by id: no pass over the rest.
-    if let (Some(id), Some(cluster)) = (filter.id, filter.cluster.as_deref()) {
-        let key = JobKey {
-            cluster: cluster.into(),
-            id,
-        };
-        return state
-            .jobs
-            .get_key_value(&key)
-            .filter(|(k, e)| filter.takes(k, &e.job))
-            .map(|(k, e)| (Position::of(k, &e.job), k.clone()))
+    let listing = state.listing();
+    // One job, when asked by id: a look in each cluster.
+    if let Some(id) = filter.id {
+        let mut found: Vec<(Position, JobKey)> = listing
+            .clusters()
+            .filter(|(c, _)| filter.cluster.as_deref().is_none_or(|want| ***c == *want))
+            .filter_map(|(c, _)| {
+                let key = JobKey {
+                    cluster: c.clone(),
+                    id,
+                };
+                let entry = state.jobs.get(&key)?;
+                filter
+                    .takes(&key, &entry.job)
+                    .then(|| (Position::of(&key, &entry.job), key))
+            })
             .filter(|(p, _)| after.is_none_or(|a| p > a))
-            .into_iter()
             .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found.truncate(limit);
+        page.jobs = found;
+        return page;
     }
-    let mut best: BinaryHeap<(Position, &JobKey)> = BinaryHeap::with_capacity(limit + 1);
-    for (key, entry) in &state.jobs {
-        if !filter.takes(key, &entry.job) {
-            continue;
+    let clusters: Vec<(&Arc<str>, &ClusterJobs)> = match filter.cluster.as_deref() {
+        Some(c) => listing.cluster(c).into_iter().collect(),
+        None => listing.clusters().collect(),
+    };
+    let mut cursors: Vec<Cursor> = clusters
+        .into_iter()
+        .map(|(c, jobs)| Cursor::new(c, &jobs.places, filter, after))
+        .collect();
+    // The next place of each cluster, the least on top.
+    let mut heads: BinaryHeap<Reverse<(Position, usize)>> = cursors
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, c)| Some(Reverse((c.next()?, i))))
+        .collect();
+    let mut looked = 0usize;
+    let whole_groups = filter.takes_by_place();
+    while let Some(Reverse((pos, i))) = heads.pop() {
+        if let Some(next) = cursors[i].next() {
+            heads.push(Reverse((next, i)));
         }
-        let pos = Position::of(key, &entry.job);
         if after.is_some_and(|a| pos <= *a) {
             continue;
         }
-        if best.len() == limit {
-            match best.peek() {
-                Some((worst, _)) if pos < *worst => {
-                    best.pop();
+        let key = JobKey {
+            cluster: pos.cluster.clone(),
+            id: JobId(pos.id),
+        };
+        let taken = whole_groups
+            || state
+                .jobs
+                .get(&key)
+                .is_some_and(|e| filter.takes(&key, &e.job));
+        if taken {
+            page.jobs.push((pos, key));
+            if page.jobs.len() == limit {
+                return page;
+            }
+        } else {
+            looked += 1;
+            if looked >= budget {
+                if !heads.is_empty() {
+                    page.stopped_at = Some(pos);
                 }
-                _ => continue,
+                return page;
             }
         }
-        best.push((pos, key));
     }
-    best.into_sorted_vec()
-        .into_iter()
-        .map(|(p, k)| (p, k.clone()))
-        .collect()
+    page
 }
 
 /// An alert's place in the listing of what fires: oldest condition first,
@@ -353,22 +507,20 @@ fn older_job(a: Option<(u64, f64)>, b: Option<(u64, f64)>) -> Option<(u64, f64)>
     }
 }
 
-/// Every cluster's counts in this part of the state.
+/// Every cluster's counts in this part of the state: the jobs' from the
+/// listing (kept as records apply), the ranks' counted.
 pub fn cluster_counts(state: &State) -> BTreeMap<String, ClusterCounts> {
     let mut out: BTreeMap<String, ClusterCounts> = BTreeMap::new();
-    for (key, entry) in &state.jobs {
-        // Looked up before inserted: no copy of the name per job.
-        let c = match out.get_mut(&*key.cluster) {
-            Some(c) => c,
-            None => out.entry(key.cluster.to_string()).or_default(),
-        };
-        let s = entry.job.summary_view();
-        *c.jobs.entry(s.state.as_str()).or_default() += 1;
-        c.newest_event = newer(c.newest_event, entry.job.last_timestamp());
-        if s.state.is_pending() {
-            let submitted = s.t_submit.map(|t| (key.id.0, t));
-            c.oldest_pending = older_job(c.oldest_pending, submitted);
+    for (cluster, jobs) in state.listing().clusters() {
+        let c = out.entry(cluster.to_string()).or_default();
+        for s in JobState::ALL {
+            let n = jobs.by_state[s.index()];
+            if n > 0 {
+                c.jobs.insert(s.as_str(), n);
+            }
         }
+        c.newest_event = jobs.newest_event;
+        c.oldest_pending = jobs.oldest_pending();
     }
     for (cluster, res) in &state.resources {
         let c = out.entry(cluster.clone()).or_default();
@@ -467,7 +619,7 @@ mod tests {
     #[test]
     fn jobs_come_in_flux_jobs_order() {
         let s = sample();
-        let all = select_jobs(&s, &JobFilter::default(), None, 100);
+        let all = select_jobs(&s, &JobFilter::default(), None, 100, usize::MAX).jobs;
         // pending by priority (9, 5, 1 on c and d), running newest first, inactive.
         assert_eq!(ids(&all), [2, 1, 6, 4, 3, 5]);
         let pending = JobFilter {
@@ -475,22 +627,25 @@ mod tests {
             cluster: Some("c".into()),
             ..JobFilter::default()
         };
-        assert_eq!(ids(&select_jobs(&s, &pending, None, 100)), [2, 1]);
+        assert_eq!(
+            ids(&select_jobs(&s, &pending, None, 100, usize::MAX).jobs),
+            [2, 1]
+        );
         let since = JobFilter {
             since: Some(41.0),
             ..JobFilter::default()
         };
-        assert!(!ids(&select_jobs(&s, &since, None, 100)).contains(&5));
+        assert!(!ids(&select_jobs(&s, &since, None, 100, usize::MAX).jobs).contains(&5));
     }
 
     #[test]
     fn pages_join_up_to_the_whole_listing() {
         let s = sample();
-        let all = select_jobs(&s, &JobFilter::default(), None, 100);
+        let all = select_jobs(&s, &JobFilter::default(), None, 100, usize::MAX).jobs;
         let mut paged = Vec::new();
         let mut after: Option<Position> = None;
         loop {
-            let page = select_jobs(&s, &JobFilter::default(), after.as_ref(), 2);
+            let page = select_jobs(&s, &JobFilter::default(), after.as_ref(), 2, usize::MAX).jobs;
             let Some((last, _)) = page.last() else { break };
             // A position survives being written out and read back.
             after = Some(Position::decode(&last.encode()).unwrap());
@@ -507,12 +662,12 @@ mod tests {
             id: Some(JobId(4)),
             ..JobFilter::default()
         };
-        assert_eq!(ids(&select_jobs(&s, &f, None, 10)), [4]);
+        assert_eq!(ids(&select_jobs(&s, &f, None, 10, usize::MAX).jobs), [4]);
         let f = JobFilter {
             id: Some(JobId(4)),
             ..JobFilter::default()
         };
-        assert_eq!(ids(&select_jobs(&s, &f, None, 10)), [4]);
+        assert_eq!(ids(&select_jobs(&s, &f, None, 10, usize::MAX).jobs), [4]);
     }
 
     #[test]
@@ -549,7 +704,133 @@ mod tests {
         assert_eq!(merged.oldest_pending, Some((1, 1.0)));
     }
 
+    /// What a pass over every job answers (the listing must agree).
+    fn scan(s: &State, filter: &JobFilter) -> Vec<(Position, JobKey)> {
+        let mut all: Vec<(Position, JobKey)> = s
+            .jobs
+            .iter()
+            .filter(|(k, e)| filter.takes(k, &e.job))
+            .map(|(k, e)| (Position::of(k, &e.job), k.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Jobs on two clusters, each taken through the first `steps` of its
+    /// life (`steps[i] = (cluster, userid, priority, steps, time)`); some
+    /// taken out and put back.
+    fn workload(jobs: &[(bool, i64, i64, usize, u16)], out: &[usize]) -> State {
+        let mut s = State::new();
+        let life = [
+            ("validate", "{}".to_string()),
+            ("depend", "{}".to_string()),
+            ("priority", String::new()),
+            ("alloc", "{}".to_string()),
+            ("start", "{}".to_string()),
+            ("finish", r#"{"status":0}"#.to_string()),
+            ("release", r#"{"ranks":"all","final":true}"#.to_string()),
+            ("free", "{}".to_string()),
+            ("clean", "{}".to_string()),
+        ];
+        for (i, &(d, user, prio, steps, t)) in jobs.iter().enumerate() {
+            let cluster = if d { "d" } else { "c" };
+            let id = i as u64;
+            let t = f64::from(t) + 1.0;
+            let submit = format!(r#"{{"userid":{user},"urgency":16,"flags":0,"version":1}}"#);
+            job_event(&mut s, cluster, id, t, "submit", &submit);
+            for (n, (name, ctx)) in life.iter().take(steps).enumerate() {
+                let ctx = if *name == "priority" {
+                    format!(r#"{{"priority":{prio}}}"#)
+                } else {
+                    ctx.clone()
+                };
+                job_event(&mut s, cluster, id, t + n as f64 + 1.0, name, &ctx);
+            }
+        }
+        for &i in out {
+            let key = JobKey {
+                cluster: if jobs[i % jobs.len()].0 { "d" } else { "c" }.into(),
+                id: JobId((i % jobs.len()) as u64),
+            };
+            // Taken out; every other one put back.
+            if let Some(entry) = s.remove_job(&key)
+                && i % 2 == 0
+            {
+                s.insert_job(key, entry);
+            }
+        }
+        s
+    }
+
+    fn filter_of(
+        cluster: u8,
+        states: Option<u8>,
+        userid: Option<i64>,
+        since: Option<u16>,
+    ) -> JobFilter {
+        JobFilter {
+            cluster: match cluster {
+                1 => Some("c".into()),
+                2 => Some("d".into()),
+                _ => None,
+            },
+            states: states.map(|b| b & 0x7f),
+            userid,
+            since: since.map(f64::from),
+            id: None,
+        }
+    }
+
     proptest! {
+        /// Page after page, however short the work allowed, the listing
+        /// gives what a pass over every job gives; the counts too.
+        #[test]
+        fn pages_of_the_listing_are_a_scan_of_the_jobs(
+            jobs in proptest::collection::vec((any::<bool>(), 1i64..3, 0i64..3, 0usize..10, 0u16..50), 1..40),
+            out in proptest::collection::vec(0usize..40, 0..8),
+            cluster in 0u8..3,
+            states in proptest::option::of(any::<u8>()),
+            userid in proptest::option::of(1i64..3),
+            since in proptest::option::of(0u16..60),
+            limit in 1usize..6,
+            budget in 1usize..6,
+        ) {
+            let s = workload(&jobs, &out);
+            let filter = filter_of(cluster, states, userid, since);
+            let mut paged = Vec::new();
+            let mut after: Option<Position> = None;
+            for _ in 0..200 {
+                let page = select_jobs(&s, &filter, after.as_ref(), limit, budget);
+                let full = page.jobs.len() == limit;
+                prop_assert!(page.jobs.len() <= limit);
+                if let Some((last, _)) = page.jobs.last() {
+                    after = Some(last.clone());
+                }
+                paged.extend(page.jobs.into_iter().map(|(_, k)| k));
+                match page.stopped_at {
+                    Some(at) => after = Some(at),
+                    None if !full => break,
+                    None => {}
+                }
+            }
+            let want: Vec<JobKey> = scan(&s, &filter).into_iter().map(|(_, k)| k).collect();
+            prop_assert_eq!(paged, want);
+            let counts = cluster_counts(&s);
+            for c in ["c", "d"] {
+                let mut by_state: BTreeMap<&'static str, u64> = BTreeMap::new();
+                let mut oldest = None;
+                for (k, e) in s.jobs.iter().filter(|(k, _)| &*k.cluster == c) {
+                    *by_state.entry(e.job.state.as_str()).or_default() += 1;
+                    if e.job.state.is_pending() {
+                        oldest = older_job(oldest, e.job.t_submit.get().map(|t| (k.id.0, t)));
+                    }
+                }
+                let got = counts.get(c).cloned().unwrap_or_default();
+                prop_assert_eq!(got.jobs, by_state);
+                prop_assert_eq!(got.oldest_pending, oldest);
+            }
+        }
+
         #[test]
         fn positions_round_trip(group in 0u8..3, primary in any::<f64>(), id in any::<u64>(), cluster in ".*") {
             let p = Position { group, primary, cluster: cluster.into(), id };

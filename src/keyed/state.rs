@@ -4,6 +4,7 @@
 
 use super::alerts::engine::{Conditions, JobConditions};
 use super::key::{JobKey, Owner};
+use super::listing::{Listing, Standing};
 use crate::decode::{Body, EventStream, Record};
 use crate::flux::allocation::Allocations;
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
@@ -14,6 +15,7 @@ use crate::flux::resource::{RankChange, ResourceState};
 use serde::{Deserialize, Serialize};
 // Keys come from input: foldhash is fast and seeded per process.
 use foldhash::{HashMap, HashSet};
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Everything known about one job.
@@ -184,7 +186,12 @@ impl SharedAllocations {
 pub struct State {
     /// Boxed: the table itself stays small (it doubles, with slack, as it
     /// grows), each job one allocation of its exact size.
+    /// Changed only through this type's methods, which keep `listing`
+    /// in step (elsewhere, what a job's place does not depend on: its
+    /// alert conditions, its owner).
     pub jobs: HashMap<JobKey, Box<JobEntry>>,
+    /// Every job's place in the listing order, and each cluster's counts.
+    listing: Listing,
     pub resources: HashMap<String, ResourceState>,
     pub counts: Counts,
     /// Cluster names, one copy each, for the job keys.
@@ -358,7 +365,11 @@ impl State {
                 .with(|a| a.note_freed(&key.cluster, ranks, t));
         }
         let cluster = key.cluster.clone();
+        let standing = Standing::of(key.id, &entry.job);
+        let id = key.id;
         let old = self.jobs.insert(key, entry);
+        let before = old.as_ref().map(|o| Standing::of(id, &o.job));
+        self.listing.update(&cluster, before, Some(standing), None);
         if let Some(old) = old.as_ref().filter(|o| o.job.holds_ranks()) {
             self.allocations.count(&cluster, &old.job, false, None);
         }
@@ -369,6 +380,9 @@ impl State {
     /// held are free, as far as this state can tell.
     pub fn remove_job(&mut self, key: &JobKey) -> Option<Box<JobEntry>> {
         let entry = self.jobs.remove(key)?;
+        let standing = Standing::of(key.id, &entry.job);
+        self.listing
+            .update(&key.cluster, Some(standing), None, None);
         if entry.job.holds_ranks() {
             self.allocations
                 .count(&key.cluster, &entry.job, false, None);
@@ -589,7 +603,14 @@ impl State {
     }
 
     fn apply_job(&mut self, key: JobKey, stream: EventStream, body: Body, fx: &mut Effects) {
-        let entry = self.jobs.entry(key.clone()).or_default();
+        let (entry, before) = match self.jobs.entry(key.clone()) {
+            Entry::Occupied(held) => {
+                let entry = held.into_mut();
+                let before = Standing::of(key.id, &entry.job);
+                (entry, Some(before))
+            }
+            Entry::Vacant(new) => (new.insert(Box::default()), None),
+        };
         let mut anomalies = Vec::new();
         // Whether the job's ranks are counted held: a new R may name other
         // ranks, so the old ones are given back first.
@@ -636,6 +657,13 @@ impl State {
             _ => {}
         }
         entry.cross_check(&mut anomalies);
+        let job_event = match (stream, &fx.event) {
+            (EventStream::Job, Some((_, t))) => Some(*t),
+            _ => None,
+        };
+        let after = Standing::of(key.id, &entry.job);
+        self.listing
+            .update(&key.cluster, before, Some(after), job_event);
         let holds = entry.job.holds_ranks();
         if holds != counted {
             let at = fx.event.as_ref().map(|(_, t)| *t);
@@ -654,6 +682,10 @@ impl State {
                     anomaly: a,
                 }));
         }
+    }
+
+    pub fn listing(&self) -> &Listing {
+        &self.listing
     }
 
     /// Jobs to list: submitted and not invalidated, sorted by key.

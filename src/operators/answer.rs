@@ -22,15 +22,17 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
         } => {
             // Asked about one job: its conditions and progress too.
             let one = filter.id.is_some();
-            Answer::Jobs(
-                query::select_jobs(state, filter, after.as_ref(), *limit)
-                    .into_iter()
-                    .filter_map(|(pos, key)| {
-                        let entry = state.jobs.get(&key)?;
-                        Some((pos, job_now(processor, &key, entry, one)))
-                    })
-                    .collect(),
-            )
+            let budget = query::SCAN_BUDGET.max(*limit);
+            let page = query::select_jobs(state, filter, after.as_ref(), *limit, budget);
+            let jobs = page
+                .jobs
+                .into_iter()
+                .filter_map(|(pos, key)| {
+                    let entry = state.jobs.get(&key)?;
+                    Some((pos, job_now(processor, &key, entry, one)))
+                })
+                .collect();
+            Answer::Jobs(jobs, page.stopped_at)
         }
         Query::Nodes { cluster } => Answer::Nodes(
             state
