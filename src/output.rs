@@ -28,6 +28,9 @@ pub enum OutputStream {
     Transitions,
     /// A job summary when a job becomes INACTIVE.
     Jobs,
+    /// A job summary at each transition before the last (the last is on
+    /// `jobs`): where each active job stands.
+    JobUpdates,
     /// Rank changes.
     Resources,
     /// Alerts.
@@ -39,10 +42,11 @@ pub enum OutputStream {
 }
 
 impl OutputStream {
-    pub const ALL: [OutputStream; 7] = [
+    pub const ALL: [OutputStream; 8] = [
         OutputStream::Events,
         OutputStream::Transitions,
         OutputStream::Jobs,
+        OutputStream::JobUpdates,
         OutputStream::Resources,
         OutputStream::Alerts,
         OutputStream::Anomalies,
@@ -54,6 +58,7 @@ impl OutputStream {
             OutputStream::Events => "events",
             OutputStream::Transitions => "transitions",
             OutputStream::Jobs => "jobs",
+            OutputStream::JobUpdates => "job_updates",
             OutputStream::Resources => "resources",
             OutputStream::Alerts => "alerts",
             OutputStream::Anomalies => "anomalies",
@@ -158,6 +163,11 @@ impl OutputRecord {
     /// A `jobs` record: a job's summary.
     pub fn job(record: JobRecord) -> Self {
         Self::unwritten(OutputStream::Jobs, Unwritten::Job(Box::new(record)))
+    }
+
+    /// A `job_updates` record: an active job's summary.
+    pub fn job_update(record: JobRecord) -> Self {
+        Self::unwritten(OutputStream::JobUpdates, Unwritten::Job(Box::new(record)))
     }
 
     /// A `resources` record of what `event` did to one rank.
@@ -265,6 +275,9 @@ pub struct JobRecord {
     name: Option<CompactString>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ncores: Option<u32>,
+    /// R's GPUs (not a field of flux-core 0.88's job-list).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ngpus: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     nnodes: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -327,6 +340,7 @@ impl JobRecord {
             kind: "job",
             name: text(|s| &s.name),
             ncores: spec.and_then(JobSpec::ncores),
+            ngpus: spec.and_then(JobSpec::ngpus),
             nnodes: spec.and_then(JobSpec::nnodes),
             nodelist: text(|s| &s.nodelist),
             ntasks: spec.and_then(JobSpec::ntasks),

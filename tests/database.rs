@@ -120,6 +120,23 @@ fn history(url: &str, args: &[&str]) -> Vec<String> {
     lines
 }
 
+/// The job records (as `history`), or none while the database is not
+/// made yet.
+fn history_now(url: &str) -> Vec<String> {
+    let Ok(out) = fluxpipe()
+        .args(["history", "--db", url, "--format", "json", "-c", "1000000"])
+        .output()
+    else {
+        return Vec::new();
+    };
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
 /// The job rows, or none while the database is not made yet.
 fn jobs_stored(url: &str) -> usize {
     fluxpipe()
@@ -131,6 +148,19 @@ fn jobs_stored(url: &str) -> usize {
 
 /// A pipeline: files under `include` → the database; its API on `port`.
 fn config(dir: &Path, tag: &str, url: &str, include: &[PathBuf], port: u16) -> PathBuf {
+    let streams = r#"["jobs", "resources", "transitions"]"#;
+    config_taking(dir, tag, url, include, port, streams)
+}
+
+/// As [`config`], the database sink taking `streams` (a TOML list).
+fn config_taking(
+    dir: &Path,
+    tag: &str,
+    url: &str,
+    include: &[PathBuf],
+    port: u16,
+    streams: &str,
+) -> PathBuf {
     let path = dir.join(format!("{tag}.toml"));
     let include: Vec<String> = include.iter().map(|p| format!("{p:?}")).collect();
     std::fs::write(
@@ -154,7 +184,7 @@ cluster = "gen"
 [sinks.db]
 type = "database"
 url = "{url}"
-inputs = ["jobs", "resources", "transitions"]
+inputs = {streams}
 batch_max_records = 300
 batch_timeout_ms = 50
 "#,
@@ -499,10 +529,20 @@ fn migrates_from_the_first_version(dir: &Path, url: &str) {
             .await
             .expect("connect");
         archive.migrate_to(1).await.expect("v1");
-        let mut batch = fluxpipe::archive::rows::Batch::default();
-        batch.add(old).expect("row");
-        archive.store(&batch).await.expect("store");
         archive.close().await;
+        // A row as the first version stored it (today's sink writes
+        // columns that version has not).
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+        sqlx::query(
+            "INSERT INTO jobs (cluster, id, record_id, state, t_inactive, record) \
+             VALUES ('old', 1, 'r', 'INACTIVE', 1.0, $1)",
+        )
+        .bind(old)
+        .execute(&pool)
+        .await
+        .expect("a v1 row");
+        pool.close().await;
     });
     let out = fluxpipe()
         .args(["history", "--db", url, "--transitions"])
@@ -537,6 +577,112 @@ fn postgres_first_version_is_migrated() {
     };
     let url = pg.database("v1");
     migrates_from_the_first_version(dir.path(), &url);
+}
+
+/// `(id, state, t_run)` of job records, sorted.
+fn states(records: &[String]) -> Vec<(u64, String, Option<f64>)> {
+    let mut out: Vec<_> = records
+        .iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("json");
+            (
+                v["id"].as_u64().expect("id"),
+                v["state"].as_str().expect("state").to_string(),
+                v["t_run"].as_f64(),
+            )
+        })
+        .collect();
+    out.sort_by_key(|a| a.0);
+    out
+}
+
+/// With `job_updates`, every active job has its row, in the state replay
+/// says it is in; the rest of the input ends them, and the rows become
+/// replay's records (an update sent again never undoes an end).
+fn active_jobs_have_rows_that_follow_them(dir: &Path, url: &str) {
+    let journal = dir.join("whole.jsonl");
+    common::generate(
+        &["--nodes", "16", "--seed", "11", "--jobs", "300"],
+        &journal,
+    );
+    let whole = std::fs::read_to_string(&journal).expect("journal");
+    let lines: Vec<&str> = whole.lines().collect();
+    let half = lines.len() / 2;
+    let input = dir.join("input").join("journal.jsonl");
+    std::fs::create_dir_all(input.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&input, lines[..half].join("\n") + "\n").expect("first half");
+    let first: Vec<String> = {
+        let prefix = dir.join("prefix.jsonl");
+        std::fs::copy(&input, &prefix).expect("copy");
+        replayed_jobs(&[prefix])
+    };
+    let active = states(&first)
+        .iter()
+        .filter(|(_, s, _)| s != "INACTIVE")
+        .count();
+    assert!(active > 10, "the first half leaves jobs active ({active})");
+    let streams = r#"["jobs", "job_updates"]"#;
+    let cfg = config_taking(
+        dir,
+        "active",
+        url,
+        std::slice::from_ref(&input),
+        free_port(),
+        streams,
+    );
+    let log = dir.join("active.log");
+    let mut child = start(&cfg, &log);
+    let want = states(&first);
+    // Whether `done` holds within two minutes.
+    let eventually = |done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !done() {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        true
+    };
+    assert!(
+        eventually(&|| states(&history_now(url)) == want),
+        "rows after the first half: {:?}, replay: {want:?}; log: {}",
+        states(&history_now(url)),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // The rest of the input: every job ends, each row replay's record.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&input)
+        .expect("append");
+    f.write_all((lines[half..].join("\n") + "\n").as_bytes())
+        .expect("second half");
+    drop(f);
+    let whole_jobs = replayed_jobs(&[journal]);
+    assert!(
+        eventually(&|| history_now(url) == whole_jobs),
+        "rows at the end are replay's; log: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    sigterm(&child.0);
+    assert!(child.0.wait().expect("wait").success());
+}
+
+#[test]
+fn sqlite_active_jobs_have_rows_that_follow_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/active.db", dir.path().display());
+    active_jobs_have_rows_that_follow_them(dir.path(), &url);
+}
+
+#[test]
+fn postgres_active_jobs_have_rows_that_follow_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(pg) = Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    let url = pg.database("active");
+    active_jobs_have_rows_that_follow_them(dir.path(), &url);
 }
 
 /// Jobs of a KVS tree whose jobspec is missing, malformed or huge: each

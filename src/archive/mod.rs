@@ -256,10 +256,10 @@ impl Archive {
             q.ids.iter().map(|id| Cell::Int(Some(rows::stored_id(*id)))),
         );
         // A job belongs to a window it overlaps: submitted before its end,
-        // ended after its start.
+        // ended after its start (or not ended: an active job's row).
         if let Some(since) = q.since {
             let p = w.bind(Cell::Float(Some(since)));
-            w.clause(format!("j.t_inactive >= {p}"));
+            w.clause(format!("(j.t_inactive >= {p} OR j.t_inactive IS NULL)"));
         }
         if let Some(until) = q.until {
             let p = w.bind(Cell::Float(Some(until)));
@@ -479,6 +479,12 @@ fn insert_sql(table: &Table, n: usize) -> String {
             .map(|n| format!("{n} = excluded.{n}"))
             .collect();
         sql.push_str(&format!("DO UPDATE SET {}", set.join(", ")));
+        if let Some((column, value)) = table.settled {
+            sql.push_str(&format!(
+                " WHERE {t}.{column} <> '{value}' OR excluded.{column} = '{value}'",
+                t = table.name
+            ));
+        }
     } else {
         sql.push_str("DO NOTHING");
     }
@@ -554,6 +560,7 @@ mod tests {
             jobs.contains("ON CONFLICT (cluster, id) DO UPDATE SET record_id = excluded.record_id")
         );
         assert!(!jobs.contains("cluster = excluded"));
+        assert!(jobs.ends_with(" WHERE jobs.state <> 'INACTIVE' OR excluded.state = 'INACTIVE'"));
     }
 
     /// SQLite end to end (PostgreSQL: tests/database.rs, with a real server).
@@ -595,6 +602,17 @@ mod tests {
         let t = archive.transitions(&events).await.unwrap();
         assert_eq!(t.len(), 1);
         assert!(t[0].contains("\"id\":18446744073709551615"), "{}", t[0]);
+        // An update of the job while active, written again after its end
+        // (a restart): the end stays.
+        let mut again = Batch::default();
+        again
+            .add(
+                &job.replace("\"INACTIVE\"", "\"RUN\"")
+                    .replace("\"r\"", "\"r0\""),
+            )
+            .unwrap();
+        archive.store(&again).await.unwrap();
+        assert_eq!(archive.jobs(&all).await.unwrap(), [job]);
         assert_eq!(archive.prune(9.5).await.unwrap(), 2);
         assert_eq!(archive.prune(100.0).await.unwrap(), 3);
         assert!(archive.jobs(&all).await.unwrap().is_empty());

@@ -63,6 +63,24 @@ pub struct Table {
     /// A repeated key replaces the row (a job's record) rather than
     /// leaving the first (an event, which never changes).
     pub replace: bool,
+    /// A row whose column (first) holds this text (second) is final: only
+    /// a row holding it too replaces it (an INACTIVE job's record is not
+    /// replaced by an update of the job while active, sent again after a
+    /// restart).
+    pub settled: Option<(&'static str, &'static str)>,
+}
+
+impl Table {
+    /// Whether `row` is settled ([`Table::settled`]).
+    fn is_settled(&self, row: &[Cell]) -> bool {
+        let Some((column, value)) = self.settled else {
+            return false;
+        };
+        self.columns
+            .iter()
+            .zip(row)
+            .any(|(c, cell)| c.name == column && *cell == Cell::Text(Some(value.to_string())))
+    }
 }
 
 use Kind::*;
@@ -93,6 +111,7 @@ pub const JOBS: Table = Table {
         col("urgency", Int),
         col("ntasks", Int),
         col("ncores", Int),
+        col("ngpus", Int),
         col("nnodes", Int),
         col("nodelist", Text),
         col("ranks", Text),
@@ -108,6 +127,7 @@ pub const JOBS: Table = Table {
     ],
     key: &["cluster", "id"],
     replace: true,
+    settled: Some(("state", "INACTIVE")),
 };
 
 /// The hosts each job ran on, one row each: "which jobs ran on node12".
@@ -120,6 +140,7 @@ pub const JOB_NODES: Table = Table {
     ],
     key: &["cluster", "id", "hostname"],
     replace: false,
+    settled: None,
 };
 
 /// One row per change of a node's state (the `resources` stream).
@@ -144,6 +165,7 @@ pub const NODE_EVENTS: Table = Table {
     ],
     key: &["cluster", "record_id"],
     replace: false,
+    settled: None,
 };
 
 /// Every job state transition, when the sink takes them.
@@ -170,6 +192,7 @@ pub const TRANSITIONS: Table = Table {
     ],
     key: &["cluster", "record_id"],
     replace: false,
+    settled: None,
 };
 
 /// The tables, in the order a batch writes them.
@@ -204,7 +227,11 @@ impl Rows {
     fn put(&mut self, table: &Table, row: Vec<Cell>) {
         let key = key_of(table, &row);
         match self.index.get(&key) {
-            Some(&at) => self.rows[at] = row,
+            Some(&at) => {
+                if !table.is_settled(&self.rows[at]) || table.is_settled(&row) {
+                    self.rows[at] = row;
+                }
+            }
             None => {
                 self.index.insert(key, self.rows.len());
                 self.rows.push(row);
@@ -410,6 +437,21 @@ mod tests {
         let [(_, jobs), ..] = b.tables();
         assert_eq!(jobs.len(), 1);
         assert_eq!(jobs.rows()[0][2], Cell::Text(Some("r2".into())));
+    }
+
+    #[test]
+    fn an_active_update_never_replaces_the_end_in_a_batch() {
+        let mut b = Batch::default();
+        let running = JOB
+            .replace("\"r1\"", "\"r0\"")
+            .replace("\"INACTIVE\"", "\"RUN\"");
+        b.add(&running).unwrap();
+        b.add(JOB).unwrap();
+        // The update again (a restart sends it again): the end stays.
+        b.add(&running).unwrap();
+        let [(_, jobs), ..] = b.tables();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs.rows()[0][2], Cell::Text(Some("r1".into())));
     }
 
     #[test]

@@ -49,7 +49,8 @@ pub struct HistoryArgs {
     pub node: Option<String>,
     /// From this time: seconds since the epoch, a date or time (RFC 3339;
     /// without an offset, local), `today`, `yesterday`, or a duration
-    /// meaning that long ago (`2h`, `7d`). Jobs that ended then or later.
+    /// meaning that long ago (`2h`, `7d`). Jobs that ended then or later,
+    /// or have not ended (active jobs' rows, from `job_updates`).
     #[arg(long, value_name = "TIME")]
     pub since: Option<String>,
     /// Until this time (as --since). Jobs submitted before it.

@@ -12,8 +12,8 @@ use std::process::ExitCode;
 
 #[derive(Args, Debug)]
 pub struct TapArgs {
-    /// Output streams to show: events, transitions, jobs, resources,
-    /// alerts, anomalies, dead_letter.
+    /// Output streams to show: events, transitions, jobs, job_updates,
+    /// resources, alerts, anomalies, dead_letter.
     #[arg(required = true, value_name = "STREAM")]
     pub streams: Vec<String>,
     /// Only records of this cluster.

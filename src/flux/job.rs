@@ -783,23 +783,29 @@ impl Job {
         struct Children<'a> {
             #[serde(borrow, default)]
             core: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            gpu: Option<Cow<'a, str>>,
         }
         let exp = match serde_json::from_str::<JobR>(r.raw().get()) {
             Ok(parsed) => parsed.execution.and_then(|e| {
                 let mut ranks = IdSet::new();
-                let mut cores = 0u64;
+                let (mut cores, mut gpus) = (0u64, 0u64);
                 for entry in &e.r_lite {
                     // A rank idset that does not parse, or names more ranks
                     // than an instance can have, is left out: R's own
                     // checks belong to the resource stream.
                     if let Some(set) = entry.rank.as_deref().and_then(|s| bounded_idset(s).ok()) {
-                        let per_rank = entry
-                            .children
-                            .as_ref()
-                            .and_then(|c| c.core.as_deref())
-                            .and_then(|c| bounded_idset(c).ok())
-                            .map_or(0, |c| c.len());
-                        cores = cores.saturating_add(set.len().saturating_mul(per_rank));
+                        let per_rank = |ids: Option<&str>| {
+                            ids.and_then(|c| bounded_idset(c).ok())
+                                .map_or(0, |c| c.len())
+                        };
+                        let children = entry.children.as_ref();
+                        let (c, g) = (
+                            per_rank(children.and_then(|c| c.core.as_deref())),
+                            per_rank(children.and_then(|c| c.gpu.as_deref())),
+                        );
+                        cores = cores.saturating_add(set.len().saturating_mul(c));
+                        gpus = gpus.saturating_add(set.len().saturating_mul(g));
                         ranks.union_with(&set);
                     }
                 }
@@ -817,6 +823,7 @@ impl Job {
                     self.spec.get_or_insert_default().apply_r(
                         clamp(ranks.len()),
                         clamp(cores),
+                        clamp(gpus),
                         nodelist,
                     );
                 }
@@ -1047,6 +1054,22 @@ mod tests {
             "submit",
             json!({"userid": 5588, "urgency": 16, "flags": 0, "version": 1}),
         )
+    }
+
+    #[test]
+    fn cores_and_gpus_are_counted_per_rank_of_r() {
+        let mut job = Job::default();
+        let r: JsonObject = serde_json::from_str(
+            r#"{"version":1,"execution":{"R_lite":[{"rank":"0-1","children":{"core":"0-3","gpu":"0-1"}},{"rank":"4","children":{"core":"0"}}],"nodelist":["n[0-1]","n4"]}}"#,
+        )
+        .unwrap();
+        job.apply_r(&r);
+        let s = job.summary_view();
+        assert_eq!(s.spec.and_then(JobSpec::ncores), Some(9));
+        assert_eq!(s.spec.and_then(JobSpec::ngpus), Some(4));
+        assert_eq!(s.spec.and_then(JobSpec::nnodes), Some(3));
+        // No R yet: not known.
+        assert_eq!(JobSpec::default().ngpus(), None);
     }
 
     #[test]

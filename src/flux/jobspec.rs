@@ -46,6 +46,10 @@ pub struct JobSpec {
     /// the jobspec read after it (a KVS `jobspec` is as submitted) keeps them.
     #[serde(default)]
     updated: u8,
+    /// R's GPUs, known once R is (`r_ncores` set). Last, and defaulted:
+    /// checkpoints written before it still read.
+    #[serde(default)]
+    r_ngpus: u32,
 }
 
 /// The bits of [`JobSpec::updated`].
@@ -330,10 +334,18 @@ impl JobSpec {
         Ok(())
     }
 
-    /// What R allocated: its number of nodes and cores, and its hosts.
-    pub fn apply_r(&mut self, nnodes: u32, ncores: u32, nodelist: Option<CompactString>) {
+    /// What R allocated: its number of nodes, cores and GPUs, and its
+    /// hosts.
+    pub fn apply_r(
+        &mut self,
+        nnodes: u32,
+        ncores: u32,
+        ngpus: u32,
+        nodelist: Option<CompactString>,
+    ) {
         self.r_nnodes = Some(nnodes);
         self.r_ncores = Some(ncores);
+        self.r_ngpus = ngpus;
         if nodelist.is_some() {
             self.nodelist = nodelist;
         }
@@ -344,6 +356,7 @@ impl JobSpec {
     pub fn keep_later_of(&mut self, old: &JobSpec) {
         self.r_nnodes = old.r_nnodes;
         self.r_ncores = old.r_ncores;
+        self.r_ngpus = old.r_ngpus;
         self.nodelist.clone_from(&old.nodelist);
         self.freed_at = old.freed_at;
         let kept = |bit: u8| old.updated & bit != 0;
@@ -431,6 +444,12 @@ impl JobSpec {
     /// `ncores`: R's once it has one, else what the jobspec asked.
     pub fn ncores(&self) -> Option<u32> {
         self.r_ncores.or(self.spec_ncores)
+    }
+
+    /// `ngpus`: R's GPUs, once it has R (flux-core 0.88's job-list has no
+    /// such field for a job; this is fluxpipe's).
+    pub fn ngpus(&self) -> Option<u32> {
+        self.r_ncores.map(|_| self.r_ngpus)
     }
 
     /// `nnodes`: R's once it has one, else the jobspec's node count.
@@ -538,7 +557,7 @@ mod tests {
             (s.ntasks(), s.ncores(), s.nnodes()),
             (Some(4), None, Some(2))
         );
-        s.apply_r(2, 16, Some("n[0-1]".into()));
+        s.apply_r(2, 16, 0, Some("n[0-1]".into()));
         assert_eq!(
             (s.ntasks(), s.ncores(), s.nnodes()),
             (Some(4), Some(16), Some(2))
@@ -562,11 +581,11 @@ mod tests {
         assert_eq!(spec(&per("core", false)).ntasks(), Some(12));
         let mut s = spec(&per("core", true));
         assert_eq!(s.ntasks(), None);
-        s.apply_r(1, 4, None);
+        s.apply_r(1, 4, 0, None);
         assert_eq!(s.ntasks(), Some(8));
         let mut s = spec(&per("node", false));
         assert_eq!(s.ntasks(), None);
-        s.apply_r(3, 6, None);
+        s.apply_r(3, 6, 0, None);
         assert_eq!(s.ntasks(), Some(6));
         assert_eq!(s.name.as_deref(), Some("b"));
     }

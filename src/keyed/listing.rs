@@ -28,7 +28,7 @@ fn flip(bits: i64) -> i64 {
 }
 
 /// A job's place within its cluster: the listing order without the
-/// cluster (which the cluster's own set leaves out).
+/// cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Place {
     /// 0 pending (and NEW), 1 running, 2 inactive.
@@ -65,33 +65,24 @@ impl Place {
         unordered(self.primary)
     }
 
-    /// The first place of `group`.
-    pub fn first_of(group: u8) -> Self {
-        Place {
-            group,
-            primary: i64::MIN,
-            id: 0,
-        }
+    /// The place of `(primary, id)` in `group` ([`ClusterJobs::group`]).
+    pub fn in_group(self) -> InGroup {
+        (self.primary, self.id)
     }
 
-    /// The last place of `group` whose primary is at most `primary`.
-    pub fn last_at(group: u8, primary: f64) -> Self {
-        Place {
-            group,
-            primary: ordered(primary),
-            id: u64::MAX,
-        }
+    /// The place in `group` of `(primary, id)` as [`Place::in_group`]
+    /// gives them.
+    pub fn from_group(group: u8, (primary, id): InGroup) -> Self {
+        Place { group, primary, id }
     }
 }
 
 /// What the listing keeps of a job: where it is listed, its state, and
-/// (while pending) when it was submitted.
+/// whether it is pending.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Standing {
     pub place: Place,
     pub state: JobState,
-    /// `(submit time as ordered, id)` of a pending job.
-    pending: Option<(i64, u64)>,
 }
 
 impl Standing {
@@ -99,48 +90,59 @@ impl Standing {
         Standing {
             place: Place::of(id, job),
             state: job.state,
-            pending: job
-                .state
-                .is_pending()
-                .then(|| job.t_submit.get().map(|t| (ordered(t), id.0)))
-                .flatten(),
         }
     }
 }
 
-/// One cluster's jobs, as the listing keeps them.
+/// A place within its group: `(primary as ordered, id)`.
+pub type InGroup = (i64, u64);
+
+/// One cluster's jobs, as the listing keeps them. (A set per group keeps
+/// the keys at 16 bytes: this is paid for every job held.)
 #[derive(Debug, Default)]
 pub struct ClusterJobs {
-    /// Every job held, in listing order.
-    pub places: BTreeSet<Place>,
+    /// Each group's jobs in listing order.
+    groups: [BTreeSet<InGroup>; Place::GROUPS as usize],
     /// Jobs held per state ([`JobState::index`]).
     pub by_state: [u64; JobState::ALL.len()],
-    /// Pending jobs by submit time.
-    pending: BTreeSet<(i64, u64)>,
+    /// The ids of the pending jobs.
+    pending: BTreeSet<u64>,
     /// The newest time of a job event applied.
     pub newest_event: Option<f64>,
 }
 
 impl ClusterJobs {
-    /// The pending job submitted longest ago: id and submit time.
-    pub fn oldest_pending(&self) -> Option<(u64, f64)> {
-        self.pending.first().map(|&(t, id)| (id, unordered(t)))
+    /// The pending job of the least id: the one submitted first, as flux's
+    /// ids (FLUIDs) grow with the time of submission.
+    pub fn first_pending(&self) -> Option<u64> {
+        self.pending.first().copied()
+    }
+
+    /// A group's places (`group` < [`Place::GROUPS`]).
+    pub fn group(&self, group: u8) -> &BTreeSet<InGroup> {
+        &self.groups[usize::from(group)]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.groups.iter().all(BTreeSet::is_empty)
     }
 
     fn add(&mut self, s: &Standing) {
-        self.places.insert(s.place);
+        let p = s.place;
+        self.groups[usize::from(p.group)].insert((p.primary, p.id));
         self.by_state[s.state.index()] += 1;
-        if let Some(p) = s.pending {
-            self.pending.insert(p);
+        if s.state.is_pending() {
+            self.pending.insert(p.id);
         }
     }
 
     fn take(&mut self, s: &Standing) {
-        self.places.remove(&s.place);
+        let p = s.place;
+        self.groups[usize::from(p.group)].remove(&(p.primary, p.id));
         let n = &mut self.by_state[s.state.index()];
         *n = n.saturating_sub(1);
-        if let Some(p) = s.pending {
-            self.pending.remove(&p);
+        if s.state.is_pending() {
+            self.pending.remove(&p.id);
         }
     }
 }
@@ -148,7 +150,13 @@ impl ClusterJobs {
 /// Every cluster's [`ClusterJobs`].
 #[derive(Debug, Default)]
 pub struct Listing {
-    clusters: HashMap<Arc<str>, ClusterJobs>,
+    /// By first sight; a cluster whose jobs are all gone keeps its (empty)
+    /// entry, so that places in this list never move.
+    clusters: Vec<(Arc<str>, ClusterJobs)>,
+    index: HashMap<Arc<str>, usize>,
+    /// The cluster updated last: records come in runs of one cluster, and
+    /// its (interned) name is compared by address, not hashed.
+    last: usize,
 }
 
 impl Listing {
@@ -164,10 +172,22 @@ impl Listing {
         if before == after && event.is_none() {
             return;
         }
-        let jobs = match self.clusters.get_mut(&**cluster) {
-            Some(jobs) => jobs,
-            None if after.is_none() => return,
-            None => self.clusters.entry(cluster.clone()).or_default(),
+        let at = match self.clusters.get(self.last) {
+            Some((c, _)) if Arc::ptr_eq(c, cluster) => self.last,
+            _ => match self.index.get(&**cluster) {
+                Some(&at) => at,
+                None if after.is_none() => return,
+                None => {
+                    self.index.insert(cluster.clone(), self.clusters.len());
+                    self.clusters
+                        .push((cluster.clone(), ClusterJobs::default()));
+                    self.clusters.len() - 1
+                }
+            },
+        };
+        self.last = at;
+        let Some((_, jobs)) = self.clusters.get_mut(at) else {
+            return;
         };
         if before != after {
             if let Some(b) = &before {
@@ -180,17 +200,23 @@ impl Listing {
         if let Some(t) = event.filter(|t| t.is_finite()) {
             jobs.newest_event = Some(jobs.newest_event.map_or(t, |n| n.max(t)));
         }
-        if jobs.places.is_empty() {
-            self.clusters.remove(&**cluster);
-        }
     }
 
+    /// A cluster's jobs, if it holds any.
     pub fn cluster(&self, cluster: &str) -> Option<(&Arc<str>, &ClusterJobs)> {
-        self.clusters.get_key_value(cluster)
+        let &at = self.index.get(cluster)?;
+        self.clusters
+            .get(at)
+            .filter(|(_, jobs)| !jobs.is_empty())
+            .map(|(c, jobs)| (c, jobs))
     }
 
+    /// Every cluster that holds jobs.
     pub fn clusters(&self) -> impl Iterator<Item = (&Arc<str>, &ClusterJobs)> {
-        self.clusters.iter()
+        self.clusters
+            .iter()
+            .filter(|(_, jobs)| !jobs.is_empty())
+            .map(|(c, jobs)| (c, jobs))
     }
 }
 
@@ -209,20 +235,24 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_without_jobs_is_forgotten() {
+    fn a_cluster_without_jobs_is_not_listed() {
         let mut l = Listing::default();
         let c: Arc<str> = "c".into();
         let s = Standing {
             place: Place::new(0, -16.0, 1),
             state: JobState::Sched,
-            pending: Some((ordered(5.0), 1)),
         };
         l.update(&c, None, Some(s), Some(5.0));
         let (_, jobs) = l.cluster("c").unwrap();
-        assert_eq!(jobs.oldest_pending(), Some((1, 5.0)));
+        assert_eq!(jobs.first_pending(), Some(1));
         assert_eq!(jobs.by_state[JobState::Sched.index()], 1);
         assert_eq!(jobs.newest_event, Some(5.0));
         l.update(&c, Some(s), None, None);
         assert!(l.cluster("c").is_none());
+        assert_eq!(l.clusters().count(), 0);
+        // Back again (another copy of the name): the same entry.
+        l.update(&"c".into(), None, Some(s), None);
+        assert_eq!(l.clusters().count(), 1);
+        assert_eq!(l.clusters.len(), 1);
     }
 }

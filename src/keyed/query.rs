@@ -10,12 +10,12 @@
 
 use super::JobKey;
 use super::alerts::engine::{AlertEvent, Subject};
-use super::listing::{ClusterJobs, Place};
+use super::listing::{ClusterJobs, InGroup, Place};
 use super::state::State;
 use crate::flux::job::{Job, JobState};
 use crate::flux::jobid::JobId;
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, btree_set};
 use std::ops::Bound;
 use std::sync::Arc;
 use thiserror::Error;
@@ -207,8 +207,8 @@ pub const SCAN_BUDGET: usize = 10_000;
 /// the filter can take.
 struct Cursor<'a> {
     cluster: &'a Arc<str>,
-    ranges: std::vec::IntoIter<std::collections::btree_set::Range<'a, Place>>,
-    now: Option<std::collections::btree_set::Range<'a, Place>>,
+    ranges: std::vec::IntoIter<(u8, btree_set::Range<'a, InGroup>)>,
+    now: Option<(u8, btree_set::Range<'a, InGroup>)>,
 }
 
 impl Iterator for Cursor<'_> {
@@ -216,8 +216,13 @@ impl Iterator for Cursor<'_> {
 
     fn next(&mut self) -> Option<Position> {
         loop {
-            if let Some(p) = self.now.as_mut().and_then(Iterator::next) {
-                return Some(Position::at(self.cluster, p));
+            if let Some((group, range)) = self.now.as_mut()
+                && let Some(&(primary, id)) = range.next()
+            {
+                return Some(Position::at(
+                    self.cluster,
+                    &Place::from_group(*group, (primary, id)),
+                ));
             }
             self.now = Some(self.ranges.next()?);
         }
@@ -227,7 +232,7 @@ impl Iterator for Cursor<'_> {
 impl<'a> Cursor<'a> {
     fn new(
         cluster: &'a Arc<str>,
-        places: &'a BTreeSet<Place>,
+        jobs: &'a ClusterJobs,
         filter: &JobFilter,
         after: Option<&Position>,
     ) -> Self {
@@ -236,23 +241,26 @@ impl<'a> Cursor<'a> {
         for group in (0..Place::GROUPS).filter(|g| groups & (1 << g) != 0) {
             let start = match after {
                 Some(a) if a.group > group => continue,
+                // Ties on the primary order by cluster, then id.
                 Some(a) if a.group == group => {
-                    // Ties on the primary order by cluster, then id.
+                    let primary = Place::new(group, a.primary, 0).in_group().0;
                     match (**cluster).cmp(&*a.cluster) {
-                        Ordering::Less => Bound::Excluded(Place::new(group, a.primary, u64::MAX)),
-                        Ordering::Equal => Bound::Excluded(Place::new(group, a.primary, a.id)),
-                        Ordering::Greater => Bound::Included(Place::new(group, a.primary, 0)),
+                        Ordering::Less => Bound::Excluded((primary, u64::MAX)),
+                        Ordering::Equal => Bound::Excluded((primary, a.id)),
+                        Ordering::Greater => Bound::Included((primary, 0)),
                     }
                 }
-                _ => Bound::Included(Place::first_of(group)),
+                _ => Bound::Unbounded,
             };
             let end = match filter.since {
                 // Inactive since: ended at or after it.
-                Some(t) if group == 2 => Bound::Included(Place::last_at(group, -t)),
-                _ => Bound::Excluded(Place::first_of(group + 1)),
+                Some(t) if group == 2 => {
+                    Bound::Included((Place::new(group, -t, 0).in_group().0, u64::MAX))
+                }
+                _ => Bound::Unbounded,
             };
             if nonempty(&start, &end) {
-                ranges.push(places.range((start, end)));
+                ranges.push((group, jobs.group(group).range((start, end))));
             }
         }
         Cursor {
@@ -264,7 +272,7 @@ impl<'a> Cursor<'a> {
 }
 
 /// Whether a range's bounds are in order (`BTreeSet::range` panics if not).
-fn nonempty(start: &Bound<Place>, end: &Bound<Place>) -> bool {
+fn nonempty<T: Ord>(start: &Bound<T>, end: &Bound<T>) -> bool {
     match (start, end) {
         (Bound::Included(s), Bound::Included(e)) => s <= e,
         (Bound::Included(s) | Bound::Excluded(s), Bound::Included(e) | Bound::Excluded(e)) => s < e,
@@ -315,7 +323,7 @@ pub fn select_jobs(
     };
     let mut cursors: Vec<Cursor> = clusters
         .into_iter()
-        .map(|(c, jobs)| Cursor::new(c, &jobs.places, filter, after))
+        .map(|(c, jobs)| Cursor::new(c, jobs, filter, after))
         .collect();
     // The next place of each cluster, the least on top.
     let mut heads: BinaryHeap<Reverse<(Position, usize)>> = cursors
@@ -472,7 +480,8 @@ pub struct ClusterCounts {
     /// The cluster's event clock (the newest event time of any record
     /// read for it), which times its alerts.
     pub clock: Option<f64>,
-    /// The pending job submitted longest ago: its id and submit time.
+    /// The pending job submitted first (of the least id: flux's ids grow
+    /// with the time of submission): its id and submit time.
     pub oldest_pending: Option<(u64, f64)>,
 }
 
@@ -499,10 +508,11 @@ fn newer(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
-/// Of two jobs (id, submit time), the one submitted first (by id on a tie).
+/// Of two jobs (id, submit time), the one submitted first: of the least
+/// id, as each part picks its own.
 fn older_job(a: Option<(u64, f64)>, b: Option<(u64, f64)>) -> Option<(u64, f64)> {
     match (a, b) {
-        (Some(a), Some(b)) => Some(if (b.1, b.0) < (a.1, a.0) { b } else { a }),
+        (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
         (a, b) => a.or(b),
     }
 }
@@ -520,7 +530,14 @@ pub fn cluster_counts(state: &State) -> BTreeMap<String, ClusterCounts> {
             }
         }
         c.newest_event = jobs.newest_event;
-        c.oldest_pending = jobs.oldest_pending();
+        c.oldest_pending = jobs.first_pending().and_then(|id| {
+            let key = JobKey {
+                cluster: cluster.clone(),
+                id: JobId(id),
+            };
+            let t = state.jobs.get(&key)?.job.t_submit.get()?;
+            Some((id, t))
+        });
     }
     for (cluster, res) in &state.resources {
         let c = out.entry(cluster.clone()).or_default();
@@ -822,7 +839,10 @@ mod tests {
                 for (k, e) in s.jobs.iter().filter(|(k, _)| &*k.cluster == c) {
                     *by_state.entry(e.job.state.as_str()).or_default() += 1;
                     if e.job.state.is_pending() {
-                        oldest = older_job(oldest, e.job.t_submit.get().map(|t| (k.id.0, t)));
+                        let first = oldest.is_none_or(|(id, _)| k.id.0 < id);
+                        if first {
+                            oldest = e.job.t_submit.get().map(|t| (k.id.0, t));
+                        }
                     }
                 }
                 let got = counts.get(c).cloned().unwrap_or_default();

@@ -810,13 +810,22 @@ impl Shard {
         }
         let event_name = &fx.event;
         let name = event_name.as_ref().map(|(n, _)| n.as_str()).unwrap_or("");
-        let (transitions, jobs) = (
+        let (transitions, jobs, updates) = (
             self.outputs.wants(OutputStream::Transitions),
             self.outputs.wants(OutputStream::Jobs),
+            self.outputs.wants(OutputStream::JobUpdates),
         );
         for t in &fx.transitions {
             if transitions {
                 self.outputs.emit(OutputRecord::transition(t, name)).await;
+            }
+            if updates
+                && t.transition.to != JobState::Inactive
+                && let Some(entry) = self.processor.state.jobs.get(&t.key)
+            {
+                self.outputs
+                    .emit(OutputRecord::job_update(JobRecord::new(&t.key, entry)))
+                    .await;
             }
             if t.transition.to == JobState::Inactive {
                 if let Some(entry) = self.processor.state.jobs.get(&t.key).filter(|_| jobs) {

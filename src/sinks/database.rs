@@ -52,8 +52,9 @@ fn default_batch_timeout() -> u64 {
 }
 
 /// The streams the archive keeps.
-const STORED: [OutputStream; 3] = [
+const STORED: [OutputStream; 4] = [
     OutputStream::Jobs,
+    OutputStream::JobUpdates,
     OutputStream::Resources,
     OutputStream::Transitions,
 ];
