@@ -18,166 +18,17 @@
 //! still fires, and resolves at once: the job was stuck, whenever we
 //! learned of it.
 
+pub use super::event::{AlertEvent, Detail, Drain, NodeKey, Queued, Status, Subject};
 use super::rule::Rule;
+pub use super::saved::{SavedCondition, SavedConditions};
 use super::timers::{TimerId, TimerQueue};
 use crate::flux::job::JobState;
 use crate::flux::jobid::JobId;
 use crate::keyed::JobKey;
-use compact_str::CompactString;
 use foldhash::HashMap;
 use smallvec::SmallVec;
 use std::borrow::Borrow;
-use std::hash::Hash;
 use std::sync::Arc;
-
-/// What an alert is about.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Subject {
-    Job(JobKey),
-    Node(NodeKey),
-}
-
-impl Subject {
-    pub fn cluster(&self) -> &str {
-        match self {
-            Subject::Job(k) => &k.cluster,
-            Subject::Node(n) => &n.cluster,
-        }
-    }
-}
-
-/// A node: a rank of a cluster.
-#[derive(
-    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub struct NodeKey {
-    pub cluster: String,
-    pub rank: u32,
-}
-
-/// What an alert says beyond its subject, fixed once it fires so that its
-/// resolution carries the same labels (Alertmanager's identity) and
-/// annotations, whenever either is sent.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Detail {
-    /// The job's state when the condition began (or last changed).
-    State(JobState),
-    /// The node's hostname, if known.
-    Host(Option<String>),
-    /// A drained node: its hostname and the drain reason, as they stood
-    /// while the condition held (an undrain clears the reason from the
-    /// node before the alert resolves, and a late timer may fire after it).
-    /// Boxed: every job condition carries a `Detail`.
-    Drained(Box<Drain>),
-    /// A job of a queue: its state and queue when the condition began (or
-    /// last changed). Boxed, as `Drained`; after it, so saved conditions
-    /// of the other kinds read as before.
-    Queued(Box<Queued>),
-}
-
-/// A job's state and queue, for its conditions.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Queued {
-    pub state: JobState,
-    pub queue: CompactString,
-}
-
-/// A drained node's hostname and drain reason.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Drain {
-    pub host: Option<String>,
-    pub reason: Option<String>,
-    /// A job still ran on it (draining). Saved last, with a default: older
-    /// checkpoints read as before.
-    #[serde(default)]
-    pub draining: bool,
-}
-
-impl Detail {
-    /// A job's detail: its state, and its queue if it has one.
-    pub fn of_job(state: JobState, queue: Option<&str>) -> Detail {
-        match queue {
-            Some(q) => Detail::Queued(Box::new(Queued {
-                state,
-                queue: q.into(),
-            })),
-            None => Detail::State(state),
-        }
-    }
-
-    /// The node's hostname, for node conditions.
-    pub fn host(&self) -> Option<&str> {
-        match self {
-            Detail::Host(h) => h.as_deref(),
-            Detail::Drained(d) => d.host.as_deref(),
-            Detail::State(_) | Detail::Queued(_) => None,
-        }
-    }
-
-    /// The job's state, for job conditions.
-    pub fn job_state(&self) -> Option<JobState> {
-        match self {
-            Detail::State(s) => Some(*s),
-            Detail::Queued(q) => Some(q.state),
-            _ => None,
-        }
-    }
-
-    /// The job's queue, for job conditions of a job in one.
-    pub fn queue(&self) -> Option<&str> {
-        match self {
-            Detail::Queued(q) => Some(&q.queue),
-            _ => None,
-        }
-    }
-
-    /// Whether a drained node still ran a job (`None`: not a drain).
-    pub fn draining(&self) -> Option<bool> {
-        match self {
-            Detail::Drained(d) => Some(d.draining),
-            _ => None,
-        }
-    }
-
-    /// The drain reason, for a drained node.
-    pub fn reason(&self) -> Option<&str> {
-        match self {
-            Detail::Drained(d) => d.reason.as_deref(),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Firing,
-    Resolved,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Firing => "firing",
-            Status::Resolved => "resolved",
-        }
-    }
-}
-
-/// An alert firing or resolving.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AlertEvent {
-    /// Index into the engine's rules.
-    pub rule: usize,
-    pub subject: Subject,
-    pub status: Status,
-    /// When the condition began.
-    pub since: f64,
-    /// When the alert began: the condition's start plus the rule's duration.
-    pub starts_at: f64,
-    /// When the condition cleared (resolved alerts only).
-    pub ends_at: Option<f64>,
-    pub detail: Detail,
-}
 
 /// One rule's condition holding for one subject, as observed.
 pub type Holds = Option<(f64, Detail)>;
@@ -187,27 +38,27 @@ pub type HoldsLent<'a> = Option<(f64, &'a Detail)>;
 
 /// A condition that holds for a subject.
 #[derive(Debug, Clone)]
-struct Active {
-    rule: u16,
-    since: f64,
+pub(super) struct Active {
+    pub(super) rule: u16,
+    pub(super) since: f64,
     /// The condition's start plus the rule's duration.
-    starts: f64,
+    pub(super) starts: f64,
     /// When it fires: `starts`, later if the subject's records came late.
-    deadline: f64,
+    pub(super) deadline: f64,
     /// Its timer, until it fires.
-    timer: Option<TimerId>,
-    fired: bool,
-    detail: Detail,
+    pub(super) timer: Option<TimerId>,
+    pub(super) fired: bool,
+    pub(super) detail: Detail,
 }
 
 /// A subject's conditions: most hold none or one at a time, and one is
 /// kept inline (no allocation per condition, none freed when it clears).
-type List = SmallVec<[Active; 1]>;
+pub(super) type List = SmallVec<[Active; 1]>;
 
 /// A job's alert conditions, kept in its entry in the job table: one
 /// inline, more (rare) beside it.
 #[derive(Debug, Clone, Default)]
-pub struct Conditions(List);
+pub struct Conditions(pub(super) List);
 
 impl Conditions {
     pub fn len(&self) -> usize {
@@ -218,7 +69,7 @@ impl Conditions {
         self.0.is_empty()
     }
 
-    fn edit<R>(&mut self, f: impl FnOnce(&mut List) -> R) -> R {
+    pub(super) fn edit<R>(&mut self, f: impl FnOnce(&mut List) -> R) -> R {
         f(&mut self.0)
     }
 }
@@ -237,14 +88,14 @@ pub trait JobConditions {
 /// One cluster's timers. A timer names its subject without the cluster
 /// (the queue's own name serves), and its rule.
 #[derive(Debug)]
-struct ClusterTimers {
+pub(super) struct ClusterTimers {
     cluster: Arc<str>,
     queue: TimerQueue<(Due, u16)>,
 }
 
 /// The subject of a timer, within its cluster.
 #[derive(Debug, Clone, Copy)]
-enum Due {
+pub(super) enum Due {
     Job(JobId),
     Node(u32),
 }
@@ -266,7 +117,7 @@ impl ClusterTimers {
 
 /// What a timer needs of its subject's key: its cluster and who it is
 /// within it.
-trait TimerSubject {
+pub(super) trait TimerSubject {
     fn cluster(&self) -> &str;
     fn due(&self) -> Due;
     /// The cluster's name, for a cluster's first timer.
@@ -314,10 +165,10 @@ impl TimerSubject for Subject {
     }
 }
 
-type Timers = HashMap<String, ClusterTimers>;
+pub(super) type Timers = HashMap<String, ClusterTimers>;
 
 /// Set a timer in the subject's cluster.
-fn set_timer(
+pub(super) fn set_timer(
     timers: &mut Timers,
     subject: &impl TimerSubject,
     deadline: f64,
@@ -339,7 +190,7 @@ fn set_timer(
         .insert(deadline, payload)
 }
 
-fn cancel_timer(timers: &mut Timers, cluster: &str, timer: Option<TimerId>) {
+pub(super) fn cancel_timer(timers: &mut Timers, cluster: &str, timer: Option<TimerId>) {
     if let (Some(id), Some(t)) = (timer, timers.get_mut(cluster)) {
         t.queue.cancel(id);
     }
@@ -348,14 +199,14 @@ fn cancel_timer(timers: &mut Timers, cluster: &str, timer: Option<TimerId>) {
 /// Alert state for every subject.
 #[derive(Debug, Default)]
 pub struct Engine {
-    rules: Vec<Rule>,
+    pub(super) rules: Vec<Rule>,
     /// Per job state (by [`JobState::index`]), the job rules that can hold
     /// for a job in it, in rule order: a job's rules are looked at on
     /// every change of its state, most of them about other states.
     job_rules: [Vec<usize>; JobState::ALL.len()],
-    nodes: HashMap<NodeKey, List>,
-    timers: Timers,
-    firing: usize,
+    pub(super) nodes: HashMap<NodeKey, List>,
+    pub(super) timers: Timers,
+    pub(super) firing: usize,
 }
 
 impl Engine {
@@ -555,148 +406,7 @@ impl Engine {
     }
 }
 
-/// A condition as a checkpoint keeps it: its rule by name, so a changed
-/// rule list still restores the rules that remain.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SavedCondition {
-    pub subject: Subject,
-    /// Inline (rule names are short): a million restored conditions
-    /// allocate nothing for them.
-    pub rule: compact_str::CompactString,
-    pub since: f64,
-    /// How far its timer was pushed back (the subject's lag).
-    pub delay: f64,
-    pub fired: bool,
-    pub detail: Detail,
-}
-
-/// A [`SavedCondition`] borrowed from the engine; encodes the same.
-#[derive(serde::Serialize)]
-#[serde(rename = "SavedCondition")]
-struct SavedConditionRef<'a> {
-    subject: SubjectRef<'a>,
-    rule: &'a str,
-    since: f64,
-    delay: f64,
-    fired: bool,
-    detail: &'a Detail,
-}
-
-/// A [`Subject`] borrowed; encodes the same.
-#[derive(Clone, Copy, serde::Serialize)]
-#[serde(rename = "Subject")]
-enum SubjectRef<'a> {
-    Job(&'a JobKey),
-    Node(&'a NodeKey),
-}
-
-/// Every condition holding now, borrowed for a checkpoint: encodes as a
-/// `Vec<SavedCondition>` does, without building one (a copy of every
-/// condition would cost ~100 bytes per active job while it is written).
-/// Or those of a part of it ([`Engine::saved_part`]).
-pub struct SavedConditions<'a, J> {
-    engine: &'a Engine,
-    jobs: &'a J,
-    /// The jobs, as a range of the job table's order.
-    skip: usize,
-    take: usize,
-    nodes: bool,
-}
-
-impl<J: JobConditions> SavedConditions<'_, J> {
-    /// How many there are.
-    pub fn len(&self) -> usize {
-        self.each().count()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn each(&self) -> impl Iterator<Item = SavedConditionRef<'_>> {
-        let engine = self.engine;
-        let jobs = self
-            .jobs
-            .conditions()
-            .skip(self.skip)
-            .take(self.take)
-            .filter(|(_, c)| !c.is_empty())
-            .map(|(k, c)| (SubjectRef::Job(k), &c.0[..]));
-        let nodes = engine
-            .nodes
-            .iter()
-            .filter(|_| self.nodes)
-            .map(|(k, l)| (SubjectRef::Node(k), &l[..]));
-        jobs.chain(nodes).flat_map(move |(subject, list)| {
-            list.iter().filter_map(move |a| {
-                let rule = engine.rules.get(a.rule as usize)?;
-                Some(SavedConditionRef {
-                    subject,
-                    rule: &rule.name,
-                    since: a.since,
-                    delay: a.deadline - a.starts,
-                    fired: a.fired,
-                    detail: &a.detail,
-                })
-            })
-        })
-    }
-}
-
-impl<J: JobConditions> serde::Serialize for SavedConditions<'_, J> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        // MessagePack writes a sequence's length first.
-        let mut seq = s.serialize_seq(Some(self.len()))?;
-        for c in self.each() {
-            seq.serialize_element(&c)?;
-        }
-        seq.end()
-    }
-}
-
 impl Engine {
-    /// Every condition holding now, for a checkpoint: the nodes' and those
-    /// of the jobs in `jobs`.
-    pub fn saved<'a, J: JobConditions>(&'a self, jobs: &'a J) -> SavedConditions<'a, J> {
-        self.saved_part(jobs, 0..usize::MAX, true)
-    }
-
-    /// The conditions of the jobs `jobs` (a range of the order `jobs`
-    /// lists its conditions in), and the nodes' if `nodes`.
-    pub fn saved_part<'a, J: JobConditions>(
-        &'a self,
-        jobs: &'a J,
-        range: std::ops::Range<usize>,
-        nodes: bool,
-    ) -> SavedConditions<'a, J> {
-        SavedConditions {
-            engine: self,
-            jobs,
-            skip: range.start,
-            take: range.end.saturating_sub(range.start),
-            nodes,
-        }
-    }
-
-    /// A job's conditions, as saved.
-    pub fn saved_job(&self, key: &JobKey, conditions: &Conditions) -> Vec<SavedCondition> {
-        let mut out = Vec::new();
-        if !conditions.is_empty() {
-            self.save_list(&Subject::Job(key.clone()), &conditions.0, &mut out);
-        }
-        out
-    }
-
-    /// The conditions holding for every node of a cluster.
-    pub fn saved_for_nodes(&self, cluster: &str) -> Vec<SavedCondition> {
-        let mut out = Vec::new();
-        for (key, list) in self.nodes.iter().filter(|(k, _)| k.cluster == cluster) {
-            self.save_list(&Subject::Node(key.clone()), list, &mut out);
-        }
-        out
-    }
-
     /// The alerts firing now, as the alerts stream announced them: every
     /// fired condition of the jobs in `jobs` and of the nodes, in one
     /// cluster or all. The work is the number of conditions held.
@@ -746,22 +456,6 @@ impl Engine {
             })
     }
 
-    fn save_list(&self, subject: &Subject, list: &[Active], out: &mut Vec<SavedCondition>) {
-        for a in list {
-            let Some(rule) = self.rules.get(a.rule as usize) else {
-                continue;
-            };
-            out.push(SavedCondition {
-                subject: subject.clone(),
-                rule: rule.name.as_str().into(),
-                since: a.since,
-                delay: a.deadline - a.starts,
-                fired: a.fired,
-                detail: a.detail.clone(),
-            });
-        }
-    }
-
     /// Drop a job's conditions (taken from its entry) without resolving
     /// them: its state moved to another member of the group, which carries
     /// them on. Returns the rules of those that had fired.
@@ -795,90 +489,6 @@ impl Engine {
             .filter(|k| k.cluster == cluster)
             .cloned()
             .collect()
-    }
-
-    /// Take back conditions from a checkpoint. Those whose rule is gone are
-    /// dropped; a rule whose duration changed times from the same start.
-    /// A job's go into its entry in `jobs`; those of a job not held go with
-    /// it. Returns the alerts that were firing, to announce again (same
-    /// identity, same start: receivers see a repeat, not a new alert).
-    pub fn restore(
-        &mut self,
-        saved: Vec<SavedCondition>,
-        jobs: &mut impl JobConditions,
-    ) -> Vec<AlertEvent> {
-        let mut firing = Vec::new();
-        for c in saved {
-            let announced = match &c.subject {
-                Subject::Job(k) => match jobs.conditions_mut(k) {
-                    Some(conditions) => conditions.edit(|list| self.restore_one(c, list)),
-                    None => None,
-                },
-                Subject::Node(n) => {
-                    let mut list = self.nodes.remove(n).unwrap_or_default();
-                    let key = n.clone();
-                    let announced = self.restore_one(c, &mut list);
-                    if !list.is_empty() {
-                        self.nodes.insert(key, list);
-                    }
-                    announced
-                }
-            };
-            firing.extend(announced);
-        }
-        firing
-    }
-
-    /// [`Engine::restore`] for one job whose entry is at hand (not yet in
-    /// the job table): its saved conditions go into `conditions`, and the
-    /// alerts that were firing onto `firing`.
-    pub fn restore_job(
-        &mut self,
-        saved: impl IntoIterator<Item = SavedCondition>,
-        conditions: &mut Conditions,
-        firing: &mut Vec<AlertEvent>,
-    ) {
-        conditions.edit(|list| {
-            for c in saved {
-                firing.extend(self.restore_one(c, list));
-            }
-        });
-    }
-
-    /// One saved condition into its subject's list; the alert to announce
-    /// again if it had fired.
-    fn restore_one(&mut self, c: SavedCondition, list: &mut List) -> Option<AlertEvent> {
-        let rule = self.rules.iter().position(|r| r.name == c.rule)?;
-        if list.iter().any(|a| a.rule as usize == rule) {
-            return None;
-        }
-        let hold = self.rules[rule].hold_secs;
-        let starts = c.since + hold;
-        let deadline = starts + c.delay.max(0.0);
-        let timer =
-            (!c.fired).then(|| set_timer(&mut self.timers, &c.subject, deadline, rule as u16));
-        list.push(Active {
-            rule: rule as u16,
-            since: c.since,
-            starts,
-            deadline,
-            timer,
-            fired: c.fired,
-            detail: c.detail.clone(),
-        });
-        if !c.fired {
-            return None;
-        }
-        self.firing += 1;
-        Some(AlertEvent {
-            rule,
-            subject: c.subject,
-            status: Status::Firing,
-            since: c.since,
-            starts_at: starts,
-            ends_at: None,
-            detail: c.detail,
-        })
     }
 }
 

@@ -1,11 +1,14 @@
-//! Alerts on stuck jobs and sick nodes: the rules ([`rule`]) and the
-//! engine that times them ([`engine`]); the processor
+//! Alerts on stuck jobs and sick nodes: the rules ([`rule`]), the engine
+//! that times them ([`engine`]), what it says ([`event`]) and how its
+//! conditions are saved and restored ([`saved`]); the processor
 //! ([`crate::keyed::processor`]) shows the engine what each record changed.
 //! Pure: no I/O; the caller owns the clock (wall time, or the newest event
 //! time per cluster).
 
 pub mod engine;
+pub mod event;
 pub mod rule;
+pub mod saved;
 pub mod timers;
 pub use rule::{JobView, job_view};
 

@@ -1,0 +1,156 @@
+//! What the alert engine says: the subject of an alert (a job or a node),
+//! what a condition found ([`Detail`]), and the alert events it emits
+//! when a condition has held for its rule's duration, and when it clears.
+
+use crate::flux::job::JobState;
+use crate::keyed::JobKey;
+use compact_str::CompactString;
+
+/// What an alert is about.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Subject {
+    Job(JobKey),
+    Node(NodeKey),
+}
+
+impl Subject {
+    pub fn cluster(&self) -> &str {
+        match self {
+            Subject::Job(k) => &k.cluster,
+            Subject::Node(n) => &n.cluster,
+        }
+    }
+}
+
+/// A node: a rank of a cluster.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct NodeKey {
+    pub cluster: String,
+    pub rank: u32,
+}
+
+/// What an alert says beyond its subject, fixed once it fires so that its
+/// resolution carries the same labels (Alertmanager's identity) and
+/// annotations, whenever either is sent.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Detail {
+    /// The job's state when the condition began (or last changed).
+    State(JobState),
+    /// The node's hostname, if known.
+    Host(Option<String>),
+    /// A drained node: its hostname and the drain reason, as they stood
+    /// while the condition held (an undrain clears the reason from the
+    /// node before the alert resolves, and a late timer may fire after it).
+    /// Boxed: every job condition carries a `Detail`.
+    Drained(Box<Drain>),
+    /// A job of a queue: its state and queue when the condition began (or
+    /// last changed). Boxed, as `Drained`; after it, so saved conditions
+    /// of the other kinds read as before.
+    Queued(Box<Queued>),
+}
+
+/// A job's state and queue, for its conditions.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Queued {
+    pub state: JobState,
+    pub queue: CompactString,
+}
+
+/// A drained node's hostname and drain reason.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Drain {
+    pub host: Option<String>,
+    pub reason: Option<String>,
+    /// A job still ran on it (draining). Saved last, with a default: older
+    /// checkpoints read as before.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+impl Detail {
+    /// A job's detail: its state, and its queue if it has one.
+    pub fn of_job(state: JobState, queue: Option<&str>) -> Detail {
+        match queue {
+            Some(q) => Detail::Queued(Box::new(Queued {
+                state,
+                queue: q.into(),
+            })),
+            None => Detail::State(state),
+        }
+    }
+
+    /// The node's hostname, for node conditions.
+    pub fn host(&self) -> Option<&str> {
+        match self {
+            Detail::Host(h) => h.as_deref(),
+            Detail::Drained(d) => d.host.as_deref(),
+            Detail::State(_) | Detail::Queued(_) => None,
+        }
+    }
+
+    /// The job's state, for job conditions.
+    pub fn job_state(&self) -> Option<JobState> {
+        match self {
+            Detail::State(s) => Some(*s),
+            Detail::Queued(q) => Some(q.state),
+            _ => None,
+        }
+    }
+
+    /// The job's queue, for job conditions of a job in one.
+    pub fn queue(&self) -> Option<&str> {
+        match self {
+            Detail::Queued(q) => Some(&q.queue),
+            _ => None,
+        }
+    }
+
+    /// Whether a drained node still ran a job (`None`: not a drain).
+    pub fn draining(&self) -> Option<bool> {
+        match self {
+            Detail::Drained(d) => Some(d.draining),
+            _ => None,
+        }
+    }
+
+    /// The drain reason, for a drained node.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Detail::Drained(d) => d.reason.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Firing,
+    Resolved,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Firing => "firing",
+            Status::Resolved => "resolved",
+        }
+    }
+}
+
+/// An alert firing or resolving.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlertEvent {
+    /// Index into the engine's rules.
+    pub rule: usize,
+    pub subject: Subject,
+    pub status: Status,
+    /// When the condition began.
+    pub since: f64,
+    /// When the alert began: the condition's start plus the rule's duration.
+    pub starts_at: f64,
+    /// When the condition cleared (resolved alerts only).
+    pub ends_at: Option<f64>,
+    pub detail: Detail,
+}
