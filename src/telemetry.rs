@@ -41,12 +41,12 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
                 .ok()?
                 .set_buckets_for_metric(
-                    Matcher::Full("fluxpipe_checkpoint_duration_seconds".into()),
+                    Matcher::Full(metric::FLUXPIPE_CHECKPOINT_DURATION_SECONDS.into()),
                     SHORT_SECONDS_BUCKETS,
                 )
                 .ok()?
                 .set_buckets_for_metric(
-                    Matcher::Full("fluxpipe_http_request_duration_seconds".into()),
+                    Matcher::Full(metric::FLUXPIPE_HTTP_REQUEST_DURATION_SECONDS.into()),
                     SHORT_SECONDS_BUCKETS,
                 )
                 .ok()?;
@@ -58,7 +58,7 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
                 .get_or_init(metrics_process::Collector::default)
                 .describe();
             metrics::gauge!(
-                "fluxpipe_build_info",
+                metric::FLUXPIPE_BUILD_INFO,
                 "version" => env!("CARGO_PKG_VERSION"),
                 "commit" => env!("FLUXPIPE_COMMIT"),
             )
@@ -75,139 +75,89 @@ pub fn collect_process() {
     }
 }
 
+/// Every metric fluxpipe exports, named once: the constants the code
+/// records and reads them by, and the kind, unit and help text `/metrics`
+/// describes them with.
+pub mod metric {
+    use metrics::Unit;
+
+    /// What a metric is.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Kind {
+        Counter,
+        Gauge,
+        Histogram,
+    }
+
+    macro_rules! catalog {
+        ($($id:ident = $name:literal, $kind:ident, $unit:expr, $help:literal;)*) => {
+            $(pub const $id: &str = $name;)*
+            /// Name, kind, unit and help of each.
+            pub const ALL: &[(&str, Kind, Option<Unit>, &str)] = &[$(($name, Kind::$kind, $unit, $help)),*];
+        };
+    }
+
+    catalog! {
+    FLUXPIPE_TAPS_OPEN = "fluxpipe_taps_open", Gauge, None, "Readers of fluxpipe tap now.";
+    FLUXPIPE_TAP_RECORDS_DROPPED_TOTAL = "fluxpipe_tap_records_dropped_total", Counter, None, "Records a tap reader had no room for.";
+    FLUXPIPE_BUILD_INFO = "fluxpipe_build_info", Gauge, None, "Always 1; the version and commit fluxpipe was built from.";
+    FLUX_JOBS = "flux_jobs", Gauge, None, "Active jobs per RFC 21 state.";
+    FLUX_JOB_TRANSITIONS_TOTAL = "flux_job_transitions_total", Counter, None, "Job state transitions.";
+    FLUX_JOBS_INACTIVE_TOTAL = "flux_jobs_inactive_total", Counter, None, "Jobs that became INACTIVE, by result.";
+    FLUX_JOB_EXCEPTIONS_TOTAL = "flux_job_exceptions_total", Counter, None, "Job exceptions, by type and severity.";
+    FLUX_JOB_QUEUE_WAIT_SECONDS = "flux_job_queue_wait_seconds", Histogram, Some(Unit::Seconds), "Time from submit to RUN.";
+    FLUX_JOB_RUN_SECONDS = "flux_job_run_seconds", Histogram, Some(Unit::Seconds), "Time from RUN to CLEANUP.";
+    FLUX_JOB_STATE_SECONDS = "flux_job_state_seconds", Histogram, Some(Unit::Seconds), "Time spent in each state.";
+    FLUX_RESOURCE_EVENTS_TOTAL = "flux_resource_events_total", Counter, None, "Resource events applied, by name.";
+    FLUXPIPE_EVENTS_RECEIVED_TOTAL = "fluxpipe_events_received_total", Counter, None, "Lines received, per source.";
+    FLUXPIPE_EVENTS_INVALID_TOTAL = "fluxpipe_events_invalid_total", Counter, None, "Lines that could not be decoded, per source.";
+    FLUXPIPE_EVENTS_DUPLICATE_TOTAL = "fluxpipe_events_duplicate_total", Counter, None, "Events skipped as repeats.";
+    FLUXPIPE_RECORDS_SENT_TOTAL = "fluxpipe_records_sent_total", Counter, None, "Records delivered, per sink.";
+    FLUXPIPE_RECORDS_DROPPED_TOTAL = "fluxpipe_records_dropped_total", Counter, None, "Records dropped, per sink and reason.";
+    FLUXPIPE_SINK_ERRORS_TOTAL = "fluxpipe_sink_errors_total", Counter, None, "Delivery errors, per sink.";
+    FLUXPIPE_JOBS_TRACKED = "fluxpipe_jobs_tracked", Gauge, None, "Jobs whose state is held in memory.";
+    FLUXPIPE_JOBS_EVICTED_TOTAL = "fluxpipe_jobs_evicted_total", Counter, None, "Jobs whose state was dropped, by reason.";
+    FLUXPIPE_ANOMALIES_TOTAL = "fluxpipe_anomalies_total", Counter, None, "Rule violations found, by stream and kind.";
+    FLUX_JOBS_STUCK = "flux_jobs_stuck", Gauge, None, "Jobs for which a job alert rule fires now, by rule.";
+    FLUXPIPE_ALERTS_TOTAL = "fluxpipe_alerts_total", Counter, None, "Alerts fired and resolved, by rule and status.";
+    FLUXPIPE_FINISHED_JOB_REPEATS_TOTAL = "fluxpipe_finished_job_repeats_total", Counter, None, "Records of jobs that ended and were dropped (a backlog sent again), recognised and skipped.";
+    FLUXPIPE_FINISHED_JOBS_REMEMBERED = "fluxpipe_finished_jobs_remembered", Gauge, None, "Jobs remembered by id after they ended and were dropped (operators.max_finished_jobs).";
+    FLUXPIPE_JOBS_REFUSED_TOTAL = "fluxpipe_jobs_refused_total", Counter, None, "Records of jobs not yet held, refused at operators.max_jobs.";
+    FLUXPIPE_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS = "fluxpipe_checkpoint_last_success_timestamp_seconds", Gauge, Some(Unit::Seconds), "When the last checkpoint was written (Unix time).";
+    FLUXPIPE_CHECKPOINT_DURATION_SECONDS = "fluxpipe_checkpoint_duration_seconds", Histogram, Some(Unit::Seconds), "Time to take one checkpoint: barrier, state, sinks, file.";
+    FLUXPIPE_CHECKPOINT_BYTES = "fluxpipe_checkpoint_bytes", Gauge, Some(Unit::Bytes), "Size of the last checkpoint file.";
+    FLUXPIPE_CHECKPOINT_FAILURES_TOTAL = "fluxpipe_checkpoint_failures_total", Counter, None, "Checkpoints abandoned or not written.";
+    FLUXPIPE_SOURCE_LAG_BYTES = "fluxpipe_source_lag_bytes", Gauge, Some(Unit::Bytes), "Bytes of the tailed files not read yet, per file source.";
+    FLUXPIPE_KAFKA_CONSUMER_LAG = "fluxpipe_kafka_consumer_lag", Gauge, None, "Messages behind the end of each assigned partition, per Kafka source.";
+    FLUXPIPE_KAFKA_PARTITIONS_OWNED = "fluxpipe_kafka_partitions_owned", Gauge, None, "Input partitions this member has taken over, per Kafka source.";
+    FLUXPIPE_KAFKA_PARTITIONS_TAKEN_OVER_TOTAL = "fluxpipe_kafka_partitions_taken_over_total", Counter, None, "Partitions taken over, by where their state came from (checkpoint, changelog).";
+    FLUXPIPE_CHANGELOG_RECORDS_TOTAL = "fluxpipe_changelog_records_total", Counter, None, "State changes and offset markers written to a Kafka source's changelog topic.";
+    FLUXPIPE_DEAD_LETTERS_SUPPRESSED_TOTAL = "fluxpipe_dead_letters_suppressed_total", Counter, None, "Undecodable lines not written to dead_letter (past dead_letters_per_sec), per source.";
+    FLUXPIPE_HTTP_REQUESTS_TOTAL = "fluxpipe_http_requests_total", Counter, None, "Requests answered by an http source, by status code.";
+    FLUXPIPE_HTTP_REQUEST_DURATION_SECONDS = "fluxpipe_http_request_duration_seconds", Histogram, Some(Unit::Seconds), "Time to answer a request of an http source.";
+    FLUXPIPE_HTTP_TLS_HANDSHAKE_FAILURES_TOTAL = "fluxpipe_http_tls_handshake_failures_total", Counter, None, "TLS handshakes that failed, per http source.";
+    FLUXPIPE_SOCKET_CONNECTIONS = "fluxpipe_socket_connections", Gauge, None, "Open connections of a socket source.";
+    FLUXPIPE_SOCKET_CONNECTIONS_TOTAL = "fluxpipe_socket_connections_total", Counter, None, "Connections accepted by a socket source.";
+    FLUXPIPE_SOCKET_TIMEOUTS_TOTAL = "fluxpipe_socket_timeouts_total", Counter, None, "Connections of a socket source closed by a timeout, by which.";
+    FLUXPIPE_SOURCE_CONNECTIONS_REFUSED_TOTAL = "fluxpipe_source_connections_refused_total", Counter, None, "Connections closed at once: the source had its most open.";
+    FLUXPIPE_SOURCE_ERRORS_TOTAL = "fluxpipe_source_errors_total", Counter, None, "Source I/O errors.";
+    FLUXPIPE_UDP_RECEIVE_DROPS_TOTAL = "fluxpipe_udp_receive_drops_total", Counter, None, "Datagrams the kernel dropped for a UDP socket source (its receive buffer was full).";
+    }
+}
+
 fn describe() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    describe_gauge!("fluxpipe_taps_open", "Readers of fluxpipe tap now.");
-    describe_counter!(
-        "fluxpipe_tap_records_dropped_total",
-        "Records a tap reader had no room for."
-    );
-    describe_gauge!(
-        "fluxpipe_build_info",
-        "Always 1; the version and commit fluxpipe was built from."
-    );
-    describe_gauge!("flux_jobs", "Active jobs per RFC 21 state.");
-    describe_counter!("flux_job_transitions_total", "Job state transitions.");
-    describe_counter!(
-        "flux_jobs_inactive_total",
-        "Jobs that became INACTIVE, by result."
-    );
-    describe_counter!(
-        "flux_job_exceptions_total",
-        "Job exceptions, by type and severity."
-    );
-    describe_histogram!(
-        "flux_job_queue_wait_seconds",
-        Unit::Seconds,
-        "Time from submit to RUN."
-    );
-    describe_histogram!(
-        "flux_job_run_seconds",
-        Unit::Seconds,
-        "Time from RUN to CLEANUP."
-    );
-    describe_histogram!(
-        "flux_job_state_seconds",
-        Unit::Seconds,
-        "Time spent in each state."
-    );
-    describe_counter!(
-        "flux_resource_events_total",
-        "Resource events applied, by name."
-    );
-    describe_counter!(
-        "fluxpipe_events_received_total",
-        "Lines received, per source."
-    );
-    describe_counter!(
-        "fluxpipe_events_invalid_total",
-        "Lines that could not be decoded, per source."
-    );
-    describe_counter!(
-        "fluxpipe_events_duplicate_total",
-        "Events skipped as repeats."
-    );
-    describe_counter!(
-        "fluxpipe_records_sent_total",
-        "Records delivered, per sink."
-    );
-    describe_counter!(
-        "fluxpipe_records_dropped_total",
-        "Records dropped, per sink and reason."
-    );
-    describe_counter!("fluxpipe_sink_errors_total", "Delivery errors, per sink.");
-    describe_gauge!(
-        "fluxpipe_jobs_tracked",
-        "Jobs whose state is held in memory."
-    );
-    describe_counter!(
-        "fluxpipe_jobs_evicted_total",
-        "Jobs whose state was dropped, by reason."
-    );
-    describe_counter!(
-        "fluxpipe_anomalies_total",
-        "Rule violations found, by stream and kind."
-    );
-    describe_gauge!(
-        "flux_jobs_stuck",
-        "Jobs for which a job alert rule fires now, by rule."
-    );
-    describe_counter!(
-        "fluxpipe_alerts_total",
-        "Alerts fired and resolved, by rule and status."
-    );
-    describe_counter!(
-        "fluxpipe_finished_job_repeats_total",
-        "Records of jobs that ended and were dropped (a backlog sent again), recognised and skipped."
-    );
-    describe_gauge!(
-        "fluxpipe_finished_jobs_remembered",
-        "Jobs remembered by id after they ended and were dropped (operators.max_finished_jobs)."
-    );
-    describe_counter!(
-        "fluxpipe_jobs_refused_total",
-        "Records of jobs not yet held, refused at operators.max_jobs."
-    );
-    describe_gauge!(
-        "fluxpipe_checkpoint_last_success_timestamp_seconds",
-        Unit::Seconds,
-        "When the last checkpoint was written (Unix time)."
-    );
-    describe_histogram!(
-        "fluxpipe_checkpoint_duration_seconds",
-        Unit::Seconds,
-        "Time to take one checkpoint: barrier, state, sinks, file."
-    );
-    describe_gauge!(
-        "fluxpipe_checkpoint_bytes",
-        Unit::Bytes,
-        "Size of the last checkpoint file."
-    );
-    describe_counter!(
-        "fluxpipe_checkpoint_failures_total",
-        "Checkpoints abandoned or not written."
-    );
-    describe_gauge!(
-        "fluxpipe_source_lag_bytes",
-        Unit::Bytes,
-        "Bytes of the tailed files not read yet, per file source."
-    );
-    describe_gauge!(
-        "fluxpipe_kafka_consumer_lag",
-        "Messages behind the end of each assigned partition, per Kafka source."
-    );
-    describe_gauge!(
-        "fluxpipe_kafka_partitions_owned",
-        "Input partitions this member has taken over, per Kafka source."
-    );
-    describe_counter!(
-        "fluxpipe_kafka_partitions_taken_over_total",
-        "Partitions taken over, by where their state came from (checkpoint, changelog)."
-    );
-    describe_counter!(
-        "fluxpipe_changelog_records_total",
-        "State changes and offset markers written to a Kafka source's changelog topic."
-    );
+    use metric::Kind;
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    for &(name, kind, unit, help) in metric::ALL {
+        match (kind, unit) {
+            (Kind::Counter, Some(u)) => describe_counter!(name, u, help),
+            (Kind::Counter, None) => describe_counter!(name, help),
+            (Kind::Gauge, Some(u)) => describe_gauge!(name, u, help),
+            (Kind::Gauge, None) => describe_gauge!(name, help),
+            (Kind::Histogram, Some(u)) => describe_histogram!(name, u, help),
+            (Kind::Histogram, None) => describe_histogram!(name, help),
+        }
+    }
 }
 
 /// One node as the board knows it: its state, and the node-seconds it
@@ -676,6 +626,59 @@ impl Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One entry per name, each as Prometheus names it: counters end in
+    /// `_total`, others do not.
+    #[test]
+    fn the_catalog_names_each_metric_once_and_well() {
+        let mut seen = std::collections::HashSet::new();
+        for &(name, kind, _, help) in metric::ALL {
+            assert!(seen.insert(name), "{name} twice");
+            assert!(
+                name.starts_with("flux_") || name.starts_with("fluxpipe_"),
+                "{name}"
+            );
+            assert!(
+                name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{name}"
+            );
+            assert_eq!(
+                kind == metric::Kind::Counter,
+                name.ends_with("_total"),
+                "{name}"
+            );
+            assert!(help.ends_with('.'), "{name}: {help}");
+        }
+    }
+
+    /// Metrics are recorded by the catalog's names, never a literal (whose
+    /// metric would have no help text, and whose name could drift).
+    #[test]
+    fn no_metric_is_named_by_a_literal() {
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        for entry in walkdir::WalkDir::new(src)
+            .into_iter()
+            .filter_map(Result::ok)
+        {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(path).unwrap();
+            for kind in ["counter", "gauge", "histogram"] {
+                let call = format!("{kind}!(");
+                for (at, _) in text.match_indices(&call) {
+                    let rest = text[at + call.len()..].trim_start();
+                    assert!(
+                        !rest.starts_with('"'),
+                        "{}: a metric named by a literal: {}",
+                        path.display(),
+                        &rest[..rest.len().min(60)]
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn node_series_follow_the_current_state() {

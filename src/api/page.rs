@@ -11,6 +11,7 @@ use crate::flux::jobid::JobId;
 use crate::flux::resource::RankState;
 use crate::keyed::alerts::wall_now;
 use crate::keyed::query::{AlertPosition, ClusterCounts};
+use crate::telemetry::metric;
 use axum::extract::State;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
@@ -129,15 +130,15 @@ impl Health {
         // A fold from 0: an empty `sum()` of floats is -0.
         let sum = |name| exposition::samples(text, name).fold(0.0, |a, b| a + b);
         Health {
-            received: sum("fluxpipe_events_received_total"),
-            invalid: sum("fluxpipe_events_invalid_total"),
-            refused: sum("fluxpipe_jobs_refused_total"),
-            dropped: sum("fluxpipe_records_dropped_total"),
-            source_lag_bytes: sum("fluxpipe_source_lag_bytes"),
-            kafka_lag: sum("fluxpipe_kafka_consumer_lag"),
+            received: sum(metric::FLUXPIPE_EVENTS_RECEIVED_TOTAL),
+            invalid: sum(metric::FLUXPIPE_EVENTS_INVALID_TOTAL),
+            refused: sum(metric::FLUXPIPE_JOBS_REFUSED_TOTAL),
+            dropped: sum(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL),
+            source_lag_bytes: sum(metric::FLUXPIPE_SOURCE_LAG_BYTES),
+            kafka_lag: sum(metric::FLUXPIPE_KAFKA_CONSUMER_LAG),
             last_checkpoint: exposition::samples(
                 text,
-                "fluxpipe_checkpoint_last_success_timestamp_seconds",
+                metric::FLUXPIPE_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS,
             )
             .filter(|t| *t > 0.0)
             .reduce(f64::max),

@@ -8,6 +8,7 @@ use crate::channels::tap::Taps;
 use crate::component::Problem;
 use crate::output::OutputRecord;
 use crate::output::OutputStream;
+use crate::telemetry::metric;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
@@ -495,7 +496,7 @@ impl SinkPort {
     /// The sink has exited (after an error): `n` records dropped.
     fn closed(&self, n: u64) {
         self.dropped.fetch_add(n, Ordering::Relaxed);
-        metrics::counter!("fluxpipe_records_dropped_total", "sink" => self.name.to_string(), "reason" => "closed").increment(n);
+        metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => self.name.to_string(), "reason" => "closed").increment(n);
     }
 
     /// Queue a record if there is room; otherwise drop and count it.
@@ -504,7 +505,7 @@ impl SinkPort {
             self.queued.fetch_add(1, Ordering::Release);
         } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("fluxpipe_records_dropped_total", "sink" => self.name.to_string(), "reason" => "full").increment(1);
+            metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => self.name.to_string(), "reason" => "full").increment(1);
         }
     }
 }
@@ -556,7 +557,7 @@ impl HeldOutputs {
 
 /// Count delivered records for a sink.
 pub fn count_sent(name: &str, n: u64) {
-    metrics::counter!("fluxpipe_records_sent_total", "sink" => name.to_string()).increment(n);
+    metrics::counter!(metric::FLUXPIPE_RECORDS_SENT_TOTAL, "sink" => name.to_string()).increment(n);
 }
 
 #[cfg(test)]

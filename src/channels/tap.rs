@@ -9,6 +9,7 @@
 
 use crate::flux::jobid::JobId;
 use crate::output::OutputRecord;
+use crate::telemetry::metric;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,7 +63,7 @@ impl Taps {
             dropped: dropped.clone(),
         });
         self.0.bits.fetch_or(streams, Ordering::Relaxed);
-        metrics::gauge!("fluxpipe_taps_open").set(ports.len() as f64);
+        metrics::gauge!(metric::FLUXPIPE_TAPS_OPEN).set(ports.len() as f64);
         Some(Tap {
             id,
             rx,
@@ -95,7 +96,7 @@ impl Taps {
         drop(ports);
         // Counted once a batch, out of the lock.
         if dropped > 0 {
-            metrics::counter!("fluxpipe_tap_records_dropped_total").increment(dropped);
+            metrics::counter!(metric::FLUXPIPE_TAP_RECORDS_DROPPED_TOTAL).increment(dropped);
         }
     }
 
@@ -104,7 +105,7 @@ impl Taps {
             ports.retain(|p| p.id != id);
             let bits = ports.iter().fold(0, |acc, p| acc | p.streams);
             self.0.bits.store(bits, Ordering::Relaxed);
-            metrics::gauge!("fluxpipe_taps_open").set(ports.len() as f64);
+            metrics::gauge!(metric::FLUXPIPE_TAPS_OPEN).set(ports.len() as f64);
         }
     }
 }

@@ -7,6 +7,7 @@
 
 use super::ask::{Client, Servers};
 use crate::exposition::{Sample, parse_samples};
+use crate::telemetry::metric;
 use anyhow::Result;
 use clap::Args;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
@@ -135,7 +136,7 @@ pub fn view(before: Option<&[Look]>, now: &[Look], secs: f64, wall: f64) -> View
         }
         let build = look
             .metrics
-            .get("fluxpipe_build_info")
+            .get(metric::FLUXPIPE_BUILD_INFO)
             .and_then(|v| v.first())
             .map(|s| {
                 format!(
@@ -147,11 +148,14 @@ pub fn view(before: Option<&[Look]>, now: &[Look], secs: f64, wall: f64) -> View
             .unwrap_or_else(|| "fluxpipe".to_string());
         let up = one(look, "process_start_time_seconds")
             .map_or_else(|| "-".to_string(), |t| ago(wall, t));
-        let checkpoint = one(look, "fluxpipe_checkpoint_last_success_timestamp_seconds")
-            .map_or_else(
-                || "none yet".to_string(),
-                |t| format!("{} ago", ago(wall, t)),
-            );
+        let checkpoint = one(
+            look,
+            metric::FLUXPIPE_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS,
+        )
+        .map_or_else(
+            || "none yet".to_string(),
+            |t| format!("{} ago", ago(wall, t)),
+        );
         let memory = one(look, "process_resident_memory_bytes")
             .map_or_else(|| "-".to_string(), |b| format!("{:.0} MiB", b / 1048576.0));
         header.push(format!(
@@ -170,15 +174,21 @@ pub fn view(before: Option<&[Look]>, now: &[Look], secs: f64, wall: f64) -> View
             look,
             "source",
             &[
-                "fluxpipe_events_received_total",
-                "fluxpipe_source_lag_bytes",
-                "fluxpipe_socket_connections",
+                metric::FLUXPIPE_EVENTS_RECEIVED_TOTAL,
+                metric::FLUXPIPE_SOURCE_LAG_BYTES,
+                metric::FLUXPIPE_SOCKET_CONNECTIONS,
             ],
         ) {
-            let received = sum(look, "fluxpipe_events_received_total", "source", &source);
-            let before = prev.map(|p| sum(p, "fluxpipe_events_received_total", "source", &source));
-            let lag_bytes = sum(look, "fluxpipe_source_lag_bytes", "source", &source);
-            let lag_msgs = sum(look, "fluxpipe_kafka_consumer_lag", "source", &source);
+            let received = sum(
+                look,
+                metric::FLUXPIPE_EVENTS_RECEIVED_TOTAL,
+                "source",
+                &source,
+            );
+            let before =
+                prev.map(|p| sum(p, metric::FLUXPIPE_EVENTS_RECEIVED_TOTAL, "source", &source));
+            let lag_bytes = sum(look, metric::FLUXPIPE_SOURCE_LAG_BYTES, "source", &source);
+            let lag_msgs = sum(look, metric::FLUXPIPE_KAFKA_CONSUMER_LAG, "source", &source);
             let lag = if lag_msgs > 0.0 {
                 format!("{lag_msgs:.0} msgs")
             } else {
@@ -190,12 +200,17 @@ pub fn view(before: Option<&[Look]>, now: &[Look], secs: f64, wall: f64) -> View
                 count(received),
                 count(sum(
                     look,
-                    "fluxpipe_events_invalid_total",
+                    metric::FLUXPIPE_EVENTS_INVALID_TOTAL,
                     "source",
                     &source,
                 )),
                 lag,
-                count(sum(look, "fluxpipe_socket_connections", "source", &source)),
+                count(sum(
+                    look,
+                    metric::FLUXPIPE_SOCKET_CONNECTIONS,
+                    "source",
+                    &source,
+                )),
             ]);
         }
 
@@ -203,19 +218,24 @@ pub fn view(before: Option<&[Look]>, now: &[Look], secs: f64, wall: f64) -> View
             look,
             "sink",
             &[
-                "fluxpipe_records_sent_total",
+                metric::FLUXPIPE_RECORDS_SENT_TOTAL,
                 "fluxpipe_sink_buffered_records",
             ],
         ) {
-            let sent = sum(look, "fluxpipe_records_sent_total", "sink", &sink);
-            let before = prev.map(|p| sum(p, "fluxpipe_records_sent_total", "sink", &sink));
+            let sent = sum(look, metric::FLUXPIPE_RECORDS_SENT_TOTAL, "sink", &sink);
+            let before = prev.map(|p| sum(p, metric::FLUXPIPE_RECORDS_SENT_TOTAL, "sink", &sink));
             sinks.push(vec![
                 tag(&sink),
                 rate(sent, before, secs),
                 count(sent),
                 count(sum(look, "fluxpipe_sink_buffered_records", "sink", &sink)),
-                count(sum(look, "fluxpipe_sink_errors_total", "sink", &sink)),
-                count(sum(look, "fluxpipe_records_dropped_total", "sink", &sink)),
+                count(sum(look, metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink", &sink)),
+                count(sum(
+                    look,
+                    metric::FLUXPIPE_RECORDS_DROPPED_TOTAL,
+                    "sink",
+                    &sink,
+                )),
             ]);
         }
 

@@ -5,6 +5,7 @@
 //! macros would, except those exported with 0 from the start.
 
 use crate::flux::job::{JobResult, JobState};
+use crate::telemetry::metric;
 use compact_str::CompactString;
 use metrics::{Counter, Gauge, Histogram};
 use std::sync::OnceLock;
@@ -59,14 +60,16 @@ impl QueueMetrics {
         };
         let jobs = JobState::ALL.map(|state| {
             (state != JobState::Inactive).then(|| {
-                let g = metrics::gauge!("flux_jobs", labels(("state", state.as_str())));
+                let g = metrics::gauge!(metric::FLUX_JOBS, labels(("state", state.as_str())));
                 g.increment(0.0);
                 g
             })
         });
         let inactive = RESULTS.map(|r| {
-            let counter =
-                metrics::counter!("flux_jobs_inactive_total", labels(("result", r.as_str())));
+            let counter = metrics::counter!(
+                metric::FLUX_JOBS_INACTIVE_TOTAL,
+                labels(("result", r.as_str()))
+            );
             counter.increment(0);
             counter
         });
@@ -146,7 +149,7 @@ impl ClusterMetrics {
     pub fn transition(&self, from: JobState, to: JobState) {
         let c = &self.cluster;
         self.transitions[from.index()][to.index()]
-            .get_or_init(|| metrics::counter!("flux_job_transitions_total", "flux_cluster" => c.clone(), "from" => from.as_str(), "to" => to.as_str()))
+            .get_or_init(|| metrics::counter!(metric::FLUX_JOB_TRANSITIONS_TOTAL, "flux_cluster" => c.clone(), "from" => from.as_str(), "to" => to.as_str()))
             .increment(1);
     }
 
@@ -154,7 +157,7 @@ impl ClusterMetrics {
     pub fn time_in(&self, state: JobState, secs: f64) {
         let c = &self.cluster;
         self.state_seconds[state.index()]
-            .get_or_init(|| metrics::histogram!("flux_job_state_seconds", "flux_cluster" => c.clone(), "state" => state.as_str()))
+            .get_or_init(|| metrics::histogram!(metric::FLUX_JOB_STATE_SECONDS, "flux_cluster" => c.clone(), "state" => state.as_str()))
             .record(secs);
     }
 
@@ -163,7 +166,7 @@ impl ClusterMetrics {
         let c = &self.cluster;
         let q = queue_of(&mut self.queues, c, queue);
         q.queue_wait
-            .get_or_init(|| metrics::histogram!("flux_job_queue_wait_seconds", q.labels(c)))
+            .get_or_init(|| metrics::histogram!(metric::FLUX_JOB_QUEUE_WAIT_SECONDS, q.labels(c)))
             .record(secs);
     }
 
@@ -172,7 +175,7 @@ impl ClusterMetrics {
         let c = &self.cluster;
         let q = queue_of(&mut self.queues, c, queue);
         q.run
-            .get_or_init(|| metrics::histogram!("flux_job_run_seconds", q.labels(c)))
+            .get_or_init(|| metrics::histogram!(metric::FLUX_JOB_RUN_SECONDS, q.labels(c)))
             .record(secs);
     }
 

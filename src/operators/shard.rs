@@ -24,6 +24,7 @@ use crate::output::OutputStream;
 use crate::output::{self, JobRecord, OutputRecord};
 use crate::snapshot::changelog::{self, Change, EntryRef};
 use crate::snapshot::checkpoint::{ShardState, ShardStateRef, spill_path};
+use crate::telemetry::metric;
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use compact_str::CompactString;
 use foldhash::{HashMap, HashSet};
@@ -384,7 +385,7 @@ impl Shard {
         let conditions = std::mem::take(&mut entry.alerts);
         for rule in self.processor.alerts.release_job(conditions, &key.cluster) {
             if let Some(rule) = self.processor.alerts.rules().get(rule) {
-                metrics::gauge!("flux_jobs_stuck", "flux_cluster" => key.cluster.clone(), "rule" => rule.name.clone())
+                metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => key.cluster.clone(), "rule" => rule.name.clone())
                     .decrement(1.0);
             }
         }
@@ -702,7 +703,7 @@ impl Shard {
             } else {
                 "max_jobs"
             };
-            metrics::counter!("fluxpipe_jobs_refused_total", "reason" => reason).increment(1);
+            metrics::counter!(metric::FLUXPIPE_JOBS_REFUSED_TOTAL, "reason" => reason).increment(1);
             // The first, then every power of two: a flood stays readable.
             if self.refused.is_power_of_two() {
                 if done.refused_cluster {
@@ -723,7 +724,7 @@ impl Shard {
         }
         if done.of_finished_job {
             self.fired = fired;
-            metrics::counter!("fluxpipe_finished_job_repeats_total").increment(1);
+            metrics::counter!(metric::FLUXPIPE_FINISHED_JOB_REPEATS_TOTAL).increment(1);
             return outcome;
         }
         self.first_sight(&cluster);
@@ -774,14 +775,14 @@ impl Shard {
                 );
             }
             if let Some((kind, severity)) = exception {
-                metrics::counter!("flux_job_exceptions_total", "flux_cluster" => cluster.to_string(), "type" => kind, "severity" => severity.to_string()).increment(1);
+                metrics::counter!(metric::FLUX_JOB_EXCEPTIONS_TOTAL, "flux_cluster" => cluster.to_string(), "type" => kind, "severity" => severity.to_string()).increment(1);
             }
             if let Some((name, _)) = fx
                 .event
                 .as_ref()
                 .filter(|_| stream == EventStream::Resource)
             {
-                metrics::counter!("flux_resource_events_total", "flux_cluster" => cluster.to_string(), "event" => name.to_string()).increment(1);
+                metrics::counter!(metric::FLUX_RESOURCE_EVENTS_TOTAL, "flux_cluster" => cluster.to_string(), "event" => name.to_string()).increment(1);
             }
         }
         if new_job
@@ -798,7 +799,7 @@ impl Shard {
         }
         self.report_tracked();
         if fx.duplicate {
-            metrics::counter!("fluxpipe_events_duplicate_total").increment(1);
+            metrics::counter!(metric::FLUXPIPE_EVENTS_DUPLICATE_TOTAL).increment(1);
         }
         if let Some(ev) = event_out
             && !fx.duplicate
@@ -882,13 +883,13 @@ impl Shard {
                 continue;
             };
             if rule.kind.is_job() {
-                let g = metrics::gauge!("flux_jobs_stuck", "flux_cluster" => a.subject.cluster().to_string(), "rule" => rule.name.clone());
+                let g = metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => a.subject.cluster().to_string(), "rule" => rule.name.clone());
                 match a.status {
                     Status::Firing => g.increment(1.0),
                     Status::Resolved => g.decrement(1.0),
                 }
             }
-            metrics::counter!("fluxpipe_alerts_total", "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
+            metrics::counter!(metric::FLUXPIPE_ALERTS_TOTAL, "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
             self.outputs
                 .emit(OutputRecord::new(
                     OutputStream::Alerts,
@@ -901,7 +902,7 @@ impl Shard {
     async fn emit_anomalies(&mut self, anomalies: &[KeyedAnomaly]) {
         for a in anomalies {
             metrics::counter!(
-                "fluxpipe_anomalies_total",
+                metric::FLUXPIPE_ANOMALIES_TOTAL,
                 "stream" => a.anomaly.stream.as_str(),
                 "kind" => a.anomaly.kind.as_str()
             )
@@ -943,7 +944,7 @@ impl Shard {
                         .alerts
                         .forget_job(conditions, &key, at, &mut gone_alerts);
                 }
-                metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "inactive")
+                metrics::counter!(metric::FLUXPIPE_JOBS_EVICTED_TOTAL, "reason" => "inactive")
                     .increment(1);
             }
         }
@@ -971,7 +972,8 @@ impl Shard {
                         .alerts
                         .forget_job(conditions, &key, at, &mut gone_alerts);
                 }
-                metrics::counter!("fluxpipe_jobs_evicted_total", "reason" => "orphan").increment(1);
+                metrics::counter!(metric::FLUXPIPE_JOBS_EVICTED_TOTAL, "reason" => "orphan")
+                    .increment(1);
                 orphans.push(KeyedAnomaly {
                     cluster: key.cluster.to_string(),
                     id: Some(key.id),

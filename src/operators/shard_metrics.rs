@@ -8,6 +8,7 @@ use super::job_metrics::ClusterMetrics;
 use crate::flux::job::{Job, JobState};
 use crate::keyed::alerts::rule::Rule;
 use crate::keyed::state::KeyedTransition;
+use crate::telemetry::metric;
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use foldhash::HashMap;
 use std::sync::Arc;
@@ -93,7 +94,7 @@ impl ShardMetrics {
             .insert(cluster.to_string(), ClusterMetrics::new(cluster));
         let c = cluster.to_string();
         for rule in job_rules {
-            metrics::gauge!("flux_jobs_stuck", "flux_cluster" => c.clone(), "rule" => rule.name.clone())
+            metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => c.clone(), "rule" => rule.name.clone())
                 .increment(0.0);
         }
     }
@@ -101,14 +102,14 @@ impl ShardMetrics {
     /// Shards share one gauge: each adds the change in its own count of
     /// jobs held, `now`.
     pub fn report_tracked(&mut self, now: usize) {
-        report_share("fluxpipe_jobs_tracked", &mut self.reported, now);
+        report_share(metric::FLUXPIPE_JOBS_TRACKED, &mut self.reported, now);
     }
 
     /// As [`ShardMetrics::report_tracked`], for the finished jobs
     /// remembered.
     pub fn report_finished(&mut self, now: usize) {
         report_share(
-            "fluxpipe_finished_jobs_remembered",
+            metric::FLUXPIPE_FINISHED_JOBS_REMEMBERED,
             &mut self.finished_reported,
             now,
         );

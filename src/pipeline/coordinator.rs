@@ -40,6 +40,7 @@ use crate::channels::router::Router;
 use crate::sinks::offsets::SinkOffsets;
 use crate::snapshot::changelog::Change;
 use crate::snapshot::checkpoint::{self, Head};
+use crate::telemetry::metric;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -198,16 +199,16 @@ impl Coordinator {
                     match self.round().await {
                         Ok(bytes) => {
                             let took = started.elapsed();
-                            metrics::histogram!("fluxpipe_checkpoint_duration_seconds")
+                            metrics::histogram!(metric::FLUXPIPE_CHECKPOINT_DURATION_SECONDS)
                                 .record(took.as_secs_f64());
-                            metrics::gauge!("fluxpipe_checkpoint_bytes").set(bytes as f64);
-                            metrics::gauge!("fluxpipe_checkpoint_last_success_timestamp_seconds")
+                            metrics::gauge!(metric::FLUXPIPE_CHECKPOINT_BYTES).set(bytes as f64);
+                            metrics::gauge!(metric::FLUXPIPE_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS)
                                 .set(crate::keyed::alerts::wall_now());
                             tracing::debug!(seq = self.seq, bytes, ?took, "checkpoint written");
                             self.written.send_replace(self.seq);
                         }
                         Err(e) => {
-                            metrics::counter!("fluxpipe_checkpoint_failures_total").increment(1);
+                            metrics::counter!(metric::FLUXPIPE_CHECKPOINT_FAILURES_TOTAL).increment(1);
                             tracing::error!(seq = self.seq, "checkpoint abandoned (the previous one stays): {e}");
                         }
                     }

@@ -14,6 +14,7 @@
 //!   backoff (1 s doubling up to the resend interval); a 4xx answer means
 //!   the request itself is wrong: logged, counted, not retried.
 
+use crate::telemetry::metric;
 use super::http::{client, error_chain, request_headers};
 use super::{SinkContext, SinkRx, count_sent};
 use crate::component::Problem;
@@ -242,7 +243,7 @@ impl Poster {
     }
 
     fn error(&self, what: &str, e: &str) {
-        metrics::counter!("fluxpipe_sink_errors_total", "sink" => self.name.clone()).increment(1);
+        metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => self.name.clone()).increment(1);
         tracing::warn!(sink = %self.name, url = %self.url, "{what}: {e}");
     }
 }

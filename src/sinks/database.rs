@@ -16,6 +16,7 @@
 //! sink tries for [`SHUTDOWN_GRACE`] at most, then gives up what it has
 //! not stored: no final checkpoint passes it, so the next run writes it.
 
+use crate::telemetry::metric;
 use super::retry::{Failure, Retry, Tried};
 use super::{SinkContext, SinkRx};
 use crate::archive::rows::Batch;
@@ -156,7 +157,7 @@ pub async fn run(
         for record in &records {
             if let Err(e) = batch.add(record.line()) {
                 refused += 1;
-                metrics::counter!("fluxpipe_records_dropped_total", "sink" => name.to_string(), "reason" => "unstorable").increment(1);
+                metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => name.to_string(), "reason" => "unstorable").increment(1);
                 tracing::error!(sink = %name, "record not stored: {e}");
             }
         }

@@ -15,6 +15,7 @@
 //! meanwhile. Once the pipeline shuts down, [`SHUTDOWN_GRACE`] bounds the
 //! tries; what is still not written is given up (the next run writes it).
 
+use crate::telemetry::metric;
 use super::lines::{FILE_LINGER, Lines, Next};
 use super::retry::{Retry, SHUTDOWN_GRACE};
 use super::{SinkContext, SinkRx};
@@ -228,7 +229,7 @@ pub async fn run(
                             tracing::info!(sink = name, path = %path.display(), "reopened on SIGHUP");
                         }
                         Err(e) => {
-                            metrics::counter!("fluxpipe_sink_errors_total", "sink" => name.to_string()).increment(1);
+                            metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => name.to_string()).increment(1);
                             tracing::error!(sink = name, path = %path.display(), "cannot reopen on SIGHUP: {e:#}; writing on to the file open before, trying again in {} s", REOPEN_RETRY.as_secs());
                             reopen_again = Some(tokio::time::Instant::now() + REOPEN_RETRY);
                         }

@@ -19,6 +19,7 @@
 //! At shutdown the batch being built is sent at once; retries of a batch
 //! in hand are cut to [`SHUTDOWN_GRACE`] after the channel closed.
 
+use crate::telemetry::metric;
 use super::{SinkContext, SinkRx};
 use crate::component::Problem;
 use std::collections::BTreeMap;
@@ -208,8 +209,8 @@ impl Sender {
     }
 
     fn drop_batch(&self, records: usize, tries: u32, error: &str, why: &str) {
-        metrics::counter!("fluxpipe_sink_errors_total", "sink" => self.name.clone()).increment(1);
-        metrics::counter!("fluxpipe_records_dropped_total", "sink" => self.name.clone(), "reason" => "undeliverable")
+        metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => self.name.clone()).increment(1);
+        metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => self.name.clone(), "reason" => "undeliverable")
             .increment(records as u64);
         tracing::error!(sink = %self.name, url = %self.url, records, tries, "batch dropped ({why}): {error}");
     }

@@ -8,6 +8,7 @@
 //! waiting for this sink).
 
 use super::SinkRx;
+use crate::telemetry::metric;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -91,7 +92,7 @@ impl<'a> Retry<'a> {
     /// `what` failed with `e`: counted, logged, and waited out (the
     /// backoff). False once the shutdown's grace is over: give up.
     pub async fn failed(&mut self, what: &str, e: &impl Failure, rx: &SinkRx) -> bool {
-        metrics::counter!("fluxpipe_sink_errors_total", "sink" => self.name.to_string())
+        metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => self.name.to_string())
             .increment(1);
         self.failures += 1;
         if !e.is_outage() {

@@ -15,6 +15,7 @@
 //! it holds for [`SHUTDOWN_GRACE`], then drops the rest, counts it and
 //! fails.
 
+use crate::telemetry::metric;
 use super::{SinkContext, SinkRx};
 use crate::component::{Problem, SocketMode};
 use crate::output::OutputRecord;
@@ -171,7 +172,7 @@ pub async fn run(
             }
             Err(e) => {
                 conn = None;
-                metrics::counter!("fluxpipe_sink_errors_total", "sink" => name.to_string())
+                metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => name.to_string())
                     .increment(1);
                 let pause = backoff.next();
                 tracing::warn!(sink = name, %target, held = batch.len(), retry_in = ?pause, "cannot deliver: {e}");
@@ -182,7 +183,7 @@ pub async fn run(
                     && at.elapsed() + pause > SHUTDOWN_GRACE
                 {
                     let lost = batch.len() + rx.len();
-                    metrics::counter!("fluxpipe_records_dropped_total", "sink" => name.to_string(), "reason" => "undeliverable")
+                    metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => name.to_string(), "reason" => "undeliverable")
                         .increment(lost as u64);
                     anyhow::bail!("{lost} records not delivered to {target} at shutdown: {e}");
                 }

@@ -101,6 +101,7 @@ pub mod rotation;
 mod scan;
 mod tail;
 
+use crate::telemetry::metric;
 use fingerprint::*;
 use positions::*;
 use scan::*;
@@ -650,7 +651,7 @@ impl FileSource {
             ctx.dead_letter(&location, &error, prefix).await;
             return Ok(());
         }
-        metrics::counter!("fluxpipe_events_received_total", "source" => ctx.name.to_string())
+        metrics::counter!(metric::FLUXPIPE_EVENTS_RECEIVED_TOTAL, "source" => ctx.name.to_string())
             .increment(1);
         if jobspec {
             // Read whatever it is: what cannot be read is an anomaly of the
@@ -1001,7 +1002,7 @@ impl FileSource {
             .filter(|t| !t.done)
             .map(|t| t.seen_len.saturating_sub(t.position))
             .sum();
-        metrics::gauge!("fluxpipe_source_lag_bytes", "source" => self.ctx.name.to_string())
+        metrics::gauge!(metric::FLUXPIPE_SOURCE_LAG_BYTES, "source" => self.ctx.name.to_string())
             .set(behind as f64);
         let mut closed = 0;
         for t in self.tracked.values_mut() {

@@ -40,6 +40,7 @@
 //! fails or takes longer than `request_timeout_secs` is logged with its
 //! peer and counted in `fluxpipe_http_tls_handshake_failures_total`.
 
+use crate::telemetry::metric;
 use super::config::source_config;
 use super::lines::split_bounded;
 use super::socket::OpenConnection;
@@ -532,9 +533,9 @@ async fn batch(
     let started = Instant::now();
     let response = answer(&shared, peer, &headers, body, started).await;
     let code = response.status().as_u16().to_string();
-    metrics::counter!("fluxpipe_http_requests_total", "source" => shared.ctx.name.to_string(), "code" => code)
+    metrics::counter!(metric::FLUXPIPE_HTTP_REQUESTS_TOTAL, "source" => shared.ctx.name.to_string(), "code" => code)
         .increment(1);
-    metrics::histogram!("fluxpipe_http_request_duration_seconds", "source" => shared.ctx.name.to_string())
+    metrics::histogram!(metric::FLUXPIPE_HTTP_REQUEST_DURATION_SECONDS, "source" => shared.ctx.name.to_string())
         .record(started.elapsed().as_secs_f64());
     response
 }
@@ -774,14 +775,14 @@ impl axum::serve::Listener for Limited {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!(source = %name, "accept failed: {e}");
-                    metrics::counter!("fluxpipe_source_errors_total", "source" => name.to_string())
+                    metrics::counter!(metric::FLUXPIPE_SOURCE_ERRORS_TOTAL, "source" => name.to_string())
                         .increment(1);
                     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                     continue;
                 }
             };
             let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-                metrics::counter!("fluxpipe_source_connections_refused_total", "source" => name.to_string())
+                metrics::counter!(metric::FLUXPIPE_SOURCE_CONNECTIONS_REFUSED_TOTAL, "source" => name.to_string())
                     .increment(1);
                 tracing::warn!(source = %name, %peer, limit = self.shared.config.max_connections, "connection refused: max_connections reached");
                 continue;
@@ -896,7 +897,7 @@ impl Connection {
                     // A client's mistake (or a port scan), not the
                     // source's: info, not a warning.
                     tracing::info!(source = %name, peer = %self.peer, "TLS handshake failed: {e}");
-                    metrics::counter!("fluxpipe_http_tls_handshake_failures_total", "source" => name.to_string())
+                    metrics::counter!(metric::FLUXPIPE_HTTP_TLS_HANDSHAKE_FAILURES_TOTAL, "source" => name.to_string())
                         .increment(1);
                     Link::Failed
                 }

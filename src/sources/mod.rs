@@ -19,6 +19,7 @@ use crate::decode::{self, Origin, Record};
 use crate::output::OutputStream;
 use crate::output::{self, OutputRecord};
 use crate::telemetry::Readiness;
+use crate::telemetry::metric;
 use config::DecodeConfig;
 use lines::Line;
 use std::sync::Arc;
@@ -93,7 +94,7 @@ impl SourceContext {
             dead_letters: Arc::new(DeadLetterRate::default()),
             ownership: Ownership::default(),
             readiness: Readiness::default(),
-            received: metrics::counter!("fluxpipe_events_received_total", "source" => name.to_string()),
+            received: metrics::counter!(metric::FLUXPIPE_EVENTS_RECEIVED_TOTAL, "source" => name.to_string()),
         }
     }
 
@@ -298,7 +299,7 @@ impl SourceContext {
 
     /// Count, log (sparingly) and forward input that could not be decoded.
     pub async fn dead_letter(&self, location: &str, error: &str, line: &[u8]) {
-        metrics::counter!("fluxpipe_events_invalid_total", "source" => self.name.to_string())
+        metrics::counter!(metric::FLUXPIPE_EVENTS_INVALID_TOTAL, "source" => self.name.to_string())
             .increment(1);
         let n = self.invalid.fetch_add(1, Ordering::Relaxed) + 1;
         // The first few, then every power of two: a flood of garbage does
@@ -311,7 +312,7 @@ impl SourceContext {
                 .dead_letters
                 .admit(self.decode.dead_letters_per_sec, std::time::Instant::now())
             {
-                metrics::counter!("fluxpipe_dead_letters_suppressed_total", "source" => self.name.to_string())
+                metrics::counter!(metric::FLUXPIPE_DEAD_LETTERS_SUPPRESSED_TOTAL, "source" => self.name.to_string())
                     .increment(1);
                 return;
             }

@@ -28,6 +28,7 @@
 //! Shutdown: stop accepting, stop reading (a line already read is still
 //! handed on), wait for the connection tasks, remove the Unix socket file.
 
+use crate::telemetry::metric;
 use super::config::source_config;
 use super::lines::{Line, LineReader, READ_BYTES, split_bounded};
 use super::{SourceContext, SourceSpec};
@@ -260,9 +261,9 @@ pub(super) struct OpenConnection {
 
 impl OpenConnection {
     pub(super) fn new(source: &str) -> Self {
-        let gauge = metrics::gauge!("fluxpipe_socket_connections", "source" => source.to_string());
+        let gauge = metrics::gauge!(metric::FLUXPIPE_SOCKET_CONNECTIONS, "source" => source.to_string());
         gauge.increment(1.0);
-        metrics::counter!("fluxpipe_socket_connections_total", "source" => source.to_string())
+        metrics::counter!(metric::FLUXPIPE_SOCKET_CONNECTIONS_TOTAL, "source" => source.to_string())
             .increment(1);
         OpenConnection { gauge }
     }
@@ -290,7 +291,7 @@ async fn serve(listener: Listener, limits: Limits, ctx: &SourceContext) {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(source = %ctx.name, "accept failed: {e}");
-                metrics::counter!("fluxpipe_source_errors_total", "source" => ctx.name.to_string())
+                metrics::counter!(metric::FLUXPIPE_SOURCE_ERRORS_TOTAL, "source" => ctx.name.to_string())
                     .increment(1);
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
@@ -309,7 +310,7 @@ async fn serve(listener: Listener, limits: Limits, ctx: &SourceContext) {
             Ok(a) => a,
             Err(limit) => {
                 refused += 1;
-                metrics::counter!("fluxpipe_source_connections_refused_total", "source" => ctx.name.to_string())
+                metrics::counter!(metric::FLUXPIPE_SOURCE_CONNECTIONS_REFUSED_TOTAL, "source" => ctx.name.to_string())
                     .increment(1);
                 // The first, then every power of two: a flood stays readable.
                 if refused.is_power_of_two() {
@@ -448,7 +449,7 @@ async fn connection<S: AsyncRead + Unpin>(
                 }
             };
             if let Some(why) = timeout {
-                metrics::counter!("fluxpipe_socket_timeouts_total", "source" => ctx.name.to_string(), "timeout" => why)
+                metrics::counter!(metric::FLUXPIPE_SOCKET_TIMEOUTS_TOTAL, "source" => ctx.name.to_string(), "timeout" => why)
                     .increment(1);
                 tracing::info!(source = %ctx.name, peer = %label, "connection closed: {why} passed");
                 closed_mid_line(&mut reader, &ctx, &label, lineno + 1, "stalled mid-line").await;
@@ -580,7 +581,7 @@ impl UdpDrops {
             .parse()
             .ok()?;
         let counter =
-            metrics::counter!("fluxpipe_udp_receive_drops_total", "source" => source.to_string());
+            metrics::counter!(metric::FLUXPIPE_UDP_RECEIVE_DROPS_TOTAL, "source" => source.to_string());
         counter.absolute(0);
         Some(UdpDrops { inode, counter })
     }

@@ -1,5 +1,6 @@
 //! The producer behind the `kafka` sink (librdkafka).
 
+use crate::telemetry::metric;
 use super::KafkaSinkConfig;
 use crate::channels::fanout::SinkRx;
 use crate::output::OutputRecord;
@@ -177,7 +178,7 @@ pub async fn run(
             if !retry.failed("sending", &failure, &rx).await {
                 let held = unacked.len() as u64;
                 let left = rx.give_up_rest(held).await;
-                metrics::counter!("fluxpipe_records_dropped_total", "sink" => name.to_string(), "reason" => "undeliverable").increment(left);
+                metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => name.to_string(), "reason" => "undeliverable").increment(left);
                 anyhow::bail!(
                     "records Kafka did not acknowledge: {left}, given up {} s after the stop",
                     SHUTDOWN_GRACE.as_secs()
@@ -304,8 +305,8 @@ async fn send(
 
 /// A record the broker refuses for what it is.
 fn dropped(sink: &str, error: &KafkaError) {
-    metrics::counter!("fluxpipe_sink_errors_total", "sink" => sink.to_string()).increment(1);
-    metrics::counter!("fluxpipe_records_dropped_total", "sink" => sink.to_string(), "reason" => "undeliverable").increment(1);
+    metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => sink.to_string()).increment(1);
+    metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => sink.to_string(), "reason" => "undeliverable").increment(1);
     tracing::error!(%sink, "record dropped, the broker refuses it: {error}");
 }
 

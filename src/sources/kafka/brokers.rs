@@ -3,6 +3,7 @@
 //! that cannot reach a broker waits out its whole timeout, so an
 //! unreachable broker would otherwise be silent for that long.
 
+use crate::telemetry::metric;
 use super::KafkaSourceConfig;
 use super::changelog::base_config;
 use crate::sources::SourceContext;
@@ -68,7 +69,7 @@ pub async fn wait_for_one(config: &KafkaSourceConfig, ctx: &SourceContext) -> Re
                 if failures <= 3 || failures.is_power_of_two() {
                     tracing::warn!(source = %ctx.name, tries = failures, "{why}; trying again");
                 }
-                metrics::counter!("fluxpipe_source_errors_total", "source" => ctx.name.to_string())
+                metrics::counter!(metric::FLUXPIPE_SOURCE_ERRORS_TOTAL, "source" => ctx.name.to_string())
                     .increment(1);
                 ctx.readiness.block(&ctx.name, why);
             }

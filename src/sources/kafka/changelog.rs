@@ -8,6 +8,7 @@
 //! broker's last acknowledgement; revocation takes the same lock before it
 //! lets the partition go, and writes skip partitions no longer owned.
 
+use crate::telemetry::metric;
 use super::member::Offsets;
 use crate::keyed::Owner;
 use super::KafkaSourceConfig;
@@ -286,7 +287,7 @@ impl Writer {
             };
             self = writer;
             if let Err(e) = &result {
-                metrics::counter!("fluxpipe_source_errors_total", "source" => self.source.to_string())
+                metrics::counter!(metric::FLUXPIPE_SOURCE_ERRORS_TOTAL, "source" => self.source.to_string())
                     .increment(1);
                 tracing::warn!(source = %self.source, "changelog not written (kept for the next round): {e}");
             }
@@ -350,7 +351,7 @@ impl Writer {
         }
         self.settle()?;
         let written = sent + markers.len();
-        metrics::counter!("fluxpipe_changelog_records_total", "source" => self.source.to_string())
+        metrics::counter!(metric::FLUXPIPE_CHANGELOG_RECORDS_TOTAL, "source" => self.source.to_string())
             .increment(written as u64);
         for (p, o, _) in markers {
             self.marked.insert(p, o);

@@ -1,6 +1,7 @@
 //! The consumer group member behind `type = "kafka"` (see the module
 //! above for what it promises).
 
+use crate::telemetry::metric;
 use super::KafkaSourceConfig;
 use super::brokers::{self, BrokerHealth};
 use super::changelog;
@@ -117,7 +118,7 @@ impl ClientContext for GroupContext {
                 if *p < 0 || part.consumer_lag < 0 {
                     continue;
                 }
-                metrics::gauge!("fluxpipe_kafka_consumer_lag", "source" => self.source.clone(), "topic" => topic.clone(), "partition" => p.to_string())
+                metrics::gauge!(metric::FLUXPIPE_KAFKA_CONSUMER_LAG, "source" => self.source.clone(), "topic" => topic.clone(), "partition" => p.to_string())
                     .set(part.consumer_lag as f64);
             }
         }
@@ -513,13 +514,13 @@ impl Member {
         }
         self.owned.insert(key);
         self.count_owned();
-        metrics::counter!("fluxpipe_kafka_partitions_taken_over_total", "source" => self.ctx.name.to_string(), "from" => from)
+        metrics::counter!(metric::FLUXPIPE_KAFKA_PARTITIONS_TAKEN_OVER_TOTAL, "source" => self.ctx.name.to_string(), "from" => from)
             .increment(1);
         Ok(())
     }
 
     fn count_owned(&self) {
-        metrics::gauge!("fluxpipe_kafka_partitions_owned", "source" => self.ctx.name.to_string())
+        metrics::gauge!(metric::FLUXPIPE_KAFKA_PARTITIONS_OWNED, "source" => self.ctx.name.to_string())
             .set(self.owned.len() as f64);
         self.ctx
             .ownership
@@ -580,7 +581,7 @@ impl Member {
                     format!("cannot restore partition {partition} from the changelog")
                 })?;
         if restored.skipped > 0 {
-            metrics::counter!("fluxpipe_source_errors_total", "source" => self.ctx.name.to_string())
+            metrics::counter!(metric::FLUXPIPE_SOURCE_ERRORS_TOTAL, "source" => self.ctx.name.to_string())
                 .increment(restored.skipped);
             tracing::warn!(source = %self.ctx.name, partition, skipped = restored.skipped, "changelog records that could not be read were skipped");
         }
@@ -728,7 +729,7 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> Result<String
                 let msg = match msg {
                     Ok(m) => m,
                     Err(e) => {
-                        metrics::counter!("fluxpipe_source_errors_total", "source" => ctx.name.to_string()).increment(1);
+                        metrics::counter!(metric::FLUXPIPE_SOURCE_ERRORS_TOTAL, "source" => ctx.name.to_string()).increment(1);
                         errors += 1;
                         // The first few, then every power of two: a broker
                         // that stays down does not flood the log.
@@ -906,7 +907,7 @@ fn commit_checkpointed(
         Ok(())
     })();
     if let Err(e) = result {
-        metrics::counter!("fluxpipe_source_errors_total", "source" => source.to_string())
+        metrics::counter!(metric::FLUXPIPE_SOURCE_ERRORS_TOTAL, "source" => source.to_string())
             .increment(1);
         tracing::warn!(%source, "cannot commit offsets: {e}");
     }
