@@ -28,8 +28,8 @@ pub enum OutputStream {
     Transitions,
     /// A job summary when a job becomes INACTIVE.
     Jobs,
-    /// A job summary at each transition before the last (the last is on
-    /// `jobs`): where each active job stands.
+    /// A job summary at its submission and at each transition before
+    /// the last (the last is on `jobs`): where each active job stands.
     JobUpdates,
     /// Rank changes.
     Resources,

@@ -476,7 +476,12 @@ fn postgres_down_at_shutdown_is_written_by_the_next_run() {
     let want = replayed_jobs(&all);
     let text = std::fs::read_to_string(&all[0]).expect("journal");
     let lines: Vec<&str> = text.lines().collect();
-    let half = lines.len() / 2;
+    // Cut right after a submit: that job is NEW (it stays so until
+    // validated, with no transition) and must have its row too.
+    let half = 1 + lines[..lines.len() / 2]
+        .iter()
+        .rposition(|l| l.contains("\"name\":\"submit\""))
+        .expect("a submit in the first half");
     let feed = dir.path().join("feed.jsonl");
     std::fs::write(&feed, lines[..half].join("\n") + "\n").expect("feed");
     let port = free_port();
@@ -607,7 +612,12 @@ fn active_jobs_have_rows_that_follow_them(dir: &Path, url: &str) {
     );
     let whole = std::fs::read_to_string(&journal).expect("journal");
     let lines: Vec<&str> = whole.lines().collect();
-    let half = lines.len() / 2;
+    // Cut right after a submit: that job is NEW (it stays so until
+    // validated, with no transition) and must have its row too.
+    let half = 1 + lines[..lines.len() / 2]
+        .iter()
+        .rposition(|l| l.contains("\"name\":\"submit\""))
+        .expect("a submit in the first half");
     let input = dir.join("input").join("journal.jsonl");
     std::fs::create_dir_all(input.parent().expect("parent")).expect("mkdir");
     std::fs::write(&input, lines[..half].join("\n") + "\n").expect("first half");
@@ -621,6 +631,10 @@ fn active_jobs_have_rows_that_follow_them(dir: &Path, url: &str) {
         .filter(|(_, s, _)| s != "INACTIVE")
         .count();
     assert!(active > 10, "the first half leaves jobs active ({active})");
+    assert!(
+        states(&first).iter().any(|(_, s, _)| s == "NEW"),
+        "the cut leaves a job NEW"
+    );
     let streams = r#"["jobs", "job_updates"]"#;
     let cfg = config_taking(
         dir,

@@ -243,7 +243,8 @@ impl Archive {
         Ok(deleted)
     }
 
-    /// The records of the jobs `q` asks for, newest end first.
+    /// The records of the jobs `q` asks for: active ones first (as `flux
+    /// jobs` lists them), then newest end first.
     pub async fn jobs(&self, q: &JobQuery) -> Result<Vec<String>, ArchiveError> {
         let mut w = Where::default();
         w.equal("j.cluster", q.cluster.clone().map(|c| Cell::Text(Some(c))));
@@ -274,7 +275,7 @@ impl Archive {
         }
         let sql = format!(
             "SELECT j.record FROM jobs j{} \
-             ORDER BY (j.t_inactive IS NULL), j.t_inactive DESC, j.cluster, j.id LIMIT {}",
+             ORDER BY (j.t_inactive IS NULL) DESC, j.t_inactive DESC, j.cluster, j.id LIMIT {}",
             w.text(),
             w.limit(q.limit)
         );

@@ -96,18 +96,16 @@ CREATE INDEX transitions_by_job ON transitions (cluster, id);
 CREATE INDEX transitions_by_time ON transitions (timestamp);
 ";
 
-/// Version 3: a job's GPUs (from R), and active jobs' rows (from the
-/// `job_updates` stream) found by state.
+/// Version 3: a job's GPUs (from R).
 const V3: &str = "
 ALTER TABLE jobs ADD COLUMN ngpus BIGINT;
-CREATE INDEX jobs_by_state ON jobs (state);
 ";
 
 /// Every migration, oldest first: (version, description, SQL).
 const MIGRATIONS: [(i64, &str, &str); 3] = [
     (1, "jobs, job hosts, node events", V1),
     (2, "transitions", V2),
-    (3, "job gpus, jobs by state", V3),
+    (3, "job gpus", V3),
 ];
 
 /// The newest schema version this fluxpipe writes.
@@ -144,7 +142,7 @@ mod tests {
         let pinned = [
             "88667fee5c653bc0ee5ecd9e2b4784e57ee3bdc90f2f8cb6a66a43f8a9c9ff960a614a2fa9a8bd556e4e4051a42ca360",
             "5e55cb1f8a6663943e478afc2370d2b18854f87a86089963aadf2da9160de9a0b989db27fb385614bc33215419d4cb8c",
-            "8ec4cc63d858aec22a4e820ebefb8ae7e70059f5d60f664a7a79ca0035c233fe12b41ae2dad2745d4cb4e9532db29b4a",
+            "a50613db0d1f42605cdc523e031ec10582ddccfe86dd105fc8b6381d4a6135f5dd96d6c08fb7bb47108c5f094286811b",
         ];
         let migrator = migrator(LATEST);
         assert_eq!(migrator.migrations.len(), pinned.len());

@@ -46,10 +46,11 @@ pub struct JobSpec {
     /// the jobspec read after it (a KVS `jobspec` is as submitted) keeps them.
     #[serde(default)]
     updated: u8,
-    /// R's GPUs, known once R is (`r_ncores` set). Last, and defaulted:
-    /// checkpoints written before it still read.
+    /// R's GPUs plus one; 0 before R, and in checkpoints written before
+    /// this field (last and defaulted, so they still read). Not an
+    /// `Option`: this fits where one would add 8 bytes to every job.
     #[serde(default)]
-    r_ngpus: u32,
+    r_ngpus_1: u32,
 }
 
 /// The bits of [`JobSpec::updated`].
@@ -345,7 +346,7 @@ impl JobSpec {
     ) {
         self.r_nnodes = Some(nnodes);
         self.r_ncores = Some(ncores);
-        self.r_ngpus = ngpus;
+        self.r_ngpus_1 = ngpus.saturating_add(1);
         if nodelist.is_some() {
             self.nodelist = nodelist;
         }
@@ -356,7 +357,7 @@ impl JobSpec {
     pub fn keep_later_of(&mut self, old: &JobSpec) {
         self.r_nnodes = old.r_nnodes;
         self.r_ncores = old.r_ncores;
-        self.r_ngpus = old.r_ngpus;
+        self.r_ngpus_1 = old.r_ngpus_1;
         self.nodelist.clone_from(&old.nodelist);
         self.freed_at = old.freed_at;
         let kept = |bit: u8| old.updated & bit != 0;
@@ -449,7 +450,7 @@ impl JobSpec {
     /// `ngpus`: R's GPUs, once it has R (flux-core 0.88's job-list has no
     /// such field for a job; this is fluxpipe's).
     pub fn ngpus(&self) -> Option<u32> {
-        self.r_ncores.map(|_| self.r_ngpus)
+        self.r_ngpus_1.checked_sub(1)
     }
 
     /// `nnodes`: R's once it has one, else the jobspec's node count.

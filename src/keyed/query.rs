@@ -4,7 +4,7 @@
 //! asker merges the parts. Pure: no I/O, no async.
 //!
 //! Jobs come in the order `flux jobs` lists them: pending first (highest
-//! priority first, then oldest), then running (newest start first), then
+//! priority first), then running (newest start first), then
 //! inactive (newest end first); ties by cluster and id, so the order is
 //! total and a page can start after any job ([`Position`]).
 
@@ -89,10 +89,14 @@ impl JobFilter {
 
     /// Whether a job's group and cluster alone decide what this filter
     /// takes (no look at the job itself).
-    fn takes_by_place(&self) -> bool {
+    /// Of a cluster's `jobs`: states it holds no job in count as taken
+    /// (`state=pending` leaves NEW jobs out; a cluster with none is read
+    /// by place).
+    fn takes_by_place(&self, jobs: &ClusterJobs) -> bool {
         let whole = |g: &[JobState], states: u8| {
-            let bits = g.iter().filter(|s| states & (1 << s.index()) != 0).count();
-            bits == 0 || bits == g.len()
+            let taken = |s: &JobState| states & (1 << s.index()) != 0;
+            let held = |s: &JobState| jobs.by_state[s.index()] > 0;
+            g.iter().all(|s| taken(s) || !held(s)) || !g.iter().any(taken)
         };
         self.userid.is_none()
             && self.since.is_none()
@@ -122,7 +126,7 @@ pub struct Position {
     /// Ascending within the group: minus the priority, start or end time.
     primary: f64,
     /// Shared with the job's key: a position costs no copy of the name
-    /// (a listing makes one for every job held).
+    /// (a page makes one for every job it looks at).
     pub cluster: Arc<str>,
     pub id: u64,
 }
@@ -207,6 +211,8 @@ pub const SCAN_BUDGET: usize = 10_000;
 /// the filter can take.
 struct Cursor<'a> {
     cluster: &'a Arc<str>,
+    /// Whether the filter takes this cluster's jobs by their place alone.
+    by_place: bool,
     ranges: std::vec::IntoIter<(u8, btree_set::Range<'a, InGroup>)>,
     now: Option<(u8, btree_set::Range<'a, InGroup>)>,
 }
@@ -265,6 +271,7 @@ impl<'a> Cursor<'a> {
         }
         Cursor {
             cluster,
+            by_place: filter.takes_by_place(jobs),
             ranges: ranges.into_iter(),
             now: None,
         }
@@ -332,7 +339,6 @@ pub fn select_jobs(
         .filter_map(|(i, c)| Some(Reverse((c.next()?, i))))
         .collect();
     let mut looked = 0usize;
-    let whole_groups = filter.takes_by_place();
     while let Some(Reverse((pos, i))) = heads.pop() {
         if let Some(next) = cursors[i].next() {
             heads.push(Reverse((next, i)));
@@ -344,7 +350,7 @@ pub fn select_jobs(
             cluster: pos.cluster.clone(),
             id: JobId(pos.id),
         };
-        let taken = whole_groups
+        let taken = cursors[i].by_place
             || state
                 .jobs
                 .get(&key)
@@ -848,6 +854,16 @@ mod tests {
                 let got = counts.get(c).cloned().unwrap_or_default();
                 prop_assert_eq!(got.jobs, by_state);
                 prop_assert_eq!(got.oldest_pending, oldest);
+                // Jobs taken out and put back (a restore) keep their times.
+                let newest = s
+                    .jobs
+                    .iter()
+                    .filter(|(k, _)| &*k.cluster == c)
+                    .filter_map(|(_, e)| e.job.last_timestamp())
+                    .fold(None, |n: Option<f64>, t| Some(n.map_or(t, |n| n.max(t))));
+                if out.is_empty() {
+                    prop_assert_eq!(got.newest_event, newest);
+                }
             }
         }
 

@@ -366,10 +366,12 @@ impl State {
         }
         let cluster = key.cluster.clone();
         let standing = Standing::of(key.id, &entry.job);
+        let newest = entry.job.last_timestamp();
         let id = key.id;
         let old = self.jobs.insert(key, entry);
         let before = old.as_ref().map(|o| Standing::of(id, &o.job));
-        self.listing.update(&cluster, before, Some(standing), None);
+        self.listing
+            .update(&cluster, before, Some(standing), newest);
         if let Some(old) = old.as_ref().filter(|o| o.job.holds_ranks()) {
             self.allocations.count(&cluster, &old.job, false, None);
         }

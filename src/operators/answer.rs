@@ -22,8 +22,8 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
         } => {
             // Asked about one job: its conditions and progress too.
             let one = filter.id.is_some();
-            let budget = query::SCAN_BUDGET.max(*limit);
-            let page = query::select_jobs(state, filter, after.as_ref(), *limit, budget);
+            let page =
+                query::select_jobs(state, filter, after.as_ref(), *limit, query::SCAN_BUDGET);
             let jobs = page
                 .jobs
                 .into_iter()

@@ -785,6 +785,14 @@ impl Shard {
                 metrics::counter!(metric::FLUX_RESOURCE_EVENTS_TOTAL, "flux_cluster" => cluster.to_string(), "event" => name.to_string()).increment(1);
             }
         }
+        // A submit of a job that stays NEW until validated makes no
+        // transition: the job's first update is sent for it.
+        let submitted = (!fx.duplicate
+            && fx.transitions.is_empty()
+            && stream == EventStream::Job
+            && fx.event.as_ref().is_some_and(|(n, _)| n == "submit"))
+        .then(|| key.clone())
+        .flatten();
         if new_job
             && let Some(key) = key
             && self
@@ -816,6 +824,14 @@ impl Shard {
             self.outputs.wants(OutputStream::Jobs),
             self.outputs.wants(OutputStream::JobUpdates),
         );
+        if updates
+            && let Some(key) = &submitted
+            && let Some(entry) = self.processor.state.jobs.get(key)
+        {
+            self.outputs
+                .emit(OutputRecord::job_update(JobRecord::new(key, entry)))
+                .await;
+        }
         for t in &fx.transitions {
             if transitions {
                 self.outputs.emit(OutputRecord::transition(t, name)).await;
