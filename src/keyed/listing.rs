@@ -13,11 +13,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// `f64` as an integer of the same order as [`f64::total_cmp`].
-fn ordered(f: f64) -> i64 {
+pub(crate) fn ordered(f: f64) -> i64 {
     flip(f.to_bits() as i64)
 }
 
-fn unordered(key: i64) -> f64 {
+pub(crate) fn unordered(key: i64) -> f64 {
     f64::from_bits(flip(key) as u64)
 }
 

@@ -9,7 +9,7 @@
 //! total and a page can start after any job ([`Position`]).
 
 use super::JobKey;
-use super::alerts::engine::{AlertEvent, Subject};
+pub use super::alerts::firing::AlertPosition;
 use super::listing::{ClusterJobs, InGroup, Place};
 use super::state::State;
 use crate::flux::job::{Job, JobState};
@@ -371,106 +371,6 @@ pub fn select_jobs(
         }
     }
     page
-}
-
-/// An alert's place in the listing of what fires: oldest condition first,
-/// then rule, subject and cluster, so the order is total and a page can
-/// start after any alert.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AlertPosition {
-    since: f64,
-    rule: usize,
-    /// 0 a job, 1 a node.
-    kind: u8,
-    id: u64,
-    cluster: Arc<str>,
-}
-
-impl Eq for AlertPosition {}
-
-impl Ord for AlertPosition {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.since
-            .total_cmp(&other.since)
-            .then(self.rule.cmp(&other.rule))
-            .then(self.kind.cmp(&other.kind))
-            .then(self.id.cmp(&other.id))
-            .then_with(|| self.cluster.cmp(&other.cluster))
-    }
-}
-
-impl PartialOrd for AlertPosition {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl AlertPosition {
-    pub fn of(a: &AlertEvent) -> Self {
-        let (kind, id, cluster): (u8, u64, Arc<str>) = match &a.subject {
-            Subject::Job(k) => (0, k.id.0, k.cluster.clone()),
-            Subject::Node(n) => (1, u64::from(n.rank), n.cluster.as_str().into()),
-        };
-        AlertPosition {
-            since: a.since,
-            rule: a.rule,
-            kind,
-            id,
-            cluster,
-        }
-    }
-
-    /// As text, for the `next` of a page: opaque to the client.
-    pub fn encode(&self) -> String {
-        format!(
-            "{:x}.{}.{}.{:x}.{}",
-            self.since.to_bits(),
-            self.rule,
-            self.kind,
-            self.id,
-            self.cluster
-        )
-    }
-
-    pub fn decode(text: &str) -> Result<Self, QueryError> {
-        let bad = || QueryError::Position(text.to_string());
-        let mut parts = text.splitn(5, '.');
-        let mut next = || parts.next().ok_or_else(bad);
-        let since = f64::from_bits(u64::from_str_radix(next()?, 16).map_err(|_| bad())?);
-        let rule = next()?.parse().map_err(|_| bad())?;
-        let kind = next()?.parse().map_err(|_| bad())?;
-        let id = u64::from_str_radix(next()?, 16).map_err(|_| bad())?;
-        let cluster = next()?.into();
-        Ok(AlertPosition {
-            since,
-            rule,
-            kind,
-            id,
-            cluster,
-        })
-    }
-}
-
-/// The first `limit` of `alerts` after `after`, in order, and how many
-/// there were in all: only those are rendered (a site with a stuck queue
-/// may have a hundred thousand firing).
-pub fn select_alerts(
-    alerts: Vec<AlertEvent>,
-    after: Option<&AlertPosition>,
-    limit: usize,
-) -> (Vec<(AlertPosition, AlertEvent)>, usize) {
-    let total = alerts.len();
-    let mut kept: Vec<(AlertPosition, AlertEvent)> = alerts
-        .into_iter()
-        .map(|a| (AlertPosition::of(&a), a))
-        .filter(|(p, _)| after.is_none_or(|after| p > after))
-        .collect();
-    if kept.len() > limit {
-        kept.select_nth_unstable_by(limit, |a, b| a.0.cmp(&b.0));
-        kept.truncate(limit);
-    }
-    kept.sort_by(|a, b| a.0.cmp(&b.0));
-    (kept, total)
 }
 
 /// What one cluster has, as far as this part of the state knows.
@@ -878,13 +778,6 @@ mod tests {
         fn decoding_never_panics(text in ".*") {
             let _ = Position::decode(&text);
             let _ = AlertPosition::decode(&text);
-        }
-
-        #[test]
-        fn alert_positions_round_trip(since in any::<f64>(), rule in 0usize..100, kind in 0u8..2, id in any::<u64>(), cluster in ".*") {
-            let p = AlertPosition { since, rule, kind, id, cluster: cluster.into() };
-            let back = AlertPosition::decode(&p.encode()).unwrap();
-            prop_assert_eq!(p.cmp(&back), Ordering::Equal);
         }
 
         #[test]

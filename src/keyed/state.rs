@@ -45,6 +45,9 @@ pub struct JobEntry {
 }
 
 impl JobConditions for HashMap<JobKey, Box<JobEntry>> {
+    fn conditions_of(&self, key: &JobKey) -> Option<&Conditions> {
+        self.get(key).map(|e| &e.alerts)
+    }
     fn conditions_mut(&mut self, key: &JobKey) -> Option<&mut Conditions> {
         self.get_mut(key).map(|e| &mut e.alerts)
     }

@@ -55,8 +55,12 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
             limit,
         } => {
             let rules = processor.alerts.rules();
-            let firing = processor.alerts.firing_now(&state.jobs, cluster.as_deref());
-            let (page, total) = query::select_alerts(firing, after.as_ref(), *limit);
+            let (page, total) = processor.alerts.firing_page(
+                &state.jobs,
+                cluster.as_deref(),
+                after.as_ref(),
+                *limit,
+            );
             let rendered = page
                 .into_iter()
                 .filter_map(|(pos, a)| Some((pos, output::alert(rules.get(a.rule)?, &a))))

@@ -383,7 +383,7 @@ impl Shard {
             self.count_job(&key.cluster, job, -1);
         }
         let conditions = std::mem::take(&mut entry.alerts);
-        for rule in self.processor.alerts.release_job(conditions, &key.cluster) {
+        for rule in self.processor.alerts.release_job(conditions, key) {
             if let Some(rule) = self.processor.alerts.rules().get(rule) {
                 metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => key.cluster.clone(), "rule" => rule.name.clone())
                     .decrement(1.0);

@@ -19,6 +19,7 @@
 //! learned of it.
 
 pub use super::event::{AlertEvent, Detail, Drain, NodeKey, Queued, Status, Subject};
+use super::firing::{AlertPosition, FiringIndex};
 use super::rule::Rule;
 pub use super::saved::{SavedCondition, SavedConditions};
 use super::timers::{TimerId, TimerQueue};
@@ -78,6 +79,8 @@ impl Conditions {
 /// each job's entry.
 pub trait JobConditions {
     /// A held job's conditions.
+    fn conditions_of(&self, key: &JobKey) -> Option<&Conditions>;
+    /// The same, to change.
     fn conditions_mut(&mut self, key: &JobKey) -> Option<&mut Conditions>;
     /// Every held job's conditions.
     fn conditions(&self) -> impl Iterator<Item = (&JobKey, &Conditions)>;
@@ -206,7 +209,8 @@ pub struct Engine {
     job_rules: [Vec<usize>; JobState::ALL.len()],
     pub(super) nodes: HashMap<NodeKey, List>,
     pub(super) timers: Timers,
-    pub(super) firing: usize,
+    /// The fired conditions, in the order they are listed.
+    pub(super) firing: FiringIndex,
 }
 
 impl Engine {
@@ -245,7 +249,7 @@ impl Engine {
 
     /// Alerts firing now.
     pub fn firing(&self) -> usize {
-        self.firing
+        self.firing.len()
     }
 
     /// Conditions holding now (firing or waiting for their duration).
@@ -389,7 +393,7 @@ impl Engine {
                 };
                 a.timer = None;
                 a.fired = true;
-                self.firing += 1;
+                self.firing.insert(&timers.cluster, due, rule, a.since);
                 fired += 1;
                 out.push(AlertEvent {
                     rule: rule as usize,
@@ -407,24 +411,50 @@ impl Engine {
 }
 
 impl Engine {
-    /// The alerts firing now, as the alerts stream announced them: every
-    /// fired condition of the jobs in `jobs` and of the nodes, in one
-    /// cluster or all. The work is the number of conditions held.
-    pub fn firing_now<J: JobConditions>(&self, jobs: &J, cluster: Option<&str>) -> Vec<AlertEvent> {
-        let wanted = |c: &str| cluster.is_none_or(|w| w == c);
-        let jobs = jobs
-            .conditions()
-            .filter(|(k, c)| !c.is_empty() && wanted(&k.cluster))
-            .map(|(k, c)| (Subject::Job(k.clone()), &c.0[..]));
-        let nodes = self
-            .nodes
-            .iter()
-            .filter(|(k, _)| wanted(&k.cluster))
-            .map(|(k, l)| (Subject::Node(k.clone()), &l[..]));
-        jobs.chain(nodes)
-            .flat_map(|(subject, list)| self.events_of(subject, list))
-            .filter_map(|(event, fired)| fired.then_some(event))
-            .collect()
+    /// The first `limit` alerts firing now after `after`, as the alerts
+    /// stream announced them, in one cluster or all, with their places;
+    /// and how many fire there in all. The work is the page's.
+    pub fn firing_page<J: JobConditions>(
+        &self,
+        jobs: &J,
+        cluster: Option<&str>,
+        after: Option<&AlertPosition>,
+        limit: usize,
+    ) -> (Vec<(AlertPosition, AlertEvent)>, usize) {
+        let page = self
+            .firing
+            .page(cluster, after, limit)
+            .into_iter()
+            .filter_map(|p| {
+                let event = self.fired(jobs, &p)?;
+                Some((p, event))
+            })
+            .collect();
+        (page, self.firing.count(cluster))
+    }
+
+    /// The alert fired at a place of the index, from its subject's
+    /// conditions.
+    fn fired<J: JobConditions>(&self, jobs: &J, p: &AlertPosition) -> Option<AlertEvent> {
+        let (subject, list) = if p.kind == 0 {
+            let key = JobKey {
+                cluster: p.cluster.clone(),
+                id: JobId(p.id),
+            };
+            let list = &jobs.conditions_of(&key)?.0[..];
+            (Subject::Job(key), list)
+        } else {
+            let key = NodeKey {
+                cluster: p.cluster.to_string(),
+                rank: u32::try_from(p.id).ok()?,
+            };
+            let list = &self.nodes.get(&key)?[..];
+            (Subject::Node(key), list)
+        };
+        let a = list.iter().find(|a| usize::from(a.rule) == p.rule && a.fired)?;
+        self.events_of(subject, std::slice::from_ref(a))
+            .next()
+            .map(|(event, _)| event)
     }
 
     /// A job's conditions, fired or not, as alert events, each with whether
@@ -459,21 +489,21 @@ impl Engine {
     /// Drop a job's conditions (taken from its entry) without resolving
     /// them: its state moved to another member of the group, which carries
     /// them on. Returns the rules of those that had fired.
-    pub fn release_job(&mut self, conditions: Conditions, cluster: &str) -> Vec<usize> {
-        self.release_list(conditions.0, cluster)
+    pub fn release_job(&mut self, conditions: Conditions, key: &JobKey) -> Vec<usize> {
+        self.release_list(conditions.0, &key.cluster, key.due())
     }
 
     /// The same for a node.
     pub fn release_node(&mut self, key: &NodeKey) -> Vec<usize> {
         let list = self.nodes.remove(key).unwrap_or_default();
-        self.release_list(list, &key.cluster)
+        self.release_list(list, &key.cluster, key.due())
     }
 
-    fn release_list(&mut self, list: List, cluster: &str) -> Vec<usize> {
+    fn release_list(&mut self, list: List, cluster: &str, due: Due) -> Vec<usize> {
         let mut fired = Vec::new();
         for a in list {
             if a.fired {
-                self.firing = self.firing.saturating_sub(1);
+                self.firing.remove(cluster, due, a.rule, a.since);
                 fired.push(a.rule as usize);
             } else {
                 cancel_timer(&mut self.timers, cluster, a.timer);
@@ -520,7 +550,7 @@ impl Engine {
             for a in list.iter_mut().filter(|a| !a.fired && a.starts <= now) {
                 cancel_timer(&mut self.timers, subject.cluster(), a.timer.take());
                 a.fired = true;
-                *firing += 1;
+                firing.insert(subject.cluster(), subject.due(), a.rule, a.since);
                 out.push(AlertEvent {
                     rule: a.rule as usize,
                     subject: subject.clone(),
@@ -539,7 +569,7 @@ impl Engine {
 struct Parts<'a> {
     rules: &'a [Rule],
     timers: &'a mut Timers,
-    firing: &'a mut usize,
+    firing: &'a mut FiringIndex,
 }
 
 impl Parts<'_> {
@@ -632,7 +662,8 @@ impl Parts<'_> {
         };
         let ends = at.max(deadline);
         if a.fired {
-            *self.firing = self.firing.saturating_sub(1);
+            self.firing
+                .remove(subject.cluster(), subject.due(), a.rule, a.since);
             out.push(event(Status::Resolved, Some(ends)));
             return;
         }
@@ -656,6 +687,9 @@ mod tests {
     struct Jobs(HashMap<JobKey, Conditions>);
 
     impl JobConditions for Jobs {
+        fn conditions_of(&self, key: &JobKey) -> Option<&Conditions> {
+            self.0.get(key)
+        }
         fn conditions_mut(&mut self, key: &JobKey) -> Option<&mut Conditions> {
             self.0.get_mut(key)
         }
@@ -841,9 +875,10 @@ mod tests {
         );
         e.advance(|_| Some(1120.0), 10, &mut out);
         assert_eq!(out.len(), 1, "job 1 fired, job 2 not yet");
-        let now = e.firing_now(&e.jobs, None);
-        assert_eq!(now, out);
-        assert!(e.firing_now(&e.jobs, Some("elsewhere")).is_empty());
+        let (now, total) = e.firing_page(&e.jobs, None, None, 10);
+        assert_eq!(now.into_iter().map(|(_, a)| a).collect::<Vec<_>>(), out);
+        assert_eq!(total, 1);
+        assert_eq!(e.firing_page(&e.jobs, Some("elsewhere"), None, 10), (vec![], 0));
         let c = &e.jobs.0[&job(2)];
         let pending = e.job_conditions(&job(2), c);
         assert_eq!(pending.len(), 1);
@@ -1029,7 +1064,121 @@ mod tests {
         assert_eq!(e.pending_timers(), 0);
     }
 
+    /// What fires, by a pass over every condition: the index's oracle.
+    fn fired_by_scan(e: &E) -> Vec<(AlertPosition, AlertEvent)> {
+        let jobs = e.jobs.0.iter().map(|(k, c)| (Subject::Job(k.clone()), &c.0[..]));
+        let nodes = e.nodes.iter().map(|(k, l)| (Subject::Node(k.clone()), &l[..]));
+        let mut all: Vec<(AlertPosition, AlertEvent)> = jobs
+            .chain(nodes)
+            .flat_map(|(subject, list)| e.events_of(subject, list))
+            .filter_map(|(event, fired)| fired.then_some(event))
+            .map(|a| {
+                let (kind, id, cluster): (u8, u64, Arc<str>) = match &a.subject {
+                    Subject::Job(k) => (0, k.id.0, k.cluster.clone()),
+                    Subject::Node(n) => (1, u64::from(n.rank), n.cluster.as_str().into()),
+                };
+                let p = AlertPosition { since: a.since, rule: a.rule, kind, id, cluster };
+                (p, a)
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// A step of [`the_index_lists_what_fires`].
+    #[derive(Debug, Clone)]
+    enum Step {
+        Job { cluster: bool, id: u64, holds: bool },
+        Node { cluster: bool, rank: u32, holds: bool },
+        Advance(f64),
+        Release { cluster: bool, id: u64 },
+        ReleaseNode { cluster: bool, rank: u32 },
+        Forget { cluster: bool, id: u64 },
+        Flush,
+        Restore,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (any::<bool>(), 0u64..4, any::<bool>()).prop_map(|(cluster, id, holds)| Step::Job { cluster, id, holds }),
+            (any::<bool>(), 0u32..3, any::<bool>()).prop_map(|(cluster, rank, holds)| Step::Node { cluster, rank, holds }),
+            (0.0f64..300.0).prop_map(Step::Advance),
+            (any::<bool>(), 0u64..4).prop_map(|(cluster, id)| Step::Release { cluster, id }),
+            (any::<bool>(), 0u32..3).prop_map(|(cluster, rank)| Step::ReleaseNode { cluster, rank }),
+            (any::<bool>(), 0u64..4).prop_map(|(cluster, id)| Step::Forget { cluster, id }),
+            Just(Step::Flush),
+            Just(Step::Restore),
+        ]
+    }
+
     proptest! {
+        /// Whatever fires, resolves, is released, flushed or restored, the
+        /// index lists exactly the fired conditions, in order, and its
+        /// pages of any size join up to them.
+        #[test]
+        fn the_index_lists_what_fires(steps in proptest::collection::vec(step(), 0..50), limit in 1usize..4) {
+            let mut e = engine();
+            let mut out = Vec::new();
+            let mut now = 0.0f64;
+            let name = |c: bool| if c { "c" } else { "d" };
+            for s in steps {
+                match s {
+                    Step::Job { cluster, id, holds } => {
+                        let key = JobKey { cluster: name(cluster).into(), id: JobId(id) };
+                        e.observe_job(&key, &[(0, holds.then_some((now, SCHED)))], now, 0.0, &mut out);
+                    }
+                    Step::Node { cluster, rank, holds } => {
+                        let key = NodeKey { cluster: name(cluster).into(), rank };
+                        let h = holds.then(|| (now, Detail::Host(None)));
+                        e.e.observe_node(&key, &[(1, h)], now, 0.0, &mut out);
+                    }
+                    Step::Advance(dt) => {
+                        now += dt;
+                        e.advance(|_| Some(now), 2, &mut out);
+                    }
+                    Step::Release { cluster, id } => {
+                        let key = JobKey { cluster: name(cluster).into(), id: JobId(id) };
+                        let c = e.jobs.0.remove(&key).unwrap_or_default();
+                        e.e.release_job(c, &key);
+                    }
+                    Step::ReleaseNode { cluster, rank } => {
+                        e.e.release_node(&NodeKey { cluster: name(cluster).into(), rank });
+                    }
+                    Step::Forget { cluster, id } => {
+                        let key = JobKey { cluster: name(cluster).into(), id: JobId(id) };
+                        e.forget(&Subject::Job(key), now, &mut out);
+                    }
+                    Step::Flush => e.flush(|_| Some(now), &mut out),
+                    Step::Restore => {
+                        let saved: Vec<SavedCondition> =
+                            rmp_serde::from_slice(&rmp_serde::to_vec(&e.saved()).unwrap()).unwrap();
+                        let mut again = engine();
+                        again.jobs.0 = e.jobs.0.keys().map(|k| (k.clone(), Conditions::default())).collect();
+                        let mut jobs = std::mem::take(&mut again.jobs);
+                        again.e.restore(saved, &mut jobs);
+                        again.jobs = jobs;
+                        e = again;
+                    }
+                }
+                let want = fired_by_scan(&e);
+                prop_assert_eq!(e.firing(), want.len());
+                let mut got = Vec::new();
+                let mut after = None;
+                loop {
+                    let (page, total) = e.firing_page(&e.jobs, None, after.as_ref(), limit);
+                    prop_assert_eq!(total, want.len());
+                    let Some((last, _)) = page.last() else { break };
+                    after = Some(last.clone());
+                    got.extend(page);
+                }
+                prop_assert_eq!(&got, &want);
+                let (in_d, total) = e.firing_page(&e.jobs, Some("d"), None, usize::MAX);
+                let want_d: Vec<_> = want.iter().filter(|(p, _)| &*p.cluster == "d").cloned().collect();
+                prop_assert_eq!(total, want_d.len());
+                prop_assert_eq!(in_d, want_d);
+            }
+        }
+
         /// Any sequence of observations and clock moves keeps the books
         /// straight: every firing is resolved once its condition clears,
         /// and nothing is left behind.

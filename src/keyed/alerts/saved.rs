@@ -2,7 +2,7 @@
 //! back from one: each names its rule by name, so a changed rule list
 //! still restores the rules that remain.
 
-use super::engine::{Active, Conditions, Engine, JobConditions, List, set_timer};
+use super::engine::{Active, Conditions, Engine, JobConditions, List, TimerSubject, set_timer};
 use super::event::{AlertEvent, Detail, NodeKey, Status, Subject};
 use crate::keyed::JobKey;
 
@@ -236,7 +236,8 @@ impl Engine {
         if !c.fired {
             return None;
         }
-        self.firing += 1;
+        self.firing
+            .insert(c.subject.cluster(), c.subject.due(), rule as u16, c.since);
         Some(AlertEvent {
             rule,
             subject: c.subject,
