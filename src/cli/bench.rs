@@ -588,10 +588,16 @@ struct Queried {
 }
 
 /// What the queried run asks, by turns.
-const QUERIED_PATHS: [&str; 2] = ["/api/v1/jobs?limit=100", "/api/v1/clusters"];
+const QUERIED_PATHS: [&str; 4] = [
+    "/api/v1/jobs?limit=100",
+    "/api/v1/clusters",
+    "/api/v1/alerts?limit=100",
+    "/",
+];
 
 /// The 1-worker blackhole pipeline with the query API on, one client
-/// asking it back to back (a page of jobs, then the clusters' counts) for
+/// asking it back to back (a page of jobs, the clusters' counts, a page of
+/// what fires, the status page) for
 /// as long as it runs: does a query stall ingest, and how long does an
 /// answer take behind a flood of records.
 fn queried(exe: &Path, dir: &Path, input: &Path) -> Result<Queried> {
