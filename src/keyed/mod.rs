@@ -2,9 +2,10 @@
 //! the keys ([`key`]), the state of every job and rank ([`state`]), the
 //! alert rules and the engine that times them ([`alerts`]), and the
 //! per-record core both `fluxpipe replay` and the pipeline's shards drive
-//! ([`processor`]).
+//! ([`processor`]), with how long it holds what ended ([`expiry`]).
 
 pub mod alerts;
+pub mod expiry;
 pub mod finished;
 pub mod key;
 pub mod listing;

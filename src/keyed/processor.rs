@@ -8,6 +8,7 @@
 use super::alerts::engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsLent, NodeKey};
 use super::alerts::rule::{Rule, RuleKind, job_condition, job_view, node_condition};
 use super::alerts::{Clock, EventClock, JobView, wall_now};
+use super::expiry::{Eviction, Expiry, StateTtl};
 use super::finished::FinishedJobs;
 use super::key::JobKey;
 use super::state::{Effects, JobEntry, KeyedAnomaly, State};
@@ -16,6 +17,7 @@ use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::flux::resource::RankChange;
 use smallvec::SmallVec;
+use std::time::Instant;
 
 /// What became of one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +92,22 @@ pub struct Processor {
     time_limit: f64,
     /// "Now" on the wall clock (a function, so tests can set the time).
     wall: fn() -> f64,
+    /// When ended and never-submitted jobs are dropped; none in a replay.
+    expiry: Option<Expiry>,
+    /// "Now" on a monotonic clock, for [`Processor::expiry`].
+    monotonic: fn() -> Instant,
+}
+
+/// What [`Processor::expire`] dropped, for the caller to emit and count.
+#[derive(Debug, Default)]
+pub struct Expired {
+    /// The jobs dropped, their last entries, and why.
+    pub dropped: Vec<(JobKey, Box<JobEntry>, Eviction)>,
+    /// Alerts resolved by it (none should hold for an ended job; one left
+    /// resolves rather than lingers).
+    pub alerts: Vec<AlertEvent>,
+    /// One per job dropped without ever having been submitted.
+    pub anomalies: Vec<KeyedAnomaly>,
 }
 
 impl Processor {
@@ -107,7 +125,18 @@ impl Processor {
             max_clock_skew: DEFAULT_MAX_CLOCK_SKEW_SECS,
             time_limit: f64::NEG_INFINITY,
             wall: wall_now,
+            expiry: None,
+            monotonic: Instant::now,
         }
+    }
+
+    /// Drop an INACTIVE job `ttl.inactive_grace` after it ended, and a job
+    /// never submitted `ttl.orphan_ttl` after it was first seen, at the
+    /// next [`Processor::expire`] after that. Without it (a replay) every
+    /// job is held to the end.
+    pub fn with_state_ttl(mut self, ttl: StateTtl) -> Self {
+        self.expiry = Some(Expiry::new(ttl));
+        self
     }
 
     /// Follow at most `n` clusters.
@@ -255,6 +284,16 @@ impl Processor {
             _ => None,
         };
         let fx = self.state.apply(cluster, record);
+        if let Some(expiry) = &mut self.expiry {
+            note_expiry(
+                expiry,
+                self.monotonic,
+                &self.state,
+                key.as_ref(),
+                new_job,
+                &fx,
+            );
+        }
         if !fx.duplicate && self.alerting() {
             self.alert_on(cluster, key.as_ref(), view, event_ts, &fx, alerts);
         }
@@ -397,12 +436,94 @@ impl Processor {
         flips
     }
 
+    /// Drop the jobs whose time is up at `now` (see
+    /// [`Processor::with_state_ttl`]): an ended job is remembered as
+    /// finished, a job never submitted leaves an anomaly, and any alert
+    /// condition left on either resolves.
+    pub fn expire(&mut self, now: Instant) -> Expired {
+        let mut out = Expired::default();
+        let Some(expiry) = &mut self.expiry else {
+            return out;
+        };
+        while let Some((key, why)) = expiry.pop_due(now) {
+            // Its timer still applies only if the job is as it was then.
+            let applies = self.state.jobs.get(&key).is_some_and(|e| match why {
+                Eviction::Inactive => e.job.state == JobState::Inactive,
+                Eviction::Orphan => !e.job.submitted,
+            });
+            if !applies {
+                continue;
+            }
+            let Some(mut entry) = self.state.remove_job(&key) else {
+                continue;
+            };
+            match why {
+                Eviction::Inactive => {
+                    self.finished
+                        .remember(&key.cluster, key.id.0, entry.job.t_submit.get());
+                }
+                Eviction::Orphan => out.anomalies.push(KeyedAnomaly {
+                    cluster: key.cluster.to_string(),
+                    id: Some(key.id),
+                    anomaly: Anomaly::new(
+                        Stream::Job,
+                        AnomalyKind::UnknownTarget,
+                        "no submit event arrived for this job; its state was dropped",
+                    ),
+                }),
+            }
+            let at = entry.job.last_timestamp().unwrap_or(0.0);
+            let conditions = std::mem::take(&mut entry.alerts);
+            self.alerts
+                .forget_job(conditions, &key, at, &mut out.alerts);
+            out.dropped.push((key, entry, why));
+        }
+        out
+    }
+
+    /// A job taken over from a checkpoint: its time to live starts now, as
+    /// if it had just ended or appeared.
+    pub fn track_restored(&mut self, key: &JobKey, job: &crate::flux::job::Job) {
+        let Some(expiry) = &mut self.expiry else {
+            return;
+        };
+        let now = (self.monotonic)();
+        if job.state == JobState::Inactive {
+            expiry.ended(key.clone(), now);
+        } else if !job.submitted {
+            expiry.unsubmitted(key.clone(), now);
+        }
+    }
+
     /// At the end of a finite input: fire every alert whose condition has
     /// held its duration by its cluster's event clock.
     pub fn finish(&mut self, out: &mut Vec<AlertEvent>) {
         let clock = &self.event_clock;
         self.alerts
             .flush(|c| clock.now(c), &mut self.state.jobs, out);
+    }
+}
+
+/// Start the time to live of what a record made: a job first seen without
+/// its submit, a job that ended.
+fn note_expiry(
+    expiry: &mut Expiry,
+    monotonic: fn() -> Instant,
+    state: &State,
+    key: Option<&JobKey>,
+    new_job: bool,
+    fx: &Effects,
+) {
+    if new_job
+        && let Some(key) = key
+        && state.jobs.get(key).is_some_and(|e| !e.job.submitted)
+    {
+        expiry.unsubmitted(key.clone(), monotonic());
+    }
+    for t in &fx.transitions {
+        if t.transition.to == JobState::Inactive {
+            expiry.ended(t.key.clone(), monotonic());
+        }
     }
 }
 
@@ -658,6 +779,62 @@ mod tests {
         // Another cluster's job 1 is its own.
         let (o, _) = p.process("d", record(1, submit(100.0)), &mut out);
         assert_eq!(o, Outcome::Applied);
+    }
+
+    #[test]
+    fn with_a_time_to_live_ended_and_orphan_jobs_are_dropped_when_due() {
+        use crate::keyed::expiry::{Eviction, StateTtl};
+        use std::time::Duration;
+        let ttl = StateTtl {
+            inactive_grace: Duration::from_secs(60),
+            orphan_ttl: Duration::from_secs(600),
+        };
+        let mut p = Processor::new(sched_rule(), Clock::Event)
+            .with_max_finished(10)
+            .with_state_ttl(ttl);
+        let mut out = Vec::new();
+        let t0 = Instant::now();
+        p.process("c", record(1, submit(100.0)), &mut out);
+        let cancel = json!({"type": "cancel", "severity": 0, "userid": 1, "note": ""});
+        for ev in [
+            Event::new(101.0, "validate"),
+            Event::new(102.0, "exception").with_context(cancel),
+            Event::new(103.0, "clean"),
+        ] {
+            p.process("c", record(1, ev), &mut out);
+        }
+        // Exec events of a job whose submit never comes.
+        let mut orphan = record(2, Event::new(100.0, "init"));
+        orphan.stream = EventStream::Exec;
+        p.process("c", orphan, &mut out);
+        // A job still pending stays however long it waits.
+        p.process("c", record(3, submit(100.0)), &mut out);
+        assert_eq!(p.state.jobs.len(), 3);
+        let ids = |e: &Expired| -> Vec<(u64, Eviction)> {
+            e.dropped.iter().map(|(k, _, why)| (k.id.0, *why)).collect()
+        };
+        assert!(p.expire(t0).dropped.is_empty());
+        let gone = p.expire(Instant::now() + Duration::from_secs(61));
+        assert_eq!(ids(&gone), [(1, Eviction::Inactive)]);
+        assert!(gone.anomalies.is_empty());
+        // Remembered: its records sent again are repeats, not a new job.
+        let (o, _) = p.process("c", record(1, submit(100.0)), &mut out);
+        assert_eq!(o, Outcome::Repeat);
+        let gone = p.expire(Instant::now() + Duration::from_secs(601));
+        assert_eq!(ids(&gone), [(2, Eviction::Orphan)]);
+        assert_eq!(gone.anomalies.len(), 1);
+        assert_eq!(gone.anomalies[0].anomaly.kind, AnomalyKind::UnknownTarget);
+        assert_eq!(p.state.jobs.len(), 1);
+        // A replay's processor (no time to live) holds everything.
+        let mut replay = Processor::new(Vec::new(), Clock::Event);
+        replay.process("c", record(1, submit(100.0)), &mut out);
+        assert!(
+            replay
+                .expire(Instant::now() + Duration::from_secs(1 << 30))
+                .dropped
+                .is_empty()
+        );
+        assert_eq!(replay.state.jobs.len(), 1);
     }
 
     #[test]

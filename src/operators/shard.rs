@@ -1,22 +1,22 @@
 //! One shard of the job and resource operators: applies its records to its
 //! part of the state and emits what changed.
 //!
-//! Memory stays bounded: an INACTIVE job is dropped `inactive_grace` after
-//! its summary went out (the grace lets late repeats be recognized rather
-//! than start a new job), and a job that only ever got exec events is
-//! dropped with an anomaly after `orphan_ttl`.
+//! Memory stays bounded: the processor drops an INACTIVE job
+//! `inactive_grace` after its summary went out, and a job that only ever
+//! got exec events after `orphan_ttl` (see [`crate::keyed::expiry`]); the
+//! shard asks it to on every tick.
 
 use super::shard_metrics::ShardMetrics;
 use crate::channels::fanout::{HeldOutputs, Outputs};
 use crate::channels::router::{BarrierReply, Routed, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::decode::{Body, EventStream};
-use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::{Job, JobState};
 use crate::keyed::JobKey;
 use crate::keyed::Owner;
 use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::engine::{AlertEvent, SavedCondition, Status, Subject};
 use crate::keyed::alerts::rule::Rule;
+use crate::keyed::expiry::StateTtl;
 use crate::keyed::processor::Outcome;
 use crate::keyed::processor::{Processed, Processor};
 use crate::keyed::state::{JobEntry, KeyedAnomaly};
@@ -28,7 +28,7 @@ use crate::telemetry::metric;
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use compact_str::CompactString;
 use foldhash::{HashMap, HashSet};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,11 +79,6 @@ pub struct Shard {
     shared_clock: SharedEventClock,
     /// Outputs of the records in hand, for the sinks once they are applied.
     outputs: HeldOutputs,
-    retention: Retention,
-    /// Jobs that became INACTIVE, oldest first, with when to drop them.
-    inactive: VecDeque<(Instant, JobKey)>,
-    /// Jobs first seen without a submit, oldest first.
-    unsubmitted: VecDeque<(Instant, JobKey)>,
     /// The job and node series this shard keeps.
     metrics: ShardMetrics,
     /// Records refused because `max_jobs` was reached.
@@ -145,13 +140,14 @@ impl Shard {
                 .with_fire_batch(FIRE_BATCH)
                 .with_max_jobs(retention.max_jobs)
                 .with_max_finished(retention.max_finished)
-                .with_max_clock_skew(retention.max_clock_skew),
+                .with_max_clock_skew(retention.max_clock_skew)
+                .with_state_ttl(StateTtl {
+                    inactive_grace: retention.inactive_grace,
+                    orphan_ttl: retention.orphan_ttl,
+                }),
             fired: Vec::new(),
             shared_clock: alerts.shared,
             outputs: HeldOutputs::new(outputs),
-            retention,
-            inactive: VecDeque::new(),
-            unsubmitted: VecDeque::new(),
             metrics: ShardMetrics::new(nodes, ages),
             restored_alerts: Vec::new(),
             refused: 0,
@@ -325,14 +321,13 @@ impl Shard {
     }
 
     /// A job is about to be dropped: its tombstone goes to the changelog.
-    fn drop_job(&mut self, key: &JobKey) -> Option<Box<crate::keyed::state::JobEntry>> {
-        let entry = self.processor.state.remove_job(key)?;
+    /// The processor dropped a job: its changelog gets a tombstone.
+    fn dropped(&mut self, key: &JobKey, entry: &JobEntry) {
         if let Some(o) = &entry.owner
             && self.logged.contains(&o.source)
         {
             self.dirty.insert(Dirty::Job(key.clone()), (**o).clone());
         }
-        Some(entry)
     }
 
     /// Drop the state owned by these partitions of `source`, as if it had
@@ -409,7 +404,6 @@ impl Shard {
     }
 
     fn take_over(&mut self, saved: ShardState) -> Vec<AlertEvent> {
-        let now = Instant::now();
         // A clock an older fluxpipe let a made-up date move stays behind.
         let latest = self.processor.latest_plausible();
         for (cluster, t) in saved.clock.clusters() {
@@ -487,13 +481,8 @@ impl Shard {
                 }
             };
             let job = &entry.job;
-            if job.state == JobState::Inactive {
-                self.inactive
-                    .push_back((now + self.retention.inactive_grace, key.clone()));
-            } else if !job.submitted {
-                self.unsubmitted
-                    .push_back((now + self.retention.orphan_ttl, key.clone()));
-            } else if !job.invalidated {
+            self.processor.track_restored(&key, job);
+            if job.submitted && !job.invalidated && job.state != JobState::Inactive {
                 let queue = job.queue().map(CompactString::from);
                 *counts
                     .entry((cluster, queue, job.state, job.userid))
@@ -732,7 +721,6 @@ impl Shard {
             key,
             before,
             queue_before,
-            new_job,
             refused_time,
             fx,
             ..
@@ -793,18 +781,6 @@ impl Shard {
             && fx.event.as_ref().is_some_and(|(n, _)| n == "submit"))
         .then(|| key.clone())
         .flatten();
-        if new_job
-            && let Some(key) = key
-            && self
-                .processor
-                .state
-                .jobs
-                .get(&key)
-                .is_some_and(|e| !e.job.submitted)
-        {
-            self.unsubmitted
-                .push_back((Instant::now() + self.retention.orphan_ttl, key));
-        }
         self.report_tracked();
         if fx.duplicate {
             metrics::counter!(metric::FLUXPIPE_EVENTS_DUPLICATE_TOTAL).increment(1);
@@ -824,36 +800,16 @@ impl Shard {
             self.outputs.wants(OutputStream::Jobs),
             self.outputs.wants(OutputStream::JobUpdates),
         );
-        if updates
-            && let Some(key) = &submitted
-            && let Some(entry) = self.processor.state.jobs.get(key)
-        {
-            self.outputs
-                .emit(OutputRecord::job_update(JobRecord::new(key, entry)))
-                .await;
+        if updates && let Some(key) = &submitted {
+            self.emit_job(key, false).await;
         }
         for t in &fx.transitions {
             if transitions {
                 self.outputs.emit(OutputRecord::transition(t, name)).await;
             }
-            if updates
-                && t.transition.to != JobState::Inactive
-                && let Some(entry) = self.processor.state.jobs.get(&t.key)
-            {
-                self.outputs
-                    .emit(OutputRecord::job_update(JobRecord::new(&t.key, entry)))
-                    .await;
-            }
-            if t.transition.to == JobState::Inactive {
-                if let Some(entry) = self.processor.state.jobs.get(&t.key).filter(|_| jobs) {
-                    self.outputs
-                        .emit(OutputRecord::job(JobRecord::new(&t.key, entry)))
-                        .await;
-                }
-                self.inactive.push_back((
-                    Instant::now() + self.retention.inactive_grace,
-                    t.key.clone(),
-                ));
+            let ended = t.transition.to == JobState::Inactive;
+            if (ended && jobs) || (!ended && updates) {
+                self.emit_job(&t.key, ended).await;
             }
         }
         for (cluster, change) in fx.rank_changes {
@@ -875,6 +831,21 @@ impl Shard {
             self.emit_anomalies(&fx.anomalies).await;
         }
         outcome
+    }
+
+    /// A job's record as it stands now: to `jobs` once it `ended`, to
+    /// `job_updates` before.
+    async fn emit_job(&mut self, key: &JobKey, ended: bool) {
+        let Some(entry) = self.processor.state.jobs.get(key) else {
+            return;
+        };
+        let record = JobRecord::new(key, entry);
+        let out = if ended {
+            OutputRecord::job(record)
+        } else {
+            OutputRecord::job_update(record)
+        };
+        self.outputs.emit(out).await;
     }
 
     /// Fire a batch of the alerts that are due.
@@ -934,75 +905,14 @@ impl Shard {
 
     /// Drop the state whose time is up.
     pub async fn expire(&mut self, now: Instant) {
-        let mut gone_alerts = Vec::new();
-        while let Some((at, _)) = self.inactive.front()
-            && *at <= now
-        {
-            if let Some((_, key)) = self.inactive.pop_front()
-                && self
-                    .processor
-                    .state
-                    .jobs
-                    .get(&key)
-                    .is_some_and(|e| e.job.state == JobState::Inactive)
-            {
-                // No job rule holds for an INACTIVE job; should one have
-                // been left, it resolves rather than lingers.
-                if let Some(mut entry) = self.drop_job(&key) {
-                    self.processor.finished.remember(
-                        &key.cluster,
-                        key.id.0,
-                        entry.job.t_submit.get(),
-                    );
-                    let at = entry.job.last_timestamp().unwrap_or(0.0);
-                    let conditions = std::mem::take(&mut entry.alerts);
-                    self.processor
-                        .alerts
-                        .forget_job(conditions, &key, at, &mut gone_alerts);
-                }
-                metrics::counter!(metric::FLUXPIPE_JOBS_EVICTED_TOTAL, "reason" => "inactive")
-                    .increment(1);
-            }
+        let expired = self.processor.expire(now.into_std());
+        for (key, entry, why) in &expired.dropped {
+            self.dropped(key, entry);
+            metrics::counter!(metric::FLUXPIPE_JOBS_EVICTED_TOTAL, "reason" => why.as_str())
+                .increment(1);
         }
-        let mut orphans = Vec::new();
-        while let Some((at, _)) = self.unsubmitted.front()
-            && *at <= now
-        {
-            if let Some((_, key)) = self.unsubmitted.pop_front()
-                && self
-                    .processor
-                    .state
-                    .jobs
-                    .get(&key)
-                    .is_some_and(|e| !e.job.submitted)
-            {
-                let at = self
-                    .processor
-                    .state
-                    .jobs
-                    .get(&key)
-                    .map_or(0.0, |e| e.job.last_timestamp().unwrap_or(0.0));
-                if let Some(mut entry) = self.drop_job(&key) {
-                    let conditions = std::mem::take(&mut entry.alerts);
-                    self.processor
-                        .alerts
-                        .forget_job(conditions, &key, at, &mut gone_alerts);
-                }
-                metrics::counter!(metric::FLUXPIPE_JOBS_EVICTED_TOTAL, "reason" => "orphan")
-                    .increment(1);
-                orphans.push(KeyedAnomaly {
-                    cluster: key.cluster.to_string(),
-                    id: Some(key.id),
-                    anomaly: Anomaly::new(
-                        Stream::Job,
-                        AnomalyKind::UnknownTarget,
-                        "no submit event arrived for this job; its state was dropped",
-                    ),
-                });
-            }
-        }
-        self.emit_anomalies(&orphans).await;
-        self.emit_alerts(&gone_alerts).await;
+        self.emit_anomalies(&expired.anomalies).await;
+        self.emit_alerts(&expired.alerts).await;
         self.report_tracked();
         self.metrics.report_finished(self.processor.finished.len());
         self.refresh_draining().await;

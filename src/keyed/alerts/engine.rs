@@ -451,7 +451,9 @@ impl Engine {
             let list = &self.nodes.get(&key)?[..];
             (Subject::Node(key), list)
         };
-        let a = list.iter().find(|a| usize::from(a.rule) == p.rule && a.fired)?;
+        let a = list
+            .iter()
+            .find(|a| usize::from(a.rule) == p.rule && a.fired)?;
         self.events_of(subject, std::slice::from_ref(a))
             .next()
             .map(|(event, _)| event)
@@ -878,7 +880,10 @@ mod tests {
         let (now, total) = e.firing_page(&e.jobs, None, None, 10);
         assert_eq!(now.into_iter().map(|(_, a)| a).collect::<Vec<_>>(), out);
         assert_eq!(total, 1);
-        assert_eq!(e.firing_page(&e.jobs, Some("elsewhere"), None, 10), (vec![], 0));
+        assert_eq!(
+            e.firing_page(&e.jobs, Some("elsewhere"), None, 10),
+            (vec![], 0)
+        );
         let c = &e.jobs.0[&job(2)];
         let pending = e.job_conditions(&job(2), c);
         assert_eq!(pending.len(), 1);
@@ -1066,8 +1071,15 @@ mod tests {
 
     /// What fires, by a pass over every condition: the index's oracle.
     fn fired_by_scan(e: &E) -> Vec<(AlertPosition, AlertEvent)> {
-        let jobs = e.jobs.0.iter().map(|(k, c)| (Subject::Job(k.clone()), &c.0[..]));
-        let nodes = e.nodes.iter().map(|(k, l)| (Subject::Node(k.clone()), &l[..]));
+        let jobs = e
+            .jobs
+            .0
+            .iter()
+            .map(|(k, c)| (Subject::Job(k.clone()), &c.0[..]));
+        let nodes = e
+            .nodes
+            .iter()
+            .map(|(k, l)| (Subject::Node(k.clone()), &l[..]));
         let mut all: Vec<(AlertPosition, AlertEvent)> = jobs
             .chain(nodes)
             .flat_map(|(subject, list)| e.events_of(subject, list))
@@ -1077,7 +1089,13 @@ mod tests {
                     Subject::Job(k) => (0, k.id.0, k.cluster.clone()),
                     Subject::Node(n) => (1, u64::from(n.rank), n.cluster.as_str().into()),
                 };
-                let p = AlertPosition { since: a.since, rule: a.rule, kind, id, cluster };
+                let p = AlertPosition {
+                    since: a.since,
+                    rule: a.rule,
+                    kind,
+                    id,
+                    cluster,
+                };
                 (p, a)
             })
             .collect();
@@ -1088,23 +1106,49 @@ mod tests {
     /// A step of [`the_index_lists_what_fires`].
     #[derive(Debug, Clone)]
     enum Step {
-        Job { cluster: bool, id: u64, holds: bool },
-        Node { cluster: bool, rank: u32, holds: bool },
+        Job {
+            cluster: bool,
+            id: u64,
+            holds: bool,
+        },
+        Node {
+            cluster: bool,
+            rank: u32,
+            holds: bool,
+        },
         Advance(f64),
-        Release { cluster: bool, id: u64 },
-        ReleaseNode { cluster: bool, rank: u32 },
-        Forget { cluster: bool, id: u64 },
+        Release {
+            cluster: bool,
+            id: u64,
+        },
+        ReleaseNode {
+            cluster: bool,
+            rank: u32,
+        },
+        Forget {
+            cluster: bool,
+            id: u64,
+        },
         Flush,
         Restore,
     }
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            (any::<bool>(), 0u64..4, any::<bool>()).prop_map(|(cluster, id, holds)| Step::Job { cluster, id, holds }),
-            (any::<bool>(), 0u32..3, any::<bool>()).prop_map(|(cluster, rank, holds)| Step::Node { cluster, rank, holds }),
+            (any::<bool>(), 0u64..4, any::<bool>()).prop_map(|(cluster, id, holds)| Step::Job {
+                cluster,
+                id,
+                holds
+            }),
+            (any::<bool>(), 0u32..3, any::<bool>()).prop_map(|(cluster, rank, holds)| Step::Node {
+                cluster,
+                rank,
+                holds
+            }),
             (0.0f64..300.0).prop_map(Step::Advance),
             (any::<bool>(), 0u64..4).prop_map(|(cluster, id)| Step::Release { cluster, id }),
-            (any::<bool>(), 0u32..3).prop_map(|(cluster, rank)| Step::ReleaseNode { cluster, rank }),
+            (any::<bool>(), 0u32..3)
+                .prop_map(|(cluster, rank)| Step::ReleaseNode { cluster, rank }),
             (any::<bool>(), 0u64..4).prop_map(|(cluster, id)| Step::Forget { cluster, id }),
             Just(Step::Flush),
             Just(Step::Restore),
