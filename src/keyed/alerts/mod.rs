@@ -1,7 +1,7 @@
 //! Alerts on stuck jobs and sick nodes: the rules ([`rule`]), the engine
 //! that times them ([`engine`]), what it says ([`event`]), what fires now
-//! ([`firing`]) and how its
-//! conditions are saved and restored ([`saved`]); the processor
+//! ([`firing`]) and how its conditions are saved and restored
+//! ([`saved`]); the processor
 //! ([`crate::keyed::processor`]) shows the engine what each record changed.
 //! Pure: no I/O; the caller owns the clock (wall time, or the newest event
 //! time per cluster).
