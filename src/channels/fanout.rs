@@ -518,14 +518,14 @@ const HOLD_MAX: usize = 512;
 /// over one by one, a caught-up sink was woken for nearly every record: a
 /// system call on the operator's thread each time.
 #[derive(Debug)]
-pub struct HeldOutputs {
+pub struct OutputBuffer {
     outputs: Outputs,
     held: Vec<Arc<OutputRecord>>,
 }
 
-impl HeldOutputs {
+impl OutputBuffer {
     pub fn new(outputs: Outputs) -> Self {
-        HeldOutputs {
+        OutputBuffer {
             outputs,
             held: Vec::new(),
         }
@@ -610,7 +610,7 @@ mod tests {
             "[sinks.a]\ntype = \"blackhole\"\ninputs = [\"transitions\"]\n\
              [sinks.b]\ntype = \"blackhole\"\ninputs = [\"transitions\", \"jobs\"]\n",
         );
-        let mut held = HeldOutputs::new(outputs.clone());
+        let mut held = OutputBuffer::new(outputs.clone());
         for n in 0..3 {
             held.emit(record(OutputStream::Transitions, n)).await;
             held.emit(record(OutputStream::Jobs, 10 + n)).await;
@@ -645,7 +645,7 @@ mod tests {
             }
             got
         });
-        let mut held = HeldOutputs::new(outputs);
+        let mut held = OutputBuffer::new(outputs);
         for n in 0..10 {
             held.emit(record(OutputStream::Jobs, n)).await;
         }
@@ -662,7 +662,7 @@ mod tests {
             "[sinks.a]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\nbuffer = 4\nwhen_full = \"drop_newest\"\n",
         );
         let drops = outputs.drop_counts();
-        let mut held = HeldOutputs::new(outputs);
+        let mut held = OutputBuffer::new(outputs);
         for n in 0..10 {
             held.emit(record(OutputStream::Jobs, n)).await;
         }

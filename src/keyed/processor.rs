@@ -5,7 +5,7 @@
 //! one processor, so the two cannot drift apart. No I/O, no async: what a
 //! record did comes back as values for the caller to emit.
 
-use super::alerts::engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsLent, NodeKey};
+use super::alerts::engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsRef, NodeKey};
 use super::alerts::rule::{Rule, RuleKind, job_condition, job_view, node_condition};
 use super::alerts::{Clock, EventClock, JobView, wall_now};
 use super::expiry::{Eviction, Expiry, StateTtl};
@@ -546,7 +546,7 @@ fn observe_job(
     // Those about other states, or other queues, cannot, and are not
     // looked at.
     let exec = entry.exec.as_deref();
-    let holds: SmallVec<[(usize, HoldsLent); 2]> = engine
+    let holds: SmallVec<[(usize, HoldsRef); 2]> = engine
         .job_rules_in(entry.job.state)
         .filter(|(_, rule)| rule.watches_queue(queue))
         .filter_map(|(i, rule)| {

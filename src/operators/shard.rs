@@ -7,7 +7,7 @@
 //! shard asks it to on every tick.
 
 use super::shard_metrics::ShardMetrics;
-use crate::channels::fanout::{HeldOutputs, Outputs};
+use crate::channels::fanout::{OutputBuffer, Outputs};
 use crate::channels::router::{BarrierReply, Routed, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::decode::{Body, EventStream};
 use crate::flux::job::{Job, JobState};
@@ -78,7 +78,7 @@ pub struct Shard {
     fired: Vec<AlertEvent>,
     shared_clock: SharedEventClock,
     /// Outputs of the records in hand, for the sinks once they are applied.
-    outputs: HeldOutputs,
+    outputs: OutputBuffer,
     /// The job and node series this shard keeps.
     metrics: ShardMetrics,
     /// Records refused because `max_jobs` was reached.
@@ -147,7 +147,7 @@ impl Shard {
                 }),
             fired: Vec::new(),
             shared_clock: alerts.shared,
-            outputs: HeldOutputs::new(outputs),
+            outputs: OutputBuffer::new(outputs),
             metrics: ShardMetrics::new(nodes, ages),
             restored_alerts: Vec::new(),
             refused: 0,
@@ -428,7 +428,7 @@ impl Shard {
         let restored_clusters: Vec<String> =
             saved.resources.iter().map(|(c, _)| c.clone()).collect();
         for (cluster, res) in saved.resources {
-            self.first_sight(&Arc::from(cluster.as_str()));
+            self.register_cluster(&Arc::from(cluster.as_str()));
             self.processor.state.insert_resources(cluster, res);
         }
         // Room for all at once, and the state-entry times sorted and added
@@ -471,7 +471,7 @@ impl Shard {
                         Some(i) => i,
                         None => {
                             clusters.push(self.processor.state.adopt(&key.cluster));
-                            self.first_sight(&key.cluster);
+                            self.register_cluster(&key.cluster);
                             clusters.len() - 1
                         }
                     };
@@ -544,9 +544,9 @@ impl Shard {
 
     /// Every known label value of the job series is exported, with 0 until
     /// it happens.
-    fn first_sight(&mut self, cluster: &Arc<str>) {
+    fn register_cluster(&mut self, cluster: &Arc<str>) {
         let rules = self.processor.alerts.rules_for(true).map(|(_, r)| r);
-        self.metrics.first_sight(cluster, rules);
+        self.metrics.register_cluster(cluster, rules);
     }
 
     /// Shards share one gauge: each adds the change in its own count.
@@ -716,7 +716,7 @@ impl Shard {
             metrics::counter!(metric::FLUXPIPE_FINISHED_JOB_REPEATS_TOTAL).increment(1);
             return outcome;
         }
-        self.first_sight(&cluster);
+        self.register_cluster(&cluster);
         let Processed {
             key,
             before,

@@ -18,7 +18,7 @@ pub struct ShardMetrics {
     reported: usize,
     /// Finished jobs remembered, as last added to the shared gauge.
     finished_reported: usize,
-    /// The cluster whose series [`ShardMetrics::first_sight`] saw last.
+    /// The cluster whose series [`ShardMetrics::register_cluster`] saw last.
     last_seen: Option<Arc<str>>,
     /// Per-node state for the metrics endpoint.
     pub nodes: NodeBoard,
@@ -73,7 +73,7 @@ impl ShardMetrics {
 
     /// Every known label value of the job series is exported, with 0 until
     /// it happens; so is each job rule's stuck-jobs gauge.
-    pub fn first_sight<'r>(
+    pub fn register_cluster<'r>(
         &mut self,
         cluster: &Arc<str>,
         job_rules: impl Iterator<Item = &'r Rule>,

@@ -20,7 +20,7 @@ use super::lines::{FILE_LINGER, Lines, Next};
 use super::retry::{Retry, SHUTDOWN_GRACE};
 use super::{SinkContext, SinkRx};
 use crate::component::Problem;
-use super::offsets::Saved;
+use super::offsets::SinkOffset;
 use anyhow::Context;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
@@ -120,7 +120,7 @@ struct Resumed {
 
 /// Cut the file back to the checkpoint's offset, or else a torn last line
 /// off (blocking I/O).
-fn resume(path: &Path, saved: Option<Saved>) -> std::io::Result<Resumed> {
+fn resume(path: &Path, saved: Option<SinkOffset>) -> std::io::Result<Resumed> {
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -164,7 +164,7 @@ fn last_newline_end(file: &mut std::fs::File, len: u64) -> std::io::Result<u64> 
     Ok(0)
 }
 
-async fn resume_blocking(path: PathBuf, saved: Option<Saved>) -> anyhow::Result<Resumed> {
+async fn resume_blocking(path: PathBuf, saved: Option<SinkOffset>) -> anyhow::Result<Resumed> {
     let shown = path.display().to_string();
     tokio::task::spawn_blocking(move || resume(&path, saved))
         .await
@@ -313,13 +313,13 @@ mod tests {
         let after = "{\"record_id\":\"bbbb\"}\n";
         std::fs::write(&path, format!("{before}{after}{{\"record_id\":\"dd")).unwrap();
         let meta = std::fs::metadata(&path).unwrap();
-        let saved = Saved {
+        let saved = SinkOffset {
             dev: meta.dev(),
             ino: meta.ino(),
             offset: before.len() as u64,
         };
         // Another file (rotated): only the torn line goes.
-        let other = Saved {
+        let other = SinkOffset {
             ino: saved.ino + 1,
             ..saved
         };
@@ -332,7 +332,7 @@ mod tests {
         assert_eq!(r.len, before.len() as u64);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
         // An offset past the end (the file was cut short since): left alone.
-        let past = Saved {
+        let past = SinkOffset {
             offset: 1000,
             ..saved
         };

@@ -34,7 +34,7 @@ pub struct Mark {
     stopped: AtomicBool,
     /// The record count of the cut asked for, and the place it fell at.
     cut_at: AtomicU64,
-    cut: Mutex<Option<Saved>>,
+    cut: Mutex<Option<SinkOffset>>,
 }
 
 impl Default for Mark {
@@ -83,7 +83,7 @@ impl Mark {
 
     /// With the cut's lock held, so that a round asking for a new cut never
     /// gets the place of the cut asked for before it.
-    fn place_cut(&self, cut: &mut Option<Saved>) {
+    fn place_cut(&self, cut: &mut Option<SinkOffset>) {
         let at = self.cut_at.load(SeqCst);
         if cut.is_none() && at != NONE && self.ready.load(SeqCst) && self.taken.load(SeqCst) == at {
             *cut = Some(self.saved());
@@ -101,12 +101,12 @@ impl Mark {
     }
 
     /// The place of the cut asked for, once the sink has reached it.
-    fn cut(&self) -> Option<Saved> {
+    fn cut(&self) -> Option<SinkOffset> {
         self.cut.lock().ok().and_then(|c| *c)
     }
 
-    fn saved(&self) -> Saved {
-        Saved {
+    fn saved(&self) -> SinkOffset {
+        SinkOffset {
             dev: self.dev.load(SeqCst),
             ino: self.ino.load(SeqCst),
             offset: self.written.load(SeqCst),
@@ -117,14 +117,14 @@ impl Mark {
 /// What a checkpoint keeps of a file sink: its file and the offset to cut
 /// it back to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Saved {
+pub struct SinkOffset {
     pub dev: u64,
     pub ino: u64,
     pub offset: u64,
 }
 
-impl Saved {
-    pub fn parse(text: &str) -> Option<Saved> {
+impl SinkOffset {
+    pub fn parse(text: &str) -> Option<SinkOffset> {
         serde_json::from_str(text).ok()
     }
 
@@ -155,8 +155,8 @@ impl SinkOffsets {
     }
 
     /// Where the checkpoint restored left sink `name`.
-    pub fn restored_for(&self, name: &str) -> Option<Saved> {
-        self.restored.get(name).and_then(|s| Saved::parse(s))
+    pub fn restored_for(&self, name: &str) -> Option<SinkOffset> {
+        self.restored.get(name).and_then(|s| SinkOffset::parse(s))
     }
 
     /// The mark of sink `name` (made before the sink starts, so that no
@@ -232,8 +232,8 @@ impl SinkOffsets {
 mod tests {
     use super::*;
 
-    fn at(offset: u64) -> Saved {
-        Saved {
+    fn at(offset: u64) -> SinkOffset {
+        SinkOffset {
             dev: 7,
             ino: 8,
             offset,
@@ -253,11 +253,17 @@ mod tests {
         mark.wrote(10);
         // Records after the barrier do not move the cut.
         mark.wrote(10);
-        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(130)));
-        assert_eq!(Saved::parse(&offsets.ends()["out"]), Some(at(140)));
+        assert_eq!(
+            SinkOffset::parse(&offsets.cuts().unwrap()["out"]),
+            Some(at(130))
+        );
+        assert_eq!(SinkOffset::parse(&offsets.ends()["out"]), Some(at(140)));
         // The sink already at the cut when asked.
         offsets.ask_cuts(|_| Some(4));
-        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(140)));
+        assert_eq!(
+            SinkOffset::parse(&offsets.cuts().unwrap()["out"]),
+            Some(at(140))
+        );
     }
 
     #[test]
@@ -269,7 +275,10 @@ mod tests {
         offsets.ask_cuts(|_| Some(0));
         assert!(offsets.cuts().is_err());
         mark.reset(7, 8, 20);
-        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(20)));
+        assert_eq!(
+            SinkOffset::parse(&offsets.cuts().unwrap()["out"]),
+            Some(at(20))
+        );
     }
 
     #[test]
@@ -297,7 +306,10 @@ mod tests {
         mark.wrote(10);
         assert!(offsets.cuts().is_err());
         mark.wrote(10);
-        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(30)));
+        assert_eq!(
+            SinkOffset::parse(&offsets.cuts().unwrap()["out"]),
+            Some(at(30))
+        );
     }
 
     #[test]
@@ -307,13 +319,19 @@ mod tests {
         let offsets = SinkOffsets::restored(restored);
         let mark = offsets.mark("out");
         offsets.ask_cuts(|_| Some(0));
-        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(50)));
+        assert_eq!(
+            SinkOffset::parse(&offsets.cuts().unwrap()["out"]),
+            Some(at(50))
+        );
         // Given records before it started: no cut until it wrote them.
         offsets.ask_cuts(|_| Some(2));
         assert!(offsets.cuts().is_err());
         mark.reset(7, 8, 50);
         mark.wrote(5);
         mark.wrote(5);
-        assert_eq!(Saved::parse(&offsets.cuts().unwrap()["out"]), Some(at(60)));
+        assert_eq!(
+            SinkOffset::parse(&offsets.cuts().unwrap()["out"]),
+            Some(at(60))
+        );
     }
 }

@@ -88,7 +88,7 @@
 //! always) when a check or walk sees it grow. At most [`Tuning::max_open`] are
 //! open; the oldest-opened is closed to make room.
 //!
-//! Backpressure: a file's lines are handed on in batches (an [`Outbox`],
+//! Backpressure: a file's lines are handed on in batches (a [`RecordBuffer`],
 //! up to 64 records, and whatever is held when a turn on the file ends),
 //! waiting while the pipeline is full. A file's position moves past a line
 //! only once its batch is handed on; at shutdown what is held is dropped
@@ -111,7 +111,7 @@ use tail::*;
 pub use config::{FileSourceConfig, ReadFrom};
 
 use super::lines::{LineReader, READ_BYTES};
-use super::{Outbox, SourceContext};
+use super::{RecordBuffer, SourceContext};
 pub(crate) use rotation::{classify, is_compressed_log};
 use rotation::{Rotation, feed_of};
 #[cfg(test)]
@@ -241,9 +241,9 @@ struct Stop;
 
 /// Hand on the records of the lines `held` stands for, then move the
 /// file's position past them; at shutdown they stay unread.
-async fn hand_on(
+async fn commit_lines(
     ctx: &SourceContext,
-    out: &mut Outbox,
+    out: &mut RecordBuffer,
     held: &mut Option<(u64, u64)>,
     position: &mut u64,
     lines: &mut u64,
@@ -338,7 +338,7 @@ impl Tracked {
 }
 
 /// A checkpoint of a file not (or no longer) tracked.
-struct Saved {
+struct FileCheckpoint {
     path: PathBuf,
     position: u64,
     lines: u64,
@@ -357,7 +357,7 @@ struct FileSource {
     read_from: ReadFrom,
     scanner: Option<Scanner>,
     tracked: HashMap<u64, Tracked>,
-    saved: HashMap<u64, Saved>,
+    saved: HashMap<u64, FileCheckpoint>,
     docs: HashMap<PathBuf, Doc>,
     /// Fingerprints in the order their files were opened (may hold stale
     /// entries; `open_count` is exact).
@@ -385,7 +385,7 @@ impl FileSource {
                 let fp = parse_hex(&f.fingerprint)?;
                 Some((
                     fp,
-                    Saved {
+                    FileCheckpoint {
                         path: f.path,
                         position: f.position,
                         lines: f.lines,
@@ -742,7 +742,7 @@ impl FileSource {
             tracing::debug!(source = %self.ctx.name, path = %t.path.display(), "file gone");
             self.saved.insert(
                 fp,
-                Saved {
+                FileCheckpoint {
                     path: t.path,
                     position: t.position,
                     lines: t.lines,
@@ -922,23 +922,23 @@ impl FileSource {
         let mut n = 0;
         // Lines are handed on in batches; the position moves past a line
         // once it is handed on. `held`: where it will be then.
-        let mut out = ctx.outbox();
+        let mut out = ctx.record_buffer();
         let mut held: Option<(u64, u64)> = None;
         let mut next_lineno = *lines;
         loop {
             if n >= budget {
-                hand_on(ctx, &mut out, &mut held, position, lines).await?;
+                commit_lines(ctx, &mut out, &mut held, position, lines).await?;
                 return Ok(true);
             }
             let line = match reader.next(false).await {
                 Ok(Some(line)) => line,
                 Ok(None) => {
-                    hand_on(ctx, &mut out, &mut held, position, lines).await?;
+                    commit_lines(ctx, &mut out, &mut held, position, lines).await?;
                     *at_eof = true;
                     return Ok(false);
                 }
                 Err(e) => {
-                    hand_on(ctx, &mut out, &mut held, position, lines).await?;
+                    commit_lines(ctx, &mut out, &mut held, position, lines).await?;
                     *reader_slot = None;
                     self.open_count -= 1;
                     match e.get_ref().and_then(|e| e.downcast_ref::<Changed>()) {

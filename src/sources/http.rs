@@ -615,7 +615,7 @@ async fn answer(
 
     let n = shared.requests.fetch_add(1, Ordering::Relaxed) + 1;
     let tally = Arc::new(Tally::default());
-    let mut out = ctx.tallied_outbox(tally.clone());
+    let mut out = ctx.tallied_record_buffer(tally.clone());
     let origin = ctx.default_origin();
     let max_line = ctx.decode.max_line_bytes;
     let mut answer = Answer {
@@ -628,7 +628,7 @@ async fn answer(
     let label = format!("http://{peer}/{n}");
     // Handed on under the gate's shared side: a round's report comes
     // between batches, never in the middle of one.
-    let hand_on = async {
+    let handed = async {
         let gate = shared.gate.read().await;
         let mut noted = Vec::new();
         for line in split_bounded(&body, max_line) {
@@ -658,7 +658,7 @@ async fn answer(
         ctx.flush(&mut out).await?;
         Ok::<u64, Closed>(*gate)
     };
-    let reported = match tokio::time::timeout_at(deadline, hand_on).await {
+    let reported = match tokio::time::timeout_at(deadline, handed).await {
         Ok(Ok(seq)) => seq,
         Ok(Err(Closed)) => {
             return retry_later(StatusCode::SERVICE_UNAVAILABLE, "fluxpipe is stopping");

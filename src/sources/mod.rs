@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
 
-/// Most records an [`Outbox`] holds before handing them on.
-const OUTBOX_RECORDS: usize = 64;
+/// Most records a [`RecordBuffer`] holds before handing them on.
+const BUFFER_RECORDS: usize = 64;
 
 /// Records decoded but not yet handed to the shards, by shard, in the
 /// order read. A source holds the records of the lines it has at hand
@@ -35,7 +35,7 @@ const OUTBOX_RECORDS: usize = 64;
 /// for more input: one queue message and at most one wake-up of a shard
 /// per batch, not per record. What a source holds it has not handed on: a
 /// source with positions moves them past held lines only once they are.
-pub struct Outbox {
+pub struct RecordBuffer {
     by_shard: Vec<Vec<Routed>>,
     held: usize,
     /// Where the shards count what became of these records, if the
@@ -129,20 +129,20 @@ impl SourceContext {
         }
     }
 
-    /// An empty outbox for this source's lines.
-    pub fn outbox(&self) -> Outbox {
-        Outbox {
+    /// An empty record buffer for this source's lines.
+    pub fn record_buffer(&self) -> RecordBuffer {
+        RecordBuffer {
             by_shard: (0..self.router.len()).map(|_| Vec::new()).collect(),
             held: 0,
             tally: None,
         }
     }
 
-    /// An empty outbox whose records the shards count in `tally`.
-    pub fn tallied_outbox(&self, tally: Arc<Tally>) -> Outbox {
-        Outbox {
+    /// An empty record buffer whose records the shards count in `tally`.
+    pub fn tallied_record_buffer(&self, tally: Arc<Tally>) -> RecordBuffer {
+        RecordBuffer {
             tally: Some(tally),
-            ..self.outbox()
+            ..self.record_buffer()
         }
     }
 
@@ -151,7 +151,7 @@ impl SourceContext {
     /// this line's records included, has been handed on.
     pub async fn hold_line(
         &self,
-        out: &mut Outbox,
+        out: &mut RecordBuffer,
         line: Line<'_>,
         origin: &Origin,
         location: &(dyn Fn() -> String + Sync),
@@ -164,7 +164,7 @@ impl SourceContext {
     /// it) could not be decoded, for a source that answers its client.
     pub async fn hold_line_noting(
         &self,
-        out: &mut Outbox,
+        out: &mut RecordBuffer,
         line: Line<'_>,
         origin: &Origin,
         location: &(dyn Fn() -> String + Sync),
@@ -186,21 +186,21 @@ impl SourceContext {
             }
             out.held += 1;
         }
-        if out.held >= OUTBOX_RECORDS {
+        if out.held >= BUFFER_RECORDS {
             self.flush(out).await?;
         }
         Ok(out.held == 0)
     }
 
     /// Hand on what `out` holds.
-    pub async fn flush(&self, out: &mut Outbox) -> Result<(), Closed> {
+    pub async fn flush(&self, out: &mut RecordBuffer) -> Result<(), Closed> {
         if out.held == 0 {
             return Ok(());
         }
         out.held = 0;
         for (shard, batch) in out.by_shard.iter_mut().enumerate() {
             if !batch.is_empty() {
-                let batch = std::mem::replace(batch, Vec::with_capacity(OUTBOX_RECORDS));
+                let batch = std::mem::replace(batch, Vec::with_capacity(BUFFER_RECORDS));
                 self.router
                     .send_batch(shard, batch, out.tally.as_ref())
                     .await?;

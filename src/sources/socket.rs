@@ -417,7 +417,7 @@ async fn connection<S: AsyncRead + Unpin>(
         ctx.decode.max_line_bytes,
     );
     let mut lineno = 0u64;
-    let mut out = ctx.outbox();
+    let mut out = ctx.record_buffer();
     loop {
         // What is held goes on before waiting for the peer.
         if !reader.line_ready() && ctx.flush(&mut out).await.is_err() {
@@ -519,7 +519,7 @@ async fn udp(socket: UdpSocket, ctx: &SourceContext) {
     let max = ctx.decode.max_line_bytes.max(1);
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut lineno = 0u64;
-    let mut out = ctx.outbox();
+    let mut out = ctx.record_buffer();
     let drops = UdpDrops::of(&socket, &ctx.name);
     let mut look = tokio::time::interval(UDP_DROPS_EVERY);
     look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

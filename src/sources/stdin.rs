@@ -30,7 +30,7 @@ async fn read(ctx: SourceContext) -> anyhow::Result<()> {
     );
     let origin = ctx.default_origin();
     let mut lineno = 0u64;
-    let mut out = ctx.outbox();
+    let mut out = ctx.record_buffer();
     let read = loop {
         let ready = reader.line_ready();
         // What is held goes on before waiting for input.

@@ -35,7 +35,7 @@ use std::sync::Arc;
 pub type Holds = Option<(f64, Detail)>;
 
 /// The same with the detail lent (one detail shared by a job's rules).
-pub type HoldsLent<'a> = Option<(f64, &'a Detail)>;
+pub type HoldsRef<'a> = Option<(f64, &'a Detail)>;
 
 /// A condition that holds for a subject.
 #[derive(Debug, Clone)]
@@ -257,13 +257,13 @@ impl Engine {
         self.timers.values().map(|t| t.queue.len()).sum()
     }
 
-    fn parts(&mut self) -> (Parts<'_>, &mut HashMap<NodeKey, List>) {
-        let parts = Parts {
+    fn ledger(&mut self) -> (Ledger<'_>, &mut HashMap<NodeKey, List>) {
+        let ledger = Ledger {
             rules: &self.rules,
             timers: &mut self.timers,
             firing: &mut self.firing,
         };
-        (parts, &mut self.nodes)
+        (ledger, &mut self.nodes)
     }
 
     /// Record which of a job's rules hold, given as (rule index, holds);
@@ -288,9 +288,9 @@ impl Engine {
         if conditions.is_empty() && holds.iter().all(|(_, h)| h.is_none()) {
             return;
         }
-        let (mut parts, _) = self.parts();
+        let (mut ledger, _) = self.ledger();
         let subject = || Subject::Job(key.clone());
-        conditions.edit(|list| parts.observe(list, key, subject, holds, (at, lag), out));
+        conditions.edit(|list| ledger.observe(list, key, subject, holds, (at, lag), out));
     }
 
     /// The same for a node.
@@ -302,18 +302,18 @@ impl Engine {
         lag: f64,
         out: &mut Vec<AlertEvent>,
     ) {
-        let (mut parts, nodes) = self.parts();
+        let (mut ledger, nodes) = self.ledger();
         let subject = || Subject::Node(key.clone());
         match nodes.get_mut(key) {
             Some(list) => {
-                parts.observe(list, key, subject, holds, (at, lag), out);
+                ledger.observe(list, key, subject, holds, (at, lag), out);
                 if list.is_empty() {
                     nodes.remove(key);
                 }
             }
             None => {
                 let mut list = List::new();
-                parts.observe(&mut list, key, subject, holds, (at, lag), out);
+                ledger.observe(&mut list, key, subject, holds, (at, lag), out);
                 if !list.is_empty() {
                     nodes.insert(key.clone(), list);
                 }
@@ -333,22 +333,22 @@ impl Engine {
         if conditions.is_empty() {
             return;
         }
-        let (mut parts, _) = self.parts();
+        let (mut ledger, _) = self.ledger();
         let subject = Subject::Job(key.clone());
         for a in conditions.0 {
-            parts.clear(&subject, a, at, out);
+            ledger.clear(&subject, a, at, out);
         }
     }
 
     /// Every condition of a node clears (the node is gone).
     pub fn forget_node(&mut self, key: &NodeKey, at: f64, out: &mut Vec<AlertEvent>) {
-        let (mut parts, nodes) = self.parts();
+        let (mut ledger, nodes) = self.ledger();
         let Some(list) = nodes.remove(key) else {
             return;
         };
         let subject = Subject::Node(key.clone());
         for a in list {
-            parts.clear(&subject, a, at, out);
+            ledger.clear(&subject, a, at, out);
         }
     }
 
@@ -567,14 +567,15 @@ impl Engine {
     }
 }
 
-/// The engine's fields that observing needs besides the subject map.
-struct Parts<'a> {
+/// What observing a subject updates besides its conditions: the timers
+/// and what fires (with the rules, read).
+struct Ledger<'a> {
     rules: &'a [Rule],
     timers: &'a mut Timers,
     firing: &'a mut FiringIndex,
 }
 
-impl Parts<'_> {
+impl Ledger<'_> {
     /// Observe a subject whose conditions are `list` (empty for a subject
     /// with none yet); `list` is left at its exact size.
     fn observe<D: Borrow<Detail>>(
