@@ -27,4 +27,7 @@ pub mod sinks;
 pub mod snapshot;
 pub mod sources;
 pub mod telemetry;
+/// Synthetic Flux traffic for `fluxpipe generate`, the benchmark and tests:
+/// not part of the library's surface.
+#[doc(hidden)]
 pub mod workload;

@@ -1,6 +1,7 @@
 //! The subcommands of `fluxpipe`.
 
 mod ask;
+#[doc(hidden)]
 pub mod bench;
 pub mod format;
 pub mod generate;

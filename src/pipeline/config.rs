@@ -814,6 +814,24 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
     }
 
     #[test]
+    fn a_database_sink_takes_job_updates_only_beside_jobs() {
+        let sink = |inputs: &str| {
+            format!(
+                "[sources.a]\ntype = \"stdin\"\n[sinks.db]\ntype = \"database\"\nurl = \"sqlite:///tmp/x.db\"\ninputs = [{inputs}]\n"
+            )
+        };
+        let e = errors(&sink("\"job_updates\""));
+        assert!(
+            e.iter()
+                .any(|m| m.contains("sinks.db.inputs") && m.contains("needs `jobs`")),
+            "{e:?}"
+        );
+        assert!(errors(&sink("\"jobs\", \"job_updates\"")).is_empty());
+        let e = errors(&sink("\"jobs\", \"alerts\""));
+        assert!(e.iter().any(|m| m.contains("not `alerts`")), "{e:?}");
+    }
+
+    #[test]
     fn stream_names_round_trip() {
         for s in OutputStream::ALL {
             assert_eq!(OutputStream::parse(s.as_str()), Some(s));

@@ -83,14 +83,25 @@ impl super::SinkSpec for DatabaseSinkConfig {
                 format!(" `{days}`: must be a positive number of days"),
             ));
         }
+        let takes = |s: OutputStream| self.inputs.iter().any(|i| OutputStream::parse(i) == Some(s));
         for (i, input) in self.inputs.iter().enumerate() {
             if OutputStream::parse(input).is_some_and(|s| !STORED.contains(&s)) {
                 out.push(Problem::at(
                     "inputs",
                     i,
-                    format!(": the database keeps jobs, resources and transitions, not `{input}`"),
+                    format!(
+                        ": the database keeps jobs, job_updates, resources and transitions, not `{input}`"
+                    ),
                 ));
             }
+        }
+        // Updates alone would leave every row active: never final, never
+        // deleted by the retention.
+        if takes(OutputStream::JobUpdates) && !takes(OutputStream::Jobs) {
+            out.push(Problem::new(
+                "inputs",
+                ": `job_updates` needs `jobs` beside it (a job's final row comes from `jobs`)",
+            ));
         }
         out
     }
