@@ -118,28 +118,26 @@ impl JobFilter {
     }
 }
 
-/// A job's place in the listing order (see the module's doc).
+/// A job's place in the listing order (see the module's doc): its place
+/// within its cluster, and the cluster, which orders ties on the primary.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Position {
-    /// 0 pending (and NEW), 1 running, 2 inactive.
-    group: u8,
-    /// Ascending within the group: minus the priority, start or end time.
-    primary: f64,
+    pub place: Place,
     /// Shared with the job's key: a position costs no copy of the name
     /// (a page makes one for every job it looks at).
     pub cluster: Arc<str>,
-    pub id: u64,
 }
 
 impl Eq for Position {}
 
 impl Ord for Position {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.group
-            .cmp(&other.group)
-            .then(self.primary.total_cmp(&other.primary))
+        let (a, b) = (&self.place, &other.place);
+        a.group
+            .cmp(&b.group)
+            .then(a.in_group().0.cmp(&b.in_group().0))
             .then_with(|| self.cluster.cmp(&other.cluster))
-            .then(self.id.cmp(&other.id))
+            .then(a.id.cmp(&b.id))
     }
 }
 
@@ -157,10 +155,8 @@ impl Position {
     /// A cluster's place.
     pub fn at(cluster: &Arc<str>, place: &Place) -> Self {
         Position {
-            group: place.group,
-            primary: place.primary(),
+            place: *place,
             cluster: cluster.clone(),
-            id: place.id,
         }
     }
 
@@ -168,9 +164,9 @@ impl Position {
     pub fn encode(&self) -> String {
         format!(
             "{}.{:x}.{:x}.{}",
-            self.group,
-            self.primary.to_bits(),
-            self.id,
+            self.place.group,
+            self.place.primary().to_bits(),
+            self.place.id,
             self.cluster
         )
     }
@@ -184,10 +180,8 @@ impl Position {
         let id = u64::from_str_radix(next()?, 16).map_err(|_| bad())?;
         let cluster = next()?.into();
         Ok(Position {
-            group,
-            primary,
+            place: Place::new(group, primary, id),
             cluster,
-            id,
         })
     }
 }
@@ -246,13 +240,13 @@ impl<'a> Cursor<'a> {
         let mut ranges = Vec::new();
         for group in (0..Place::GROUPS).filter(|g| groups & (1 << g) != 0) {
             let start = match after {
-                Some(a) if a.group > group => continue,
+                Some(a) if a.place.group > group => continue,
                 // Ties on the primary order by cluster, then id.
-                Some(a) if a.group == group => {
-                    let primary = Place::new(group, a.primary, 0).in_group().0;
+                Some(a) if a.place.group == group => {
+                    let (primary, id) = a.place.in_group();
                     match (**cluster).cmp(&*a.cluster) {
                         Ordering::Less => Bound::Excluded((primary, u64::MAX)),
-                        Ordering::Equal => Bound::Excluded((primary, a.id)),
+                        Ordering::Equal => Bound::Excluded((primary, id)),
                         Ordering::Greater => Bound::Included((primary, 0)),
                     }
                 }
@@ -348,7 +342,7 @@ pub fn select_jobs(
         }
         let key = JobKey {
             cluster: pos.cluster.clone(),
-            id: JobId(pos.id),
+            id: JobId(pos.place.id),
         };
         let taken = cursors[i].by_place
             || state
@@ -769,7 +763,7 @@ mod tests {
 
         #[test]
         fn positions_round_trip(group in 0u8..3, primary in any::<f64>(), id in any::<u64>(), cluster in ".*") {
-            let p = Position { group, primary, cluster: cluster.into(), id };
+            let p = Position { place: Place::new(group, primary, id), cluster: cluster.into() };
             let back = Position::decode(&p.encode()).unwrap();
             prop_assert_eq!(p.cmp(&back), Ordering::Equal);
         }
