@@ -2,7 +2,7 @@
 //! part of the state and emits what changed.
 //!
 //! Memory stays bounded: the processor drops an INACTIVE job
-//! `inactive_grace` after its summary went out, and a job that only ever
+//! `inactive_grace` after the record that ended it, and a job that only ever
 //! got exec events after `orphan_ttl` (see [`crate::keyed::expiry`]); the
 //! shard asks it to on every tick.
 
@@ -320,7 +320,6 @@ impl Shard {
         }
     }
 
-    /// A job is about to be dropped: its tombstone goes to the changelog.
     /// The processor dropped a job: its changelog gets a tombstone.
     fn dropped(&mut self, key: &JobKey, entry: &JobEntry) {
         if let Some(o) = &entry.owner
@@ -457,6 +456,12 @@ impl Shard {
             {
                 out_of_order.extend(conditions.next());
             }
+            // Held already (left from a checkpoint): the restored one wins.
+            // The held one goes first, so releasing its conditions cannot
+            // take the restored ones' places in the firing index.
+            if let Some(old) = self.processor.state.remove_job(&key) {
+                self.uncount(&key, old);
+            }
             let mine = std::iter::from_fn(|| conditions.next_if(own));
             self.processor
                 .alerts
@@ -489,14 +494,7 @@ impl Shard {
                     .or_insert(0) += 1;
                 entered.push((cluster, job.state, job.t_state()));
             }
-            // Held already (left from a checkpoint): the restored one wins.
-            if self.processor.state.jobs.contains_key(&key) {
-                if let Some(old) = self.processor.state.insert_job(key.clone(), entry) {
-                    self.uncount(&key, old);
-                }
-            } else {
-                self.processor.state.insert_job(key, entry);
-            }
+            self.processor.state.insert_job(key, entry);
         }
         // Draining as the jobs held now say (the shards restore side by
         // side: holds of other shards' jobs come in as they do, and the
@@ -1456,6 +1454,38 @@ mod tests {
                 &mut out,
             );
             assert_eq!(out.len(), 10, "{order}: the waiting ones fire when due");
+        }
+    }
+
+    /// State restored over jobs the shard still holds (a changelog adopted
+    /// again) replaces them: the firing alerts are listed once each, none
+    /// lost to the release of the held ones.
+    #[tokio::test]
+    async fn restoring_over_held_jobs_keeps_every_firing_alert_listed() {
+        let mut a = sched_shard();
+        for id in 1..=10u64 {
+            for r in to_sched(id, 1000.0) {
+                a.apply(r).await;
+            }
+        }
+        a.apply(to_sched(11, 1200.0).swap_remove(0)).await;
+        assert_eq!(a.processor.alerts.firing(), 10);
+        let ShardBytes::Memory(parts) = a.snapshot().unwrap().state else {
+            panic!("encoded in memory");
+        };
+        let decoded = || -> ShardState { rmp_serde::from_slice(&parts[0]).unwrap() };
+        let mut b = sched_shard();
+        b.restore(decoded());
+        for again in 1..=2 {
+            b.adopt(decoded()).await;
+            assert_eq!(b.processor.alerts.firing(), 10, "adopted {again} times");
+            let (page, total) = b.processor.alerts.firing_page(
+                &b.processor.state.jobs,
+                Some("c"),
+                None,
+                usize::MAX,
+            );
+            assert_eq!((page.len(), total), (10, 10), "adopted {again} times");
         }
     }
 
