@@ -236,11 +236,14 @@ pub fn dependency(dep: &str) -> String {
 }
 
 /// A drain time as `flux resource drain` shows it: `MonDD HH:MM`, local.
+/// flux-core's resource module rounds drain times to whole seconds before
+/// the command formats them, so a drain at HH:MM:59.6 shows the next minute.
 pub fn drain_time(t: f64) -> String {
-    if t <= 0.0 {
+    let t = t.round();
+    if t <= 0.0 || !t.is_finite() {
         return String::new();
     }
-    match jiff::Timestamp::from_microsecond((t * 1e6) as i64) {
+    match jiff::Timestamp::from_second(t as i64) {
         Ok(at) => at
             .to_zoned(jiff::tz::TimeZone::system())
             .strftime("%b%d %H:%M")
@@ -252,6 +255,18 @@ pub fn drain_time(t: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drain_times_round_to_the_second_as_flux_core_does() {
+        // A multiple of 60 s is a minute's start in every whole-minute zone.
+        let minute = 1_764_374_400.0;
+        assert_ne!(drain_time(minute), drain_time(minute - 59.0));
+        assert_eq!(drain_time(minute - 0.4), drain_time(minute));
+        assert_eq!(drain_time(minute - 0.5), drain_time(minute));
+        assert_eq!(drain_time(minute - 0.6), drain_time(minute - 59.0));
+        assert_eq!(drain_time(0.0), "");
+        assert_eq!(drain_time(f64::NAN), "");
+    }
 
     #[test]
     fn widths_pad_grow_and_cut_as_flux_formats_do() {
