@@ -462,15 +462,28 @@ class SocketWriter:
     """Writes lines to a socket, reconnecting with backoff when it breaks.
     A line whose write failed is written again on the new connection
     (fluxpipe skips repeats). No acknowledgements: a line written into a
-    connection whose reader has just died is lost (use http)."""
+    connection whose reader has just died is lost (use http).
+
+    With `heartbeat` > 0, a thread writes a blank line (fluxpipe counts it
+    as a heartbeat and applies nothing) once nothing has been written for
+    that long: an idle cluster is not taken for a dead feed, and a broken
+    connection shows (and is made again) before the next real line would
+    be lost in it."""
 
     def __init__(self, kind: str, address: Any, log: Callable[[str], None],
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 heartbeat: float = 0.0) -> None:
         self.kind = kind
         self.address = address
         self.log = log
         self.sleep = sleep
         self.sock: Optional[socket.socket] = None
+        # Writers: the reactor's thread (lines) and the heartbeat's.
+        self.lock = threading.RLock()
+        self.heartbeat = heartbeat
+        self.last_write = time.monotonic()
+        self.stopping = threading.Event()
+        self.thread = start_thread(self._beat, "fluxpipe-heartbeat") if heartbeat > 0 else None
 
     def _connect(self) -> None:
         for delay in backoff_delays():
@@ -489,23 +502,43 @@ class SocketWriter:
                 self.sleep(delay)
 
     def __call__(self, line: bytes) -> None:
+        with self.lock:
+            while True:
+                if self.sock is None:
+                    self._connect()
+                try:
+                    assert self.sock is not None
+                    self.sock.sendall(line)
+                    self.last_write = time.monotonic()
+                    return
+                except OSError as e:
+                    self.log(f"connection to {self.address} lost: {e}")
+                    self.close()
+
+    def _beat(self) -> None:
+        """The heartbeat thread: a blank line after `heartbeat` seconds
+        without a write, written (and the connection made again) as a
+        line would be."""
         while True:
-            if self.sock is None:
-                self._connect()
-            try:
-                assert self.sock is not None
-                self.sock.sendall(line)
+            due = self.last_write + self.heartbeat - time.monotonic()
+            if self.stopping.wait(max(due, 0.0)):
                 return
-            except OSError as e:
-                self.log(f"connection to {self.address} lost: {e}")
-                self.close()
+            if time.monotonic() - self.last_write >= self.heartbeat:
+                self(b"\n")
+
+    def stop(self) -> None:
+        """Stop the heartbeats (the connection stays, for a last line)."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(timeout=1)
 
     def close(self) -> None:
-        if self.sock is not None:
-            try:
-                self.sock.close()
-            finally:
-                self.sock = None
+        with self.lock:
+            if self.sock is not None:
+                try:
+                    self.sock.close()
+                finally:
+                    self.sock = None
 
 
 def stdout_writer(line: bytes) -> None:
@@ -532,9 +565,10 @@ def http_post(url: str, body: bytes, token: Optional[str], timeout: float,
               conn_cache: dict, context: Optional[ssl.SSLContext] = None
               ) -> tuple[int, dict, bytes]:
     """POST one batch (gzip) on a kept-alive connection; returns (status,
-    headers, body). `context`: the TLS settings of https:// (default: the
-    system's trust store). Raises OSError (and http.client errors) when the
-    connection fails."""
+    headers, body). An empty body (a heartbeat) goes as is, Content-Length
+    0, without Content-Encoding. `context`: the TLS settings of https://
+    (default: the system's trust store). Raises OSError (and http.client
+    errors) when the connection fails."""
     parts = urllib.parse.urlsplit(url)
     conn = conn_cache.get("conn")
     if conn is None:
@@ -547,11 +581,14 @@ def http_post(url: str, body: bytes, token: Optional[str], timeout: float,
             conn = http.client.HTTPConnection(parts.hostname, parts.port or 80,
                                               timeout=timeout)
         conn_cache["conn"] = conn
-    headers = {"Content-Type": "application/x-ndjson", "Content-Encoding": "gzip"}
+    headers = {"Content-Type": "application/x-ndjson"}
+    if body:
+        headers["Content-Encoding"] = "gzip"
+        body = gzip.compress(body, 1)
     if token:
         headers["Authorization"] = f"Bearer {token}"
     try:
-        conn.request("POST", parts.path or "/", body=gzip.compress(body, 1), headers=headers)
+        conn.request("POST", parts.path or "/", body=body, headers=headers)
         resp = conn.getresponse()
         data = resp.read()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
@@ -574,14 +611,21 @@ class HttpSender:
     sends the same batch again after a backoff (fluxpipe skips what it had
     already applied). 413: the batch is halved. Other 4xx answers are
     configuration errors: logged, and retried slowly, as the operator may
-    fix fluxpipe while we wait."""
+    fix fluxpipe while we wait.
+
+    With `heartbeat` > 0, once nothing has been posted for that long and
+    nothing is queued, the same thread posts an empty body (fluxpipe
+    answers 200 and applies nothing): an idle cluster is not taken for a
+    dead feed. Never while a batch is queued, in flight or waiting to be
+    sent again (the batch says as much), never retried (the next one comes
+    an interval later), its failures logged sparingly."""
 
     def __init__(self, url: str, log: Callable[[str], None], token: Optional[str] = None,
                  max_pending: int = 100_000, batch_lines: int = 20_000,
                  batch_bytes: int = 4 << 20, timeout: float = 120.0,
                  sleep: Optional[Callable[[float], None]] = None,
                  post: Callable[..., tuple[int, dict, bytes]] = http_post,
-                 context: Optional[ssl.SSLContext] = None) -> None:
+                 context: Optional[ssl.SSLContext] = None, heartbeat: float = 0.0) -> None:
         self.url = url
         self.context = context
         self.log = log
@@ -599,6 +643,10 @@ class HttpSender:
         self.conn: dict = {}
         self.failures = 0
         self.last_error = ""
+        self.heartbeat = heartbeat
+        # When the last POST (batch or heartbeat) ended: the heartbeat's clock.
+        self.last_post = time.monotonic()
+        self.heartbeat_failures = 0
         self.thread = start_thread(self._run, "fluxpipe-sender")
 
     def send(self, line: Optional[bytes], effect: Optional[tuple]) -> None:
@@ -638,11 +686,17 @@ class HttpSender:
         else:
             self.stopping.wait(seconds)
 
-    def _take(self) -> list:
-        """The oldest queued items that make one batch (without removing)."""
+    def _take(self) -> Optional[list]:
+        """The oldest queued items that make one batch (without removing);
+        None when a heartbeat is due instead (nothing queued)."""
         with self.cond:
             while not self.queue and not self.stopping.is_set():
-                self.cond.wait(0.5)
+                wait = 0.5
+                if self.heartbeat > 0:
+                    wait = self.last_post + self.heartbeat - time.monotonic()
+                    if wait <= 0:
+                        return None
+                self.cond.wait(min(wait, 0.5))
             batch, size = [], 0
             for line, effect in self.queue:
                 n = len(line) if line is not None else 0
@@ -655,6 +709,9 @@ class HttpSender:
     def _run(self) -> None:
         while not self.stopping.is_set():
             batch = self._take()
+            if batch is None:
+                self._beat()
+                continue
             if not batch:
                 continue
             body = b"".join(line for line, _ in batch if line is not None)
@@ -665,6 +722,29 @@ class HttpSender:
                     self.queue.popleft()
                 self.cond.notify_all()
             self.on_ack([effect for _, effect in batch if effect is not None])
+
+    def _beat(self) -> None:
+        """One heartbeat: an empty POST, not retried."""
+        try:
+            status, _, answer = self.post(self.url, b"", self.token, self.timeout,
+                                          self.conn, context=self.context)
+            what = "" if status == 200 else \
+                f"{status} {answer.decode('utf-8', 'replace').strip()}"
+        except (OSError, http.client.HTTPException) as e:
+            what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        self.last_post = time.monotonic()
+        if not what:
+            if self.heartbeat_failures:
+                self.log(f"fluxpipe at {self.url}: heartbeats answered again after "
+                         f"{self.heartbeat_failures} failed")
+            self.heartbeat_failures = 0
+            return
+        self.heartbeat_failures += 1
+        # The first failure and then every 10th: a down fluxpipe is one
+        # line every ten intervals.
+        if self.heartbeat_failures == 1 or self.heartbeat_failures % 10 == 0:
+            self.log(f"fluxpipe at {self.url}: heartbeat failed ({what}; "
+                     f"{self.heartbeat_failures} in a row); next in {self.heartbeat:g}s")
 
     def _failed(self, what: str, delay: float) -> None:
         self.failures += 1
@@ -686,8 +766,10 @@ class HttpSender:
                 status, headers, answer = self.post(self.url, body, self.token, self.timeout,
                                                     self.conn, context=self.context)
             except (OSError, http.client.HTTPException) as e:
+                self.last_post = time.monotonic()
                 self._failed(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, delay)
                 continue
+            self.last_post = time.monotonic()
             if status == 200:
                 if self.failures:
                     self.log(f"fluxpipe at {self.url}: delivering again after "
@@ -744,11 +826,20 @@ class KafkaSender:
     order and a message is acknowledged once every in-sync replica has it.
     Lines are acknowledged to the forwarder in the order sent: the resume
     point moves over a line only when it and every line before it are
-    delivered. `send` waits while `max_pending` lines are undelivered."""
+    delivered. `send` waits while `max_pending` lines are undelivered.
+
+    With `heartbeat` > 0, the polling thread produces a blank message
+    (fluxpipe counts it as a heartbeat and applies nothing) to each
+    partition of the topic that nothing was delivered to for that long:
+    every member of fluxpipe's consumer group hears from the feed, whichever
+    partitions it reads, when the cluster is idle or its lines all hash to
+    other partitions. The partitions come from the producer's metadata,
+    kept until an error. One round of heartbeats at a time: while one is
+    undelivered (the broker is down), none is added behind it."""
 
     def __init__(self, servers: str, topic: str, log: Callable[[str], None],
                  options: Optional[dict] = None, max_pending: int = 100_000,
-                 producer: Any = None) -> None:
+                 producer: Any = None, heartbeat: float = 0.0) -> None:
         config = {
             "bootstrap.servers": servers,
             "enable.idempotence": True,
@@ -777,6 +868,14 @@ class KafkaSender:
         self.queue: collections.deque = collections.deque()
         self.seq = 0
         self.failures = 0
+        self.heartbeat = heartbeat
+        # Partition → when a message was last delivered to it (or a
+        # heartbeat produced); the topic's partitions, None until known.
+        self.heard: dict[int, float] = {}
+        self.partitions: Optional[list[int]] = None
+        self.beats_out = 0
+        self.beat_failures = 0
+        self.next_beat = time.monotonic() + heartbeat
         self.stopping = threading.Event()
         self.thread = start_thread(self._poll, "fluxpipe-kafka")
 
@@ -798,13 +897,13 @@ class KafkaSender:
             try:
                 self.producer.produce(self.topic, value=line, key=kafka_key(line, effect),
                                       on_delivery=lambda err, msg, item=item: self._delivered(
-                                          err, item))
+                                          err, item, msg))
                 return
             except BufferError:
                 # librdkafka's own queue is full: let it deliver some.
                 self.producer.poll(0.1)
 
-    def _delivered(self, err: Any, item: list) -> None:
+    def _delivered(self, err: Any, item: list, msg: Any = None) -> None:
         if err is not None:
             self.failures += 1
             if self.failures == 1 or self.failures % 100 == 0:
@@ -815,6 +914,8 @@ class KafkaSender:
             return
         with self.cond:
             item[3] = True
+            if msg is not None:
+                self.heard[msg.partition()] = time.monotonic()
         self._advance()
 
     def _advance(self) -> None:
@@ -831,6 +932,70 @@ class KafkaSender:
     def _poll(self) -> None:
         while not self.stopping.is_set():
             self.producer.poll(0.1)
+            if self.heartbeat > 0 and time.monotonic() >= self.next_beat:
+                self._beat()
+
+    def _topic_partitions(self) -> list[int]:
+        """The topic's partitions, from the producer's metadata (asked
+        again after an error). Raises on failure (librdkafka's
+        KafkaException, or an error in the topic's metadata)."""
+        if self.partitions is None:
+            meta = self.producer.list_topics(self.topic, timeout=10)
+            topic = meta.topics.get(self.topic)
+            if topic is None or topic.error is not None or not topic.partitions:
+                raise RuntimeError(f"no partitions ({topic.error if topic else 'no topic'})")
+            self.partitions = sorted(topic.partitions)
+        return self.partitions
+
+    def _beat(self) -> None:
+        """A blank message to every partition nothing was delivered to for
+        an interval; next look when the oldest of them is due again."""
+        now = time.monotonic()
+        self.next_beat = now + self.heartbeat
+        with self.cond:
+            if self.beats_out:
+                return
+        try:
+            partitions = self._topic_partitions()
+        except Exception as e:  # noqa: BLE001 (librdkafka's KafkaException)
+            self.partitions = None
+            self._beat_failed(f"cannot list the partitions: {e}")
+            return
+        with self.cond:
+            idle = [p for p in partitions if now - self.heard.get(p, -math.inf) >= self.heartbeat]
+            busy = [self.heard[p] for p in partitions if p not in idle]
+            for p in idle:
+                self.heard[p] = now
+            self.beats_out += len(idle)
+        if busy:
+            self.next_beat = min(busy) + self.heartbeat
+        for p in idle:
+            try:
+                self.producer.produce(self.topic, value=b"\n", partition=p,
+                                      on_delivery=self._beat_delivered)
+            except Exception as e:  # noqa: BLE001 (BufferError, KafkaException)
+                with self.cond:
+                    self.beats_out -= 1
+                self.partitions = None
+                self._beat_failed(f"partition {p}: {e}")
+
+    def _beat_delivered(self, err: Any, _msg: Any) -> None:
+        with self.cond:
+            self.beats_out -= 1
+        if err is not None:
+            # Perhaps the partitions changed: asked again next time.
+            self.partitions = None
+            self._beat_failed(str(err))
+        elif self.beat_failures:
+            self.log(f"kafka topic {self.topic}: heartbeats delivered again after "
+                     f"{self.beat_failures} failed")
+            self.beat_failures = 0
+
+    def _beat_failed(self, what: str) -> None:
+        self.beat_failures += 1
+        if self.beat_failures == 1 or self.beat_failures % 10 == 0:
+            self.log(f"kafka topic {self.topic}: heartbeat failed ({what}; "
+                     f"{self.beat_failures} failures)")
 
     def unacknowledged(self) -> list[bytes]:
         with self.cond:
@@ -1066,8 +1231,12 @@ def run_once(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str]
     timer.start()
     liveness = Liveness(handle, on_gone, interval=args.ping_interval)
     liveness.start()
+    broke = ""
     try:
-        handle.reactor_run()
+        rc = handle.reactor_run()
+        broke = f"the reactor returned {rc}"
+    except OSError as e:
+        broke = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     finally:
         liveness.stop()
         timer.stop()
@@ -1086,8 +1255,11 @@ def run_once(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str]
         return STOPPED
     if outcome:
         return outcome[0]
-    # The reactor ran out of work (nothing is watched any more): as a stop.
-    return STOPPED
+    # The signal and ping watchers keep the reactor busy for ever: it
+    # returns on its own (-1, or OSError) only when the connection to the
+    # broker breaks (a broker killed, a lost socket), never at a clean stop.
+    log(f"the connection to the Flux broker broke ({broke})")
+    return GONE
 
 
 def open_flux(args: argparse.Namespace, flux_module: Any) -> Any:
@@ -1102,11 +1274,16 @@ def open_flux(args: argparse.Namespace, flux_module: Any) -> Any:
 
 def run_flux(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str], None],
              flux_module: Any = None, sleep: Callable[[float], None] = time.sleep) -> int:
-    """Forward until a signal (exit 0), or until the instance goes away or
-    a journal ends: exit 1 (for the service manager to restart us), or with
-    --reconnect wait for the instance to come back and go on from the
+    """Forward until a signal (exit 0), or until the instance goes away (a
+    failed ping, or the connection to the broker breaking: a broker killed)
+    or a journal ends: exit 1 (for the service manager to restart us), or
+    with --reconnect wait for the instance to come back and go on from the
     acknowledged position. What is unacknowledged is given --drain-timeout
-    to be delivered before exit; the rest goes in the state file."""
+    to be delivered before exit; the rest goes in the state file. The
+    heartbeats are the senders' own (their threads), so they go on while
+    the reactor is idle and while we wait for the instance: fluxpipe
+    learns that the instance is down from the `instance-down` line, not
+    from silence."""
     if flux_module is None:
         flux_module = import_flux()
     status = 0
@@ -1138,6 +1315,9 @@ def run_flux(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str]
         log(f"waiting for the instance to come back (every {args.reconnect_delay}s)")
         sleep(args.reconnect_delay)
     output = forwarder.output
+    writer = getattr(output, "write", None)
+    if isinstance(writer, SocketWriter):
+        writer.stop()
     if isinstance(output, (HttpSender, KafkaSender)):
         if not output.wait_empty(args.drain_timeout):
             left = len(output.unacknowledged())
@@ -1255,6 +1435,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ping-interval", type=float, default=2.0, metavar="SECONDS",
                    help="how often the broker is pinged to notice it going away (default 2; "
                         "3 unanswered pings in a row: gone)")
+    p.add_argument("--heartbeat", type=float, default=30.0, metavar="SECONDS",
+                   help="after this long with nothing sent, tell fluxpipe the feed is alive "
+                        "(http: an empty POST; socket: a blank line; kafka: a blank message "
+                        "to each partition); also while waiting for the instance with "
+                        "--reconnect; none to stdout; 0: never (default 30)")
     p.add_argument("--drain-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="at exit, how long unacknowledged lines may take to be delivered "
                         "(the rest stays in the state file) (default 10)")
@@ -1277,6 +1462,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             or args.max_pending < 1:
         p.error("--ping-interval must be > 0, --reconnect-delay and --drain-timeout >= 0, "
                 "--max-pending >= 1")
+    if not (args.heartbeat >= 0 and math.isfinite(args.heartbeat)):
+        p.error("--heartbeat must be >= 0 (0: no heartbeats)")
     try:
         args.output = parse_address(args.connect)
     except ValueError as e:
@@ -1341,14 +1528,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     kind, address = args.output
     if kind == "http":
         output: Any = HttpSender(address, log, token=args.token, max_pending=args.max_pending,
-                                 context=args.tls)
+                                 context=args.tls, heartbeat=args.heartbeat)
     elif kind == "kafka":
         output = KafkaSender(address[0], address[1], log, args.kafka_options,
-                             max_pending=args.max_pending)
+                             max_pending=args.max_pending, heartbeat=args.heartbeat)
     elif kind == "stdout":
+        # No heartbeat: a file or pipe reader has no feed to watch.
         output = stdout_writer
     else:
-        output = SocketWriter(kind, address, log)
+        output = SocketWriter(kind, address, log, heartbeat=args.heartbeat)
     forwarder = Forwarder(output, state, args.state, args.state_interval)
     log(f"resuming after job={state[JOB]:.6f} resource={state[RESOURCE]:.6f} "
         f"(overlap {args.overlap}s)"

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -510,8 +511,10 @@ class CliTest(unittest.TestCase):
 class FakeFlux:
     """Just enough of the flux module for run_flux(). The reactor runs the
     journal consumers and the exec eventlog watches in turns, one event
-    each, until nothing is left, reactor_stop() is called, or `budget`
-    events have been delivered (as if a SIGTERM came then)."""
+    each, until reactor_stop() is called, or until nothing is left or
+    `budget` events have been delivered: then the handle's `idle()`, by
+    default a SIGTERM through the reactor's signal watcher (a real reactor
+    never runs out of work while its signal and ping watchers are on)."""
 
     def __init__(self, messages_job, messages_res, journals_end: bool = True,
                  exec_logs=read_exec_eventlog, budget: int | None = None):
@@ -523,20 +526,34 @@ class FakeFlux:
         class Handle:
             def __init__(self, *a):
                 self.stopped = False
+                self.signals: dict = {}
 
             def reactor_run(self):
                 self.stopped = False
                 while not self.stopped:
                     busy = False
                     for src in fake.consumers + fake.watches:
-                        if self.stopped or fake.budget == 0:
-                            return
+                        if self.stopped:
+                            return 0
+                        if fake.budget == 0:
+                            return self.idle()
                         if src.step():
                             busy = True
                             if fake.budget is not None:
                                 fake.budget -= 1
                     if not busy:
-                        return
+                        return self.idle()
+                return 0
+
+            def idle(self):
+                """Nothing left to deliver: the test's end, a SIGTERM."""
+                self.signal(signal.SIGTERM)
+                return 0
+
+            def signal(self, signum):
+                watcher = self.signals[signum]
+                assert watcher.started
+                watcher.cb(watcher, signum)
 
             def reactor_stop(self):
                 self.stopped = True
@@ -548,14 +565,19 @@ class FakeFlux:
                 return Watcher()
 
             def signal_watcher_create(self, signum, cb):
-                return Watcher()
+                self.signals[signum] = Watcher(cb)
+                return self.signals[signum]
 
         class Watcher:
+            def __init__(self, cb=None):
+                self.cb = cb
+                self.started = False
+
             def start(self):
-                pass
+                self.started = True
 
             def stop(self):
-                pass
+                self.started = False
 
         def job_consumer(handle, full, since, include_sentinel):
             assert full and include_sentinel
@@ -791,10 +813,6 @@ class ExecEventlogTest(unittest.TestCase):
         self.assertEqual([r for r in out if r["kind"] == "anomaly"], [])
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class FakeFluxpipe:
     """A real HTTP server on 127.0.0.1 standing in for a fluxpipe `http`
     source, scripted per request: "ok" (200 with counts), "drop" (read the
@@ -808,6 +826,7 @@ class FakeFluxpipe:
         import gzip as _gzip
         self.script = list(script)
         self.received: list[bytes] = []
+        self.headers: list[dict] = []
         self.acknowledged: list[bytes] = []
         self.release = threading.Event()
         self.holding = threading.Event()
@@ -821,6 +840,7 @@ class FakeFluxpipe:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                fake.headers.append(dict(self.headers))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = _gzip.decompress(body)
                 fake.received.append(body)
@@ -1059,11 +1079,10 @@ class InstanceGoneTest(unittest.TestCase):
             def rpc(self, topic, payload=None):
                 return FakeFuture(ping_error if topic == "broker.ping" else None)
 
-            def reactor_run(self):
-                super().reactor_run()
+            def idle(self):
                 # The journals are drained; the next ping tells the rest.
-                if not self.stopped:
-                    self.tick()
+                self.tick()
+                return 0
 
         fake.Flux = Handle
         return fake
@@ -1110,6 +1129,99 @@ class InstanceGoneTest(unittest.TestCase):
         self.assertGreater(fake.consumers[2].asked_since, 0)
 
 
+def crashing_flux(crash) -> FakeFlux:
+    """A FakeFlux whose first handles end with `crash` (a return code of
+    reactor_run, or an exception it raises; a list: one per handle) once
+    the journals are drained, as when the broker is killed; the handles
+    after those end with a SIGTERM."""
+    fake = FakeFlux(read_journal(JOB_JOURNAL1), read_journal(RESOURCE_JOURNAL1),
+                    journals_end=False)
+    crashes = list(crash) if isinstance(crash, list) else [crash]
+    fake.opened = 0
+    handle_cls = fake.Flux
+
+    class Handle(handle_cls):
+        def __init__(self, *a):
+            super().__init__(*a)
+            fake.opened += 1
+            self.crash = crashes.pop(0) if crashes else None
+
+        def idle(self):
+            if self.crash is None:
+                return super().idle()
+            if isinstance(self.crash, BaseException):
+                raise self.crash
+            return self.crash
+
+    fake.Flux = Handle
+    return fake
+
+
+class BrokerCrashTest(unittest.TestCase):
+    """A broker killed (kill -9): flux-core's reactor_run() returns -1 (or
+    raises OSError) as the connection breaks, with no signal caught. That
+    is the instance gone, not a stop: logged, `instance-down` sent, exit 1
+    or, with --reconnect, a new connection. Only a signal is a stop."""
+
+    def fake(self, crash):
+        return crashing_flux(crash)
+
+    def run_forwarder(self, fake, *argv):
+        out, logs = Lines(), []
+        args = ff.parse_args(list(argv))
+        status = ff.run_flux(args, ff.Forwarder(out, ff.empty_state()), logs.append,
+                             flux_module=fake, sleep=lambda s: None)
+        return status, out.decoded(), logs
+
+    def instance_down(self, lines):
+        return [m for m in lines if "id" not in m and m["events"]
+                and m["events"][0]["name"] == "instance-down"]
+
+    def test_a_reactor_that_returns_without_a_signal_is_the_instance_gone(self):
+        status, lines, logs = self.run_forwarder(self.fake(-1))
+        self.assertEqual(status, 1)
+        self.assertEqual(len([m for m in logs if "connection to the Flux broker broke" in m]),
+                         1, logs)
+        self.assertFalse(any("stopping" in m for m in logs), logs)
+        self.assertEqual(len(self.instance_down(lines)), 1)
+        self.assertEqual(lines[-1], self.instance_down(lines)[0])
+
+    def test_any_return_code_without_a_signal_is_the_instance_gone(self):
+        status, lines, _ = self.run_forwarder(self.fake(0))
+        self.assertEqual(status, 1)
+        self.assertEqual(len(self.instance_down(lines)), 1)
+
+    def test_an_oserror_from_the_reactor_is_the_instance_gone(self):
+        crash = ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+        status, lines, logs = self.run_forwarder(self.fake(crash))
+        self.assertEqual(status, 1)
+        self.assertTrue(any("connection to the Flux broker broke" in m
+                            and "Connection reset" in m for m in logs), logs)
+        self.assertEqual(len(self.instance_down(lines)), 1)
+
+    def test_reconnect_after_a_crash(self):
+        crash = ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+        for first in (-1, crash):
+            fake = self.fake([first])
+            status, lines, logs = self.run_forwarder(
+                fake, "--reconnect", "--reconnect-delay", "0")
+            # The second handle ends with a SIGTERM: a stop, exit 0.
+            self.assertEqual(status, 0)
+            self.assertEqual(fake.opened, 2)
+            self.assertTrue(any("connected to the Flux instance again" in m for m in logs),
+                            logs)
+            self.assertEqual(len(self.instance_down(lines)), 1)
+            # The second run asked for the journals again.
+            self.assertEqual(len(fake.consumers), 4)
+
+    def test_a_sigterm_is_still_a_stop(self):
+        status, lines, logs = self.run_forwarder(self.fake([]))
+        self.assertEqual(status, 0)
+        self.assertTrue(any("stopping (SIGTERM)" in m for m in logs), logs)
+        self.assertFalse(any("broke" in m for m in logs), logs)
+        self.assertEqual(self.instance_down(lines), [])
+
+
 class ArgumentErrorsTest(unittest.TestCase):
     def test_one_line_errors(self):
         for argv, words in [
@@ -1142,13 +1254,30 @@ class FakeProducer:
     """confluent_kafka.Producer's surface: produce() keeps the message and
     its delivery callback; the test delivers them when and how it likes."""
 
-    def __init__(self):
+    def __init__(self, partitions: int = 3):
         self.sent: list = []
+        # Messages produced to a given partition (heartbeats): (partition,
+        # key, value, on_delivery).
+        self.beats: list = []
         self.lock = threading.Lock()
+        self.partitions = partitions
+        self.metadata_asked = 0
+        self.metadata_error: Exception | None = None
 
-    def produce(self, topic, value=None, key=None, on_delivery=None):
+    def produce(self, topic, value=None, key=None, on_delivery=None, partition=None):
         with self.lock:
-            self.sent.append((topic, key, value, on_delivery))
+            if partition is not None:
+                self.beats.append((partition, key, value, on_delivery))
+            else:
+                self.sent.append((topic, key, value, on_delivery))
+
+    def list_topics(self, topic=None, timeout=-1):
+        self.metadata_asked += 1
+        if self.metadata_error is not None:
+            raise self.metadata_error
+        partitions = {p: argparse.Namespace(id=p) for p in range(self.partitions)}
+        return argparse.Namespace(topics={topic: argparse.Namespace(
+            topic=topic, partitions=partitions, error=None)})
 
     def poll(self, timeout=0):
         time.sleep(min(timeout, 0.01))
@@ -1204,6 +1333,219 @@ class KafkaSenderTest(unittest.TestCase):
         self.assertTrue(out.wait_empty(30))
         self.assertEqual(fw.state[ff.JOB], max(e["timestamp"] for _, e in events))
         out.stop()
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    """Poll until predicate() is true (True) or timeout (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return bool(predicate())
+
+
+class HeartbeatTest(unittest.TestCase):
+    """--heartbeat: after an interval with nothing sent, a sign of life
+    that fluxpipe applies as nothing (http: an empty POST; socket: a blank
+    line; kafka: a blank message to every partition)."""
+
+    def test_the_option(self):
+        self.assertEqual(ff.parse_args([]).heartbeat, 30.0)
+        self.assertEqual(ff.parse_args(["--heartbeat", "0"]).heartbeat, 0.0)
+        for bad in ("-1", "nan", "inf"):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit):
+                ff.parse_args(["--heartbeat", bad])
+            self.assertIn("--heartbeat", err.getvalue())
+
+    def test_an_idle_http_sender_posts_an_empty_body(self):
+        fake = FakeFluxpipe([])
+        try:
+            out = ff.HttpSender(fake.url, [].append, token="secret", heartbeat=0.2)
+            time.sleep(0.1)
+            self.assertEqual(fake.received, [], "a heartbeat before the interval")
+            self.assertTrue(wait_for(lambda: len(fake.received) >= 2))
+            out.stop()
+            self.assertEqual(set(fake.received), {b""})
+            h = fake.headers[0]
+            self.assertEqual(h["Content-Length"], "0")
+            self.assertNotIn("Content-Encoding", h)
+            self.assertEqual(h["Authorization"], "Bearer secret")
+        finally:
+            fake.close()
+
+    def test_no_http_heartbeat_while_a_batch_is_in_flight_or_sent_again(self):
+        # In flight: fluxpipe holds the batch.
+        fake = FakeFluxpipe(["hold"])
+        try:
+            out = ff.HttpSender(fake.url, [].append, heartbeat=0.05)
+            fw = ff.Forwarder(out, ff.empty_state())
+            events = journal_lines()[:5]
+            for jobid, ev in events:
+                fw.job_event(jobid, dict(ev))
+            self.assertTrue(fake.holding.wait(5))
+            time.sleep(0.4)
+            self.assertEqual(len(fake.received), 1, fake.received)
+            fake.release.set()
+            self.assertTrue(out.wait_empty(10))
+            # Idle again: heartbeats, and they acknowledge nothing.
+            self.assertTrue(wait_for(lambda: b"" in fake.received))
+            out.stop()
+            self.assertNotEqual(fake.received[0], b"")
+            self.assertEqual(fake.acknowledged_lines(),
+                             [ff.encode(ff.job_message(j, e)) for j, e in events])
+            self.assertEqual(fw.state[ff.JOB], max(e["timestamp"] for _, e in events))
+        finally:
+            fake.close()
+        # Sent again after failures, with backoffs longer than the interval.
+        fake = FakeFluxpipe(["503"] * 8)
+        try:
+            out = ff.HttpSender(fake.url, [].append, heartbeat=0.01,
+                                sleep=lambda s: time.sleep(0.05))
+            fw = ff.Forwarder(out, ff.empty_state())
+            fw.job_event(*journal_lines()[0])
+            self.assertTrue(out.wait_empty(10))
+            out.stop()
+            # The batch, 8 times refused then taken; heartbeats only after.
+            self.assertNotIn(b"", fake.received[:9])
+            self.assertEqual(len(set(fake.received[:9])), 1)
+        finally:
+            fake.close()
+
+    def test_failed_http_heartbeats_are_not_retried_and_logged_sparingly(self):
+        fake = FakeFluxpipe(["503"] * 1000)
+        try:
+            logs: list[str] = []
+            out = ff.HttpSender(fake.url, logs.append, heartbeat=0.02)
+            started = time.monotonic()
+            self.assertTrue(wait_for(lambda: len(fake.received) >= 12))
+            out.stop()
+            took = time.monotonic() - started
+            # One per interval, not a retry storm.
+            self.assertLessEqual(len(fake.received), took / 0.02 + 2)
+            failed = [m for m in logs if "heartbeat failed" in m]
+            self.assertTrue(failed)
+            self.assertLessEqual(len(failed), len(fake.received) // 10 + 1, logs)
+        finally:
+            fake.close()
+
+    def test_heartbeat_0_sends_none(self):
+        fake = FakeFluxpipe([])
+        try:
+            out = ff.HttpSender(fake.url, [].append, heartbeat=0)
+            time.sleep(0.3)
+            out.stop()
+            self.assertEqual(fake.received, [])
+        finally:
+            fake.close()
+        producer = FakeProducer()
+        out = ff.KafkaSender("b:9092", "flux", [].append, producer=producer, heartbeat=0)
+        time.sleep(0.3)
+        out.stop()
+        self.assertEqual((producer.beats, producer.metadata_asked), ([], 0))
+        server = socket.create_server(("127.0.0.1", 0))
+        try:
+            w = ff.SocketWriter("tcp", server.getsockname(), [].append, heartbeat=0)
+            self.assertIsNone(w.thread)
+            server.settimeout(0.3)
+            with self.assertRaises(socket.timeout):
+                server.accept()
+            w.stop()
+        finally:
+            server.close()
+
+    def test_heartbeats_go_on_while_waiting_for_the_instance(self):
+        fake = FakeFluxpipe([])
+        try:
+            out = ff.HttpSender(fake.url, [].append, heartbeat=0.05)
+            fw = ff.Forwarder(out, ff.empty_state())
+            beats_in_wait = []
+
+            def sleep(seconds):
+                # The --reconnect wait: the reactor is not running.
+                beats_in_wait.append(wait_for(lambda: b"" in fake.received))
+
+            args = ff.parse_args(["--reconnect", "--connect", fake.url])
+            status = ff.run_flux(args, fw, [].append, flux_module=crashing_flux(-1),
+                                 sleep=sleep)
+            self.assertEqual(status, 0)
+            self.assertEqual(beats_in_wait, [True])
+            # Everything, the instance-down line included, acknowledged.
+            lines = [json.loads(l) for l in fake.acknowledged_lines()]
+            self.assertTrue(any(m.get("events") and m["events"][0]["name"] == "instance-down"
+                                for m in lines))
+        finally:
+            fake.close()
+
+    def test_a_socket_gets_a_blank_line_and_a_broken_connection_shows(self):
+        server = socket.create_server(("127.0.0.1", 0))
+        server.settimeout(5)
+        logs: list[str] = []
+        w = ff.SocketWriter("tcp", server.getsockname(), logs.append,
+                            sleep=lambda s: None, heartbeat=0.1)
+        try:
+            conn, _ = server.accept()
+            conn.settimeout(5)
+            self.assertEqual(conn.recv(100), b"\n")
+            w(b'{"n":1}\n')
+            f = conn.makefile("rb")
+            self.assertEqual(f.readline(), b'{"n":1}\n')
+            self.assertEqual(f.readline(), b"\n")
+            # fluxpipe goes away: the heartbeats notice, and connect again.
+            f.close()
+            conn.close()
+            conn2, _ = server.accept()
+            conn2.settimeout(5)
+            self.assertEqual(conn2.recv(100)[:1], b"\n")
+            conn2.close()
+            self.assertTrue(any("lost" in m for m in logs), logs)
+        finally:
+            w.stop()
+            w.close()
+            server.close()
+
+    def test_kafka_heartbeats_reach_every_partition(self):
+        producer = FakeProducer(partitions=4)
+        logs: list[str] = []
+        out = ff.KafkaSender("b:9092", "flux", logs.append, producer=producer, heartbeat=0.2)
+        try:
+            self.assertTrue(wait_for(lambda: len(producer.beats) >= 4))
+            first = list(producer.beats)
+            self.assertEqual(sorted(p for p, _, _, _ in first), [0, 1, 2, 3])
+            self.assertEqual({(k, v) for _, k, v, _ in first}, {(None, b"\n")})
+            # Undelivered (the broker is down): no round added behind it.
+            time.sleep(0.5)
+            self.assertEqual(len(producer.beats), 4)
+            # Delivered; then a line lands in partition 1: the next round
+            # skips it, having heard from it within the interval.
+            for _, _, _, cb in first:
+                cb(None, None)
+            fw = ff.Forwarder(out, ff.empty_state())
+            fw.job_event(*journal_lines()[0])
+            producer.sent[0][3](None, argparse.Namespace(partition=lambda: 1))
+            self.assertTrue(wait_for(lambda: len(producer.beats) >= 7))
+            self.assertEqual(sorted(p for p, _, _, _ in producer.beats[4:7]), [0, 2, 3])
+            # Metadata asked once, kept; a failed heartbeat drops it, and
+            # while it cannot be had, it is asked again each interval.
+            self.assertEqual(producer.metadata_asked, 1)
+            producer.metadata_error = RuntimeError("no broker")
+            for _, _, _, cb in producer.beats[4:7]:
+                cb("partition gone", None)
+            self.assertTrue(wait_for(lambda: producer.metadata_asked >= 3, 3))
+            self.assertEqual(len(producer.beats), 7)
+            # Logged once (then every tenth failure), not each time.
+            failed = [m for m in logs if "heartbeat failed" in m]
+            self.assertEqual(len(failed), 1, logs)
+            self.assertIn("partition gone", failed[0])
+            producer.metadata_error = None
+            self.assertTrue(wait_for(lambda: len(producer.beats) >= 11))
+            self.assertEqual(sorted(p for p, _, _, _ in producer.beats[7:11]), [0, 1, 2, 3])
+            for _, _, _, cb in producer.beats[7:11]:
+                cb(None, None)
+            self.assertTrue(any("heartbeats delivered again" in m for m in logs), logs)
+        finally:
+            out.stop()
 
 
 def openssl(*args: str, cwd: str) -> None:
@@ -1319,3 +1661,7 @@ class HttpsTest(unittest.TestCase):
             self.assertIn(words, err.getvalue(), argv)
         self.assertIsNone(ff.parse_args(["--connect", "http://h:1/"]).tls)
         self.assertIsNotNone(ff.parse_args(["--connect", "https://h:1/"]).tls)
+
+
+if __name__ == "__main__":
+    unittest.main()
