@@ -11,6 +11,7 @@ use crate::flux::resource::{RankChange, RankState};
 use crate::keyed::JobKey;
 use crate::keyed::alerts::engine::{AlertEvent, Subject};
 use crate::keyed::alerts::rule::{Rule, RuleKind};
+use crate::keyed::alerts::watch::WatchAlert;
 use crate::keyed::state::{JobEntry, KeyedAnomaly, KeyedTransition};
 use compact_str::CompactString;
 use serde::Serialize;
@@ -712,6 +713,59 @@ pub fn alert(rule: &Rule, a: &AlertEvent) -> Value {
         ])),
     );
     Value::Object(map)
+}
+
+/// An alert of the feed watch (`feed_silent`, `instance_down`), in the
+/// form of every other alert record: a cluster's, with the source of a
+/// silent feed as a label.
+pub fn watch_alert(rule: &Rule, a: &WatchAlert) -> Value {
+    let cluster = a.subject.cluster.as_str();
+    let hold = &rule.hold_text;
+    let mut labels = Map::new();
+    labels.insert("alertname".into(), json!(rule.name));
+    labels.insert("flux_cluster".into(), json!(cluster));
+    labels.insert("severity".into(), json!(rule.severity));
+    let summary = match (rule.kind, a.subject.source.as_deref()) {
+        (RuleKind::FeedSilent, Some(source)) => {
+            labels.insert("source".into(), json!(source));
+            format!(
+                "nothing heard from cluster {cluster} on source {source} (no record, no heartbeat) for more than {hold}"
+            )
+        }
+        (RuleKind::InstanceDown, _) => {
+            format!("the Flux instance of cluster {cluster} is down (for more than {hold})")
+        }
+        _ => format!("cluster {cluster}: {}", rule.name),
+    };
+    let mut annotations = Map::new();
+    annotations.insert("summary".into(), json!(summary));
+    annotations.insert("since".into(), json!(rfc3339(a.since)));
+    let ends = a.ends_at.unwrap_or(f64::NAN).to_bits().to_le_bytes();
+    let source = a.subject.source.as_deref().unwrap_or("");
+    json!({
+        "kind": "alert",
+        "status": a.status.as_str(),
+        "alertname": rule.name,
+        "rule_kind": rule.kind.name(),
+        "severity": rule.severity,
+        "cluster": cluster,
+        "source": a.subject.source,
+        "labels": labels,
+        "annotations": annotations,
+        "since": a.since,
+        "starts_at": rfc3339(a.starts_at),
+        "ends_at": a.ends_at.map(rfc3339),
+        "record_id": record_id(&[
+            b"alert",
+            rule.name.as_bytes(),
+            cluster.as_bytes(),
+            &[2],
+            source.as_bytes(),
+            a.status.as_str().as_bytes(),
+            &a.starts_at.to_bits().to_le_bytes(),
+            &ends,
+        ]),
+    })
 }
 
 /// The most of an undecodable line that a dead letter carries.

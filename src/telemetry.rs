@@ -68,6 +68,68 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
+/// Why a sink drops records (`fluxpipe_records_dropped_total{reason}`).
+pub const DROP_REASONS: [&str; 4] = ["full", "closed", "undeliverable", "unstorable"];
+
+/// Why records of jobs are refused (`fluxpipe_jobs_refused_total{reason}`).
+pub const REFUSAL_REASONS: [&str; 2] = ["max_jobs", "max_clusters"];
+
+/// Serve every counter whose label set is known at the start at 0: a
+/// counter that first appears at its first increment is invisible to
+/// `increase()` and `rate()`, so a one-off loss would never trip an alert.
+pub fn announce_counters(sources: &[&str], sinks: &[&str], rules: &[&str]) {
+    use crate::flux::anomaly::{AnomalyKind, Stream};
+    for &source in sources {
+        for name in [
+            metric::FLUXPIPE_EVENTS_RECEIVED_TOTAL,
+            metric::FLUXPIPE_EVENTS_INVALID_TOTAL,
+            metric::FLUXPIPE_SOURCE_ERRORS_TOTAL,
+            metric::FLUXPIPE_DEAD_LETTERS_SUPPRESSED_TOTAL,
+        ] {
+            metrics::counter!(name, "source" => source.to_string()).increment(0);
+        }
+    }
+    for &sink in sinks {
+        for name in [
+            metric::FLUXPIPE_RECORDS_SENT_TOTAL,
+            metric::FLUXPIPE_SINK_ERRORS_TOTAL,
+        ] {
+            metrics::counter!(name, "sink" => sink.to_string()).increment(0);
+        }
+        for reason in DROP_REASONS {
+            metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => sink.to_string(), "reason" => reason)
+                .increment(0);
+        }
+    }
+    for &rule in rules {
+        for status in ["firing", "resolved"] {
+            metrics::counter!(metric::FLUXPIPE_ALERTS_TOTAL, "rule" => rule.to_string(), "status" => status)
+                .increment(0);
+        }
+    }
+    for stream in Stream::ALL {
+        for kind in AnomalyKind::ALL {
+            metrics::counter!(metric::FLUXPIPE_ANOMALIES_TOTAL, "stream" => stream.as_str(), "kind" => kind.as_str())
+                .increment(0);
+        }
+    }
+    for reason in REFUSAL_REASONS {
+        metrics::counter!(metric::FLUXPIPE_JOBS_REFUSED_TOTAL, "reason" => reason).increment(0);
+    }
+    for why in crate::keyed::expiry::Eviction::ALL {
+        metrics::counter!(metric::FLUXPIPE_JOBS_EVICTED_TOTAL, "reason" => why.as_str())
+            .increment(0);
+    }
+    for name in [
+        metric::FLUXPIPE_CHECKPOINT_FAILURES_TOTAL,
+        metric::FLUXPIPE_EVENTS_DUPLICATE_TOTAL,
+        metric::FLUXPIPE_FINISHED_JOB_REPEATS_TOTAL,
+        metric::FLUXPIPE_TAP_RECORDS_DROPPED_TOTAL,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+}
+
 /// Refresh the `process_*` series; called before each render of /metrics.
 pub fn collect_process() {
     if let Some(collector) = PROCESS.get() {
@@ -136,6 +198,7 @@ pub mod metric {
     FLUXPIPE_HTTP_REQUESTS_TOTAL = "fluxpipe_http_requests_total", Counter, None, "Requests answered by an http source, by status code.";
     FLUXPIPE_HTTP_REQUEST_DURATION_SECONDS = "fluxpipe_http_request_duration_seconds", Histogram, Some(Unit::Seconds), "Time to answer a request of an http source.";
     FLUXPIPE_HTTP_TLS_HANDSHAKE_FAILURES_TOTAL = "fluxpipe_http_tls_handshake_failures_total", Counter, None, "TLS handshakes that failed, per http source.";
+    FLUXPIPE_FEED_LAST_SEEN_TIMESTAMP_SECONDS = "fluxpipe_feed_last_seen_timestamp_seconds", Gauge, Some(Unit::Seconds), "When each feed (a source, for its cluster) last sent a line or a heartbeat (Unix time; the start of fluxpipe until it first did).";
     FLUXPIPE_SOCKET_CONNECTIONS = "fluxpipe_socket_connections", Gauge, None, "Open connections of a socket source.";
     FLUXPIPE_SOCKET_CONNECTIONS_TOTAL = "fluxpipe_socket_connections_total", Counter, None, "Connections accepted by a socket source.";
     FLUXPIPE_SOCKET_TIMEOUTS_TOTAL = "fluxpipe_socket_timeouts_total", Counter, None, "Connections of a socket source closed by a timeout, by which.";
@@ -284,6 +347,20 @@ impl NodeBoard {
         if let Ok(mut board) = self.0.write() {
             board.entry(cluster.to_string()).or_default().down = down;
         }
+    }
+
+    /// The clusters whose whole instance is down now.
+    pub fn down_clusters(&self) -> Vec<String> {
+        self.0.read().map_or_else(
+            |_| Vec::new(),
+            |board| {
+                board
+                    .iter()
+                    .filter(|(_, c)| c.down)
+                    .map(|(name, _)| name.clone())
+                    .collect()
+            },
+        )
     }
 
     /// Forget a cluster's nodes (its state moved to another member).

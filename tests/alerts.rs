@@ -482,3 +482,259 @@ address = "127.0.0.1:{api}"
         || buffered() == 5.0,
     );
 }
+
+/// The series whose name and labels contain every one of `parts`.
+fn series<'a>(
+    samples: &'a std::collections::BTreeMap<String, f64>,
+    parts: &[&str],
+) -> Vec<(&'a str, f64)> {
+    samples
+        .iter()
+        .filter(|(k, _)| parts.iter().all(|p| k.contains(p)))
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect()
+}
+
+/// The alerts (name, status) an alert receiver got, in order.
+fn received_alerts(receiver: &common::HttpReceiver) -> Vec<Value> {
+    receiver
+        .requests()
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
+        .filter_map(|v| v.as_array().cloned())
+        .flatten()
+        .collect()
+}
+
+/// The watchman over the forwarder's road (an `http` source, an
+/// `alertmanager` sink): every counter is served at 0 before any input;
+/// empty POSTs (heartbeats) keep `feed_silent` quiet; silence fires it
+/// within its `for` and a few seconds, and a line resolves it; an
+/// `instance-down` line gives exactly one `instance_down` alert and no
+/// `node_offline`, and the `restart` resolves it.
+#[test]
+fn the_watchman_says_when_a_feed_goes_silent_and_an_instance_goes_down() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let receiver = common::HttpReceiver::start();
+    let (http_port, api_port) = (common::free_port(), common::free_port());
+    let records = dir.path().join("alerts.jsonl");
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+data_dir = "{d}/data"
+
+[alerts.rules.feed_silent]
+kind = "feed_silent"
+for = "3s"
+severity = "critical"
+
+[alerts.rules.instance_down]
+kind = "instance_down"
+for = "1s"
+severity = "critical"
+
+[alerts.rules.node_offline]
+kind = "node_offline"
+for = "1s"
+severity = "critical"
+
+[sources.flux]
+type = "http"
+address = "127.0.0.1:{http_port}"
+cluster = "picl"
+
+[sinks.am]
+type = "alertmanager"
+url = "http://127.0.0.1:{am}"
+inputs = ["alerts"]
+
+[sinks.log]
+type = "file"
+path = "{records}"
+inputs = ["alerts"]
+
+[api]
+address = "127.0.0.1:{api_port}"
+"#,
+            d = dir.path().display(),
+            am = receiver.port,
+            records = records.display(),
+        ),
+    )
+    .expect("config");
+    let child = common::fluxpipe()
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn fluxpipe");
+    let mut fluxpipe = Reaper(child);
+    wait_for("/metrics", 30, || !common::scrape(api_port).is_empty());
+
+    // Before any input: every counter a one-off loss would move is there,
+    // at 0.
+    let fresh = common::scrape(api_port);
+    for parts in [
+        &["fluxpipe_events_invalid_total{", "source=\"flux\""][..],
+        &["fluxpipe_source_errors_total{", "source=\"flux\""],
+        &["fluxpipe_sink_errors_total{", "sink=\"am\""],
+        &["fluxpipe_sink_errors_total{", "sink=\"log\""],
+        &[
+            "fluxpipe_records_dropped_total{",
+            "sink=\"am\"",
+            "reason=\"full\"",
+        ],
+        &[
+            "fluxpipe_records_dropped_total{",
+            "sink=\"log\"",
+            "reason=\"undeliverable\"",
+        ],
+        &["fluxpipe_checkpoint_failures_total"],
+        &["fluxpipe_jobs_refused_total{", "reason=\"max_jobs\""],
+        &["fluxpipe_events_duplicate_total"],
+        &[
+            "fluxpipe_anomalies_total{",
+            "kind=\"out-of-order\"",
+            "stream=\"job\"",
+        ],
+        &[
+            "fluxpipe_alerts_total{",
+            "rule=\"feed_silent\"",
+            "status=\"firing\"",
+        ],
+    ] {
+        let found = series(&fresh, parts);
+        assert_eq!(found.len(), 1, "{parts:?} in a fresh scrape: {found:?}");
+        assert_eq!(found[0].1, 0.0, "{found:?}");
+    }
+    let last_seen = |samples: &std::collections::BTreeMap<String, f64>| {
+        series(
+            samples,
+            &[
+                "fluxpipe_feed_last_seen_timestamp_seconds{",
+                "source=\"flux\"",
+                "flux_cluster=\"picl\"",
+            ],
+        )
+        .first()
+        .map(|s| s.1)
+    };
+    wait_for("the feed's last-seen time", 10, || {
+        last_seen(&common::scrape(api_port)).is_some()
+    });
+
+    // Heartbeats for twice the rule's `for`: nothing fires.
+    let client = common::http_client();
+    let url = format!("http://127.0.0.1:{http_port}/");
+    let beat = || {
+        let answer = client.post(&url).send().expect("heartbeat");
+        assert_eq!(answer.status().as_u16(), 200);
+        let body: Value =
+            serde_json::from_str(&answer.text().expect("an answer")).expect("a JSON answer");
+        assert_eq!(body["lines"], 0, "{body}");
+        assert_eq!(body["applied"], 0, "{body}");
+    };
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        beat();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let heard = last_seen(&common::scrape(api_port)).expect("last seen");
+    assert!(
+        heard >= now() - 3.0,
+        "heartbeats move the last-seen time: {heard}"
+    );
+    let feed_silent = |a: &Value| a["labels"]["alertname"] == "feed_silent";
+    assert!(
+        !received_alerts(&receiver).iter().any(feed_silent),
+        "heartbeats keep feed_silent quiet"
+    );
+
+    // Silence: it fires within its `for` and a few seconds.
+    let silent_from = Instant::now();
+    wait_for("feed_silent at the receiver", 15, || {
+        received_alerts(&receiver).iter().any(feed_silent)
+    });
+    assert!(
+        silent_from.elapsed() >= Duration::from_secs(2),
+        "not before its `for`"
+    );
+    let got = received_alerts(&receiver);
+    let alert = got.iter().find(|a| feed_silent(a)).expect("alert");
+    assert_eq!(alert["labels"]["flux_cluster"], "picl", "{alert}");
+    assert_eq!(alert["labels"]["source"], "flux", "{alert}");
+    assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
+
+    // The instance speaks, then goes down: feed_silent resolves, one
+    // instance_down fires, and no node goes offline under it.
+    let t = now();
+    let post = |body: String| {
+        let answer = client.post(&url).body(body).send().expect("POST");
+        assert_eq!(answer.status().as_u16(), 200);
+    };
+    post(format!(
+        "{}\n{}\n",
+        json!({"events": [{"timestamp": t, "name": "restart",
+            "context": {"ranks": "0-1", "online": "", "nodelist": "n[0-1]"}}]}),
+        json!({"events": [{"timestamp": t + 0.1, "name": "online", "context": {"idset": "0-1"}}]}),
+    ));
+    post(format!(
+        "{}\n",
+        json!({"events": [{"timestamp": t + 0.2, "name": "instance-down",
+            "context": {"reason": "the forwarder lost the instance"}}]})
+    ));
+    let instance_down = |a: &Value| a["labels"]["alertname"] == "instance_down";
+    wait_for("instance_down at the receiver", 15, || {
+        received_alerts(&receiver).iter().any(instance_down)
+    });
+    // Still talking (heartbeats) while it is down: feed_silent stays
+    // resolved, and node_offline's `for` passes with nothing.
+    for _ in 0..6 {
+        beat();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    post(format!(
+        "{}\n",
+        json!({"events": [{"timestamp": now(), "name": "restart",
+            "context": {"ranks": "0-1", "online": "", "nodelist": "n[0-1]"}}]})
+    ));
+    let alerts_of = || read_records(&records);
+    wait_for("instance_down resolved", 15, || {
+        alerts_of()
+            .iter()
+            .any(|r| r["alertname"] == "instance_down" && r["status"] == "resolved")
+    });
+    sigterm(&fluxpipe.0);
+    let status = fluxpipe.0.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let said: Vec<(String, String)> = alerts_of()
+        .iter()
+        .filter(|r| r["alertname"] != "feed_silent" || r["source"] == "flux")
+        .map(|r| {
+            (
+                r["alertname"].as_str().unwrap_or("").to_string(),
+                r["status"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let count = |name: &str, status: &str| {
+        said.iter()
+            .filter(|(n, s)| n == name && s == status)
+            .count()
+    };
+    assert_eq!(count("instance_down", "firing"), 1, "{said:?}");
+    assert_eq!(count("instance_down", "resolved"), 1, "{said:?}");
+    assert_eq!(count("feed_silent", "firing"), 1, "{said:?}");
+    assert_eq!(count("feed_silent", "resolved"), 1, "{said:?}");
+    assert_eq!(count("node_offline", "firing"), 0, "{said:?}");
+    let firing = alerts_of();
+    let down = firing
+        .iter()
+        .find(|r| r["alertname"] == "instance_down")
+        .expect("instance_down");
+    assert_eq!(down["labels"]["flux_cluster"], "picl", "{down}");
+    assert_eq!(down["kind"], "alert");
+}

@@ -49,7 +49,7 @@ CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 SEVERITIES = {"critical", "warning", "info"}
 ALERT_KINDS = {
     "job_state", "prolog", "epilog", "overrun", "exec_incomplete",
-    "node_drained", "node_offline", "node_torpid",
+    "node_drained", "node_offline", "node_torpid", "feed_silent", "instance_down",
 }
 # JSON schemas of the Prometheus Operator objects, by kind.
 CRD_SCHEMAS = {

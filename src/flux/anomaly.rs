@@ -24,6 +24,14 @@ pub enum Stream {
 }
 
 impl Stream {
+    pub const ALL: [Stream; 5] = [
+        Stream::Job,
+        Stream::Exec,
+        Stream::ExecProtocol,
+        Stream::Resource,
+        Stream::Input,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Stream::Job => "job",
@@ -68,6 +76,19 @@ pub enum AnomalyKind {
 }
 
 impl AnomalyKind {
+    pub const ALL: [AnomalyKind; 10] = [
+        AnomalyKind::Malformed,
+        AnomalyKind::MissingContext,
+        AnomalyKind::InvalidContext,
+        AnomalyKind::UnexpectedEvent,
+        AnomalyKind::OutOfOrder,
+        AnomalyKind::UnknownTarget,
+        AnomalyKind::UnknownRank,
+        AnomalyKind::Repeated,
+        AnomalyKind::UnknownEvent,
+        AnomalyKind::BadTimestamp,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AnomalyKind::Malformed => "malformed",

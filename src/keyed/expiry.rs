@@ -31,6 +31,8 @@ pub enum Eviction {
 }
 
 impl Eviction {
+    pub const ALL: [Eviction; 2] = [Eviction::Inactive, Eviction::Orphan];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Eviction::Inactive => "inactive",

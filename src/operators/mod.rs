@@ -6,6 +6,7 @@
 pub mod ages;
 mod answer;
 mod entry_times;
+pub mod feed_watch;
 pub mod job_metrics;
 pub mod shard;
 mod shard_metrics;

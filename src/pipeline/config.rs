@@ -9,7 +9,7 @@
 use crate::api::ApiConfig;
 use crate::component::{Claim, Problem, Resource};
 use crate::keyed::alerts::Clock;
-use crate::keyed::alerts::rule::{Rule, RuleError, RuleKind, default_rules};
+use crate::keyed::alerts::rule::{Rule, RuleError, RuleKind, default_cluster_rules, default_rules};
 use crate::sinks::SinkConfig;
 use crate::sources::{SourceConfig, SourceSpec};
 use serde::Deserialize;
@@ -249,6 +249,18 @@ pub struct RuleConfig {
     /// Job rules: only the jobs of this queue, or of these.
     #[serde(default)]
     pub queue: Option<OneOrMany>,
+    /// `feed_silent`: only the feeds of this source, or of these.
+    #[serde(default)]
+    pub sources: Option<OneOrMany>,
+    /// `false` turns the rule off: how a built-in `feed_silent` or
+    /// `instance_down` rule is turned off (a rule of the same kind stands
+    /// in its place).
+    #[serde(default = "default_enabled")]
+    pub enabled: bool,
+}
+
+fn default_enabled() -> bool {
+    true
 }
 
 /// A string, or a list of them.
@@ -272,11 +284,15 @@ fn default_severity() -> String {
     "warning".into()
 }
 
+/// A rule's problem: its name, the key at fault, what is wrong.
+pub type RuleProblem = (String, &'static str, RuleError);
+
 impl AlertsConfig {
-    /// The rules in force, or the first problem: (rule name, key, error).
-    pub fn rules(&self) -> Result<Vec<Rule>, (String, &'static str, RuleError)> {
+    /// Every rule the config names (turned off or not), or the first
+    /// problem: (rule name, key, error).
+    fn configured(&self) -> Result<Vec<(Rule, bool)>, RuleProblem> {
         let Some(rules) = &self.rules else {
-            return Ok(default_rules());
+            return Ok(Vec::new());
         };
         rules
             .iter()
@@ -291,10 +307,51 @@ impl AlertsConfig {
                 let rule = Rule::new(name, kind, &r.hold, &r.severity)
                     .map_err(|e| (name.clone(), "for", e))?;
                 let queues = r.queue.clone().map(OneOrMany::into_vec).unwrap_or_default();
-                rule.for_queues(queues)
-                    .map_err(|e| (name.clone(), "queue", e))
+                let sources = r
+                    .sources
+                    .clone()
+                    .map(OneOrMany::into_vec)
+                    .unwrap_or_default();
+                let rule = rule
+                    .for_queues(queues)
+                    .map_err(|e| (name.clone(), "queue", e))?
+                    .for_sources(sources)
+                    .map_err(|e| (name.clone(), "sources", e))?;
+                Ok((rule, r.enabled))
             })
             .collect()
+    }
+
+    /// The job and node rules in force (the keyed alert engine's), or the
+    /// first problem: (rule name, key, error).
+    pub fn rules(&self) -> Result<Vec<Rule>, RuleProblem> {
+        if self.rules.is_none() {
+            return Ok(default_rules());
+        }
+        Ok(self
+            .configured()?
+            .into_iter()
+            .filter(|(r, on)| *on && !r.kind.is_cluster())
+            .map(|(r, _)| r)
+            .collect())
+    }
+
+    /// The feed and instance rules in force (the feed watch's): the
+    /// built-in ones unless a rule of their kind is configured, and those
+    /// configured and not turned off.
+    pub fn cluster_rules(&self) -> Result<Vec<Rule>, RuleProblem> {
+        let configured = self.configured()?;
+        let mut out: Vec<Rule> = default_cluster_rules()
+            .into_iter()
+            .filter(|d| !configured.iter().any(|(r, _)| r.kind == d.kind))
+            .collect();
+        out.extend(
+            configured
+                .into_iter()
+                .filter(|(r, on)| *on && r.kind.is_cluster())
+                .map(|(r, _)| r),
+        );
+        Ok(out)
     }
 }
 
@@ -632,12 +689,26 @@ pub fn validate(config: &Config, text: &str) -> Vec<ConfigError> {
             report(&table, p, &mut errors);
         }
     }
-    if let Err((rule, k, e)) = config.alerts.rules() {
-        errors.push(loc.error(
+    match config.alerts.cluster_rules() {
+        Err((rule, k, e)) => errors.push(loc.error(
             &["alerts", "rules", rule.as_str(), k],
             None,
             format!("alerts.rules.{rule}.{k}: {e}"),
-        ));
+        )),
+        Ok(rules) => {
+            for rule in rules {
+                for source in rule.sources.iter() {
+                    if !config.sources.contains_key(source) {
+                        let name = rule.name.as_str();
+                        errors.push(loc.error(
+                            &["alerts", "rules", name, "sources"],
+                            None,
+                            format!("alerts.rules.{name}.sources: no source is named `{source}`"),
+                        ));
+                    }
+                }
+            }
+        }
     }
     errors
 }
@@ -849,5 +920,46 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
             "[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\npath = \"x\"\n",
         );
         assert!(!e.is_empty());
+    }
+
+    #[test]
+    fn the_watch_rules_stay_on_unless_a_rule_of_their_kind_says_otherwise() {
+        let base = "[sources.a]\ntype = \"http\"\naddress = \"127.0.0.1:7070\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"alerts\"]\n";
+        let names = |text: &str| -> Vec<String> {
+            let config = parse(text).unwrap_or_else(|e| panic!("{e:?}"));
+            let rules = config.alerts.cluster_rules().unwrap_or_default();
+            rules.iter().map(|r| r.name.clone()).collect()
+        };
+        assert_eq!(names(base), ["feed_silent", "instance_down"]);
+        // Job rules of a site's own do not take the watchman away.
+        let own = format!(
+            "{base}[alerts.rules.stuck]\nkind = \"job_state\"\nstate = \"SCHED\"\nfor = \"1h\"\n"
+        );
+        assert_eq!(names(&own), ["feed_silent", "instance_down"]);
+        let config = parse(&own).unwrap_or_else(|e| panic!("{e:?}"));
+        let engine = config.alerts.rules().unwrap_or_default();
+        assert_eq!(engine.len(), 1, "the engine gets the job rule only");
+        // A rule of the kind stands in for the built-in one; `enabled =
+        // false` turns it off.
+        let quiet = format!(
+            "{base}[alerts.rules.quiet]\nkind = \"feed_silent\"\nfor = \"1h\"\nsources = \"a\"\n[alerts.rules.off]\nkind = \"instance_down\"\nfor = \"1m\"\nenabled = false\n"
+        );
+        assert_eq!(names(&quiet), ["quiet"]);
+        // `sources` names sources, and only feed_silent takes it.
+        let e = errors(&format!(
+            "{base}[alerts.rules.x]\nkind = \"feed_silent\"\nfor = \"1h\"\nsources = [\"nope\"]\n"
+        ));
+        assert!(
+            e.iter()
+                .any(|m| m.contains("alerts.rules.x.sources") && m.contains("`nope`")),
+            "{e:?}"
+        );
+        let e = errors(&format!(
+            "{base}[alerts.rules.x]\nkind = \"node_drained\"\nfor = \"1h\"\nsources = \"a\"\n"
+        ));
+        assert!(
+            e.iter().any(|m| m.contains("alerts.rules.x.sources")),
+            "{e:?}"
+        );
     }
 }

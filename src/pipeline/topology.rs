@@ -16,8 +16,11 @@ use super::config::{Config, OperatorConfig};
 use super::coordinator::{self, Coordinator, Schedule};
 use crate::api::{Server, Views};
 use crate::channels::fanout::Outputs;
+use crate::channels::feeds::Feeds;
 use crate::channels::query::Questions;
 use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
+use crate::keyed::alerts::watch::Watch;
+use crate::operators::feed_watch;
 use crate::operators::shard::{self, AlertSetup, Retention, Shard};
 use crate::sinks::SinkConfig;
 use crate::sinks::{self, SinkContext};
@@ -175,6 +178,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         }
         None => None,
     };
+    let watch_rules = config
+        .alerts
+        .cluster_rules()
+        .map_err(|(rule, key, e)| anyhow::anyhow!("alerts.rules.{rule}.{key}: {e}"))?;
+    let alert_rules = config
+        .alerts
+        .rules()
+        .map_err(|(rule, key, e)| anyhow::anyhow!("alerts.rules.{rule}.{key}: {e}"))?;
+    // Served at 0 from the start (`increase()` sees a first loss).
+    let sources: Vec<&str> = config.sources.keys().map(String::as_str).collect();
+    let sinks: Vec<&str> = config.sinks.keys().map(String::as_str).collect();
+    let rules: Vec<&str> = alert_rules
+        .iter()
+        .chain(&watch_rules)
+        .map(|r| r.name.as_str())
+        .collect();
+    telemetry::announce_counters(&sources, &sinks, &rules);
     let mut views = Views::default();
     if config.api.as_ref().is_some_and(|a| a.per_user_jobs) {
         views.users = crate::telemetry::UserJobs::enabled();
@@ -221,10 +241,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
 
     let alert_setup = AlertSetup {
-        rules: config
-            .alerts
-            .rules()
-            .map_err(|(rule, key, e)| anyhow::anyhow!("alerts.rules.{rule}.{key}: {e}"))?,
+        rules: alert_rules,
         clock: config.alerts.clock,
         shared: Default::default(),
     };
@@ -285,6 +302,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     )
     .with_identities(config.source_identities());
 
+    let feeds = Feeds::default();
     let mut source_tasks = JoinSet::new();
     for (index, (name, source)) in config.sources.iter().enumerate() {
         let link = coordinator.link(name, source.has_positions(), source.keeps_changelog());
@@ -298,7 +316,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             link.clone(),
         )
         .with_ownership(ownership.clone())
-        .with_readiness(views.ready.clone());
+        .with_readiness(views.ready.clone())
+        .with_feed(feeds.register(name, &source.decode().cluster, source.heartbeats()));
         let (name, source) = (name.clone(), source.clone());
         source_tasks.spawn(async move {
             let result = sources::run(source, ctx).await;
@@ -308,9 +327,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         });
     }
     let coordinator = tokio::spawn(coordinator.run());
+    let stop_watch = CancellationToken::new();
+    let watch = tokio::spawn(feed_watch::run(
+        Watch::new(watch_rules),
+        feeds,
+        views.nodes.clone(),
+        outputs.clone(),
+        stop_watch.clone(),
+    ));
     // Only the sources and the coordinator hold the router, and only the
-    // sources the outputs: when they are done, the channels close behind
-    // them.
+    // sources and the feed watch the outputs: when they are done, the
+    // channels close behind them.
     let drops = outputs.drop_counts();
     let counters = outputs.counters();
     drop(router);
@@ -342,6 +369,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
 
     views.ready.set(false);
+    // The watch lets go of the outputs, so the sinks can finish.
+    stop_watch.cancel();
+    if let Err(e) = watch.await {
+        tracing::error!("feed watch task: {e}");
+    }
     let (seq, positions) = coordinator.await.context("checkpoint coordinator")?;
     let mut states = Vec::with_capacity(workers);
     let mut sinks_ok = true;

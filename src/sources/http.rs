@@ -91,6 +91,16 @@ pub enum Acknowledgements {
     Received,
 }
 
+impl Acknowledgements {
+    /// What an answer vouches for, by this name.
+    fn as_str(self) -> &'static str {
+        match self {
+            Acknowledgements::Checkpoint => "checkpoint",
+            Acknowledgements::Received => "received",
+        }
+    }
+}
+
 /// `[sources.NAME.auth]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -317,6 +327,10 @@ fn default_request_timeout() -> f64 {
 }
 
 impl SourceSpec for HttpSourceConfig {
+    fn heartbeats(&self) -> bool {
+        true
+    }
+
     fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         if self.address.parse::<SocketAddr>().is_err() {
@@ -613,16 +627,19 @@ async fn answer(
         bytes.to_vec()
     };
 
+    if body.iter().all(u8::is_ascii_whitespace) {
+        // A heartbeat: the feeder is alive with nothing to send. Answered
+        // at once; nothing to apply, so no checkpoint to wait for.
+        ctx.heard();
+        return heartbeat_answer(shared.config.acknowledgements);
+    }
     let n = shared.requests.fetch_add(1, Ordering::Relaxed) + 1;
     let tally = Arc::new(Tally::default());
     let mut out = ctx.tallied_record_buffer(tally.clone());
     let origin = ctx.default_origin();
     let max_line = ctx.decode.max_line_bytes;
     let mut answer = Answer {
-        acknowledged: match shared.config.acknowledgements {
-            Acknowledgements::Checkpoint => "checkpoint",
-            Acknowledgements::Received => "received",
-        },
+        acknowledged: shared.config.acknowledgements.as_str(),
         ..Answer::default()
     };
     let label = format!("http://{peer}/{n}");
@@ -705,9 +722,13 @@ async fn answer(
         invalid = answer.invalid,
         "batch acknowledged"
     );
+    json_answer(&answer)
+}
+
+fn json_answer(answer: &Answer) -> Response {
     let mut r = (
         StatusCode::OK,
-        serde_json::to_string(&answer).unwrap_or_default() + "\n",
+        serde_json::to_string(answer).unwrap_or_default() + "\n",
     )
         .into_response();
     r.headers_mut().insert(
@@ -715,6 +736,17 @@ async fn answer(
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// The answer to a body with no line to apply: every count 0.
+fn heartbeat_answer(acknowledgements: Acknowledgements) -> Response {
+    json_answer(&Answer {
+        applied: Some(0),
+        repeats: Some(0),
+        refused: Some(0),
+        acknowledged: acknowledgements.as_str(),
+        ..Answer::default()
+    })
 }
 
 fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {

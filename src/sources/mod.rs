@@ -12,6 +12,7 @@ pub mod lines;
 
 use crate::channels::checkpoint::CheckpointLink;
 use crate::channels::fanout::Outputs;
+use crate::channels::feeds::Feed;
 use crate::channels::query::Ownership;
 use crate::channels::router::{Closed, Routed, Router, Tally};
 use crate::component::{Claim, Problem};
@@ -69,6 +70,8 @@ pub struct SourceContext {
     /// `fluxpipe_events_received_total` of this source, registered once:
     /// the macro would build and look up its labelled key for every line.
     received: metrics::Counter,
+    /// When this source's feed was last heard (the feed watch reads it).
+    feed: Feed,
 }
 
 impl SourceContext {
@@ -95,7 +98,20 @@ impl SourceContext {
             ownership: Ownership::default(),
             readiness: Readiness::default(),
             received: metrics::counter!(metric::FLUXPIPE_EVENTS_RECEIVED_TOTAL, "source" => name.to_string()),
+            feed: Feed::detached(),
         }
+    }
+
+    /// Note what this source hears on `feed` (the pipeline's, read by the
+    /// feed watch).
+    pub fn with_feed(mut self, feed: Feed) -> Self {
+        self.feed = feed;
+        self
+    }
+
+    /// The feed spoke without a line: a heartbeat (an empty `POST`).
+    pub fn heard(&self) {
+        self.feed.heard();
     }
 
     /// Report owned partitions to `ownership` (the pipeline's, shared by
@@ -238,6 +254,8 @@ impl SourceContext {
         mut noted: Option<&mut Vec<String>>,
     ) -> Option<impl Iterator<Item = Record> + use<>> {
         self.received.increment(1);
+        // Every line is a sign of life, a blank one (a heartbeat) too.
+        self.feed.heard();
         let bytes = match line {
             Line::Full(bytes) => bytes,
             Line::TooLong { prefix, len } => {
@@ -387,6 +405,13 @@ pub trait SourceSpec {
     fn reads(&self) -> String {
         String::new()
     }
+
+    /// Whether a feeder can keep it alive with heartbeats while idle (the
+    /// forwarder's blank lines or empty `POST`s): then silence means a
+    /// dead feed, and `feed_silent` watches it by default.
+    fn heartbeats(&self) -> bool {
+        false
+    }
 }
 
 /// The source types: `type = "NAME"` → module and config. Makes the
@@ -478,6 +503,10 @@ impl SourceSpec for SourceConfig {
 
     fn reads(&self) -> String {
         self.spec().reads()
+    }
+
+    fn heartbeats(&self) -> bool {
+        self.spec().heartbeats()
     }
 }
 

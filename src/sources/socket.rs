@@ -131,6 +131,10 @@ impl Limits {
 }
 
 impl SourceSpec for SocketSourceConfig {
+    fn heartbeats(&self) -> bool {
+        true
+    }
+
     fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         let addr = &self.address;

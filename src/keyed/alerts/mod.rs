@@ -1,7 +1,8 @@
 //! Alerts on stuck jobs and sick nodes: the rules ([`rule`]), the engine
 //! that times them ([`engine`]), what it says ([`event`]), what fires now
 //! ([`firing`]) and how its conditions are saved and restored
-//! ([`saved`]); the processor
+//! ([`saved`]), and the watch of feeds and instances on the wall clock
+//! ([`watch`]); the processor
 //! ([`crate::keyed::processor`]) shows the engine what each record changed.
 //! Pure: no I/O; the caller owns the clock (wall time, or the newest event
 //! time per cluster).
@@ -12,6 +13,7 @@ pub mod firing;
 pub mod rule;
 pub mod saved;
 pub mod timers;
+pub mod watch;
 pub use rule::{JobView, job_view};
 
 use std::collections::HashMap;

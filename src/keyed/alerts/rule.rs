@@ -23,10 +23,15 @@ pub enum RuleKind {
     /// Offline and not drained (a drained node is expected to be down).
     NodeOffline,
     NodeTorpid,
+    /// A feed (a source, for its cluster) that sent neither a record nor
+    /// a heartbeat: measured on the wall clock by the feed watch.
+    FeedSilent,
+    /// The whole instance is down (`instance-down` until `restart`).
+    InstanceDown,
 }
 
 impl RuleKind {
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 10] = [
         "job_state",
         "prolog",
         "epilog",
@@ -35,6 +40,8 @@ impl RuleKind {
         "node_drained",
         "node_offline",
         "node_torpid",
+        "feed_silent",
+        "instance_down",
     ];
 
     pub fn name(self) -> &'static str {
@@ -47,15 +54,27 @@ impl RuleKind {
             RuleKind::NodeDrained => "node_drained",
             RuleKind::NodeOffline => "node_offline",
             RuleKind::NodeTorpid => "node_torpid",
+            RuleKind::FeedSilent => "feed_silent",
+            RuleKind::InstanceDown => "instance_down",
         }
     }
 
-    /// Whether the rule concerns jobs (else nodes).
+    /// Whether the rule concerns jobs.
     pub fn is_job(self) -> bool {
-        !matches!(
+        matches!(
             self,
-            RuleKind::NodeDrained | RuleKind::NodeOffline | RuleKind::NodeTorpid
+            RuleKind::JobState(_)
+                | RuleKind::Prolog
+                | RuleKind::Epilog
+                | RuleKind::Overrun
+                | RuleKind::ExecIncomplete
         )
+    }
+
+    /// Whether the rule concerns a whole cluster or its feed: kept by the
+    /// feed watch on the wall clock, not by the keyed alert engine.
+    pub fn is_cluster(self) -> bool {
+        matches!(self, RuleKind::FeedSilent | RuleKind::InstanceDown)
     }
 
     /// Whether a job rule of this kind can hold for a job in `state`
@@ -72,7 +91,11 @@ impl RuleKind {
             RuleKind::JobState(s) => s == state,
             RuleKind::Overrun => state == JobState::Run,
             RuleKind::Prolog | RuleKind::Epilog | RuleKind::ExecIncomplete => true,
-            RuleKind::NodeDrained | RuleKind::NodeOffline | RuleKind::NodeTorpid => false,
+            RuleKind::NodeDrained
+            | RuleKind::NodeOffline
+            | RuleKind::NodeTorpid
+            | RuleKind::FeedSilent
+            | RuleKind::InstanceDown => false,
         }
     }
 
@@ -97,6 +120,8 @@ impl RuleKind {
             "node_drained" => RuleKind::NodeDrained,
             "node_offline" => RuleKind::NodeOffline,
             "node_torpid" => RuleKind::NodeTorpid,
+            "feed_silent" => RuleKind::FeedSilent,
+            "instance_down" => RuleKind::InstanceDown,
             other => return Err(RuleError::UnknownKind(other.to_string())),
         };
         if state.is_some() {
@@ -109,7 +134,7 @@ impl RuleKind {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RuleError {
     #[error(
-        "unknown kind `{0}`; expected one of job_state, prolog, epilog, overrun, exec_incomplete, node_drained, node_offline, node_torpid"
+        "unknown kind `{0}`; expected one of job_state, prolog, epilog, overrun, exec_incomplete, node_drained, node_offline, node_torpid, feed_silent, instance_down"
     )]
     UnknownKind(String),
     #[error("kind job_state needs a `state`")]
@@ -122,8 +147,10 @@ pub enum RuleError {
     StateNotAllowed(String),
     #[error("`{0}` is not a duration (examples: 90s, 10m, 24h, 7d, 1h30m)")]
     Duration(String),
-    #[error("kind {0} is about nodes: it takes no `queue`")]
+    #[error("kind {0} is not about jobs: it takes no `queue`")]
     QueueNotAllowed(String),
+    #[error("kind {0} is not about feeds: it takes no `sources`")]
+    SourcesNotAllowed(String),
 }
 
 /// One alert rule.
@@ -139,6 +166,9 @@ pub struct Rule {
     pub severity: String,
     /// Job rules: the queues whose jobs it watches (none: every job).
     pub queues: Vec<String>,
+    /// `feed_silent`: the sources it watches (none: every source that
+    /// can carry heartbeats).
+    pub sources: Vec<String>,
 }
 
 impl Rule {
@@ -150,7 +180,17 @@ impl Rule {
             hold_text: hold.trim().to_string(),
             severity: severity.to_string(),
             queues: Vec::new(),
+            sources: Vec::new(),
         })
+    }
+
+    /// Watch only these sources' feeds (`feed_silent` only).
+    pub fn for_sources(mut self, sources: Vec<String>) -> Result<Self, RuleError> {
+        if !sources.is_empty() && self.kind != RuleKind::FeedSilent {
+            return Err(RuleError::SourcesNotAllowed(self.kind.name().to_string()));
+        }
+        self.sources = sources;
+        Ok(self)
     }
 
     /// Watch only the jobs of these queues (job rules only).
@@ -184,6 +224,19 @@ pub fn parse_duration(text: &str) -> Result<f64, RuleError> {
     } else {
         Err(err())
     }
+}
+
+/// The watchman's rules, on whatever other rules a config names: a feed
+/// gone silent and an instance gone down page unless a config says
+/// otherwise (a rule of the same kind replaces one of these).
+pub fn default_cluster_rules() -> Vec<Rule> {
+    [
+        ("feed_silent", RuleKind::FeedSilent, "10m", "critical"),
+        ("instance_down", RuleKind::InstanceDown, "1m", "critical"),
+    ]
+    .into_iter()
+    .filter_map(|(name, kind, hold, sev)| Rule::new(name, kind, hold, sev).ok())
+    .collect()
 }
 
 /// The rules a site starts with.
@@ -341,6 +394,8 @@ mod tests {
             RuleKind::NodeDrained,
             RuleKind::NodeOffline,
             RuleKind::NodeTorpid,
+            RuleKind::FeedSilent,
+            RuleKind::InstanceDown,
         ]);
         let kinds: Vec<RuleKind> = kinds.collect();
         let mut held = 0;

@@ -89,6 +89,10 @@ impl KafkaSourceConfig {
 }
 
 impl SourceSpec for KafkaSourceConfig {
+    fn heartbeats(&self) -> bool {
+        true
+    }
+
     fn reads(&self) -> String {
         format!("topics {:?} group {:?}", self.topics, self.group_id)
     }
