@@ -198,6 +198,7 @@ pub mod metric {
     FLUXPIPE_HTTP_REQUESTS_TOTAL = "fluxpipe_http_requests_total", Counter, None, "Requests answered by an http source, by status code.";
     FLUXPIPE_HTTP_REQUEST_DURATION_SECONDS = "fluxpipe_http_request_duration_seconds", Histogram, Some(Unit::Seconds), "Time to answer a request of an http source.";
     FLUXPIPE_HTTP_TLS_HANDSHAKE_FAILURES_TOTAL = "fluxpipe_http_tls_handshake_failures_total", Counter, None, "TLS handshakes that failed, per http source.";
+    FLUXPIPE_ALERTS_NOT_PAGED_TOTAL = "fluxpipe_alerts_not_paged_total", Counter, None, "Alerts from the past (fired and cleared while a backlog was caught up) kept in the alerts stream and not sent, per sink.";
     FLUXPIPE_FEED_LAST_SEEN_TIMESTAMP_SECONDS = "fluxpipe_feed_last_seen_timestamp_seconds", Gauge, Some(Unit::Seconds), "When each feed (a source, for its cluster) last sent a line or a heartbeat (Unix time; the start of fluxpipe until it first did).";
     FLUXPIPE_SOCKET_CONNECTIONS = "fluxpipe_socket_connections", Gauge, None, "Open connections of a socket source.";
     FLUXPIPE_SOCKET_CONNECTIONS_TOTAL = "fluxpipe_socket_connections_total", Counter, None, "Connections accepted by a socket source.";

@@ -686,16 +686,25 @@ address = "127.0.0.1:{api_port}"
         json!({"events": [{"timestamp": t + 0.2, "name": "instance-down",
             "context": {"reason": "the forwarder lost the instance"}}]})
     ));
+    // The forwarder keeps talking (heartbeats) while the instance is
+    // down: feed_silent stays resolved.
+    let stop_beats = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beats = {
+        let (stop, url) = (stop_beats.clone(), url.clone());
+        std::thread::spawn(move || {
+            let client = common::http_client();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = client.post(&url).send();
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
     let instance_down = |a: &Value| a["labels"]["alertname"] == "instance_down";
     wait_for("instance_down at the receiver", 15, || {
         received_alerts(&receiver).iter().any(instance_down)
     });
-    // Still talking (heartbeats) while it is down: feed_silent stays
-    // resolved, and node_offline's `for` passes with nothing.
-    for _ in 0..6 {
-        beat();
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    // node_offline's `for` passes with nothing under it.
+    std::thread::sleep(Duration::from_secs(3));
     post(format!(
         "{}\n",
         json!({"events": [{"timestamp": now(), "name": "restart",
@@ -707,6 +716,8 @@ address = "127.0.0.1:{api_port}"
             .iter()
             .any(|r| r["alertname"] == "instance_down" && r["status"] == "resolved")
     });
+    stop_beats.store(true, std::sync::atomic::Ordering::Relaxed);
+    beats.join().expect("heartbeats");
     sigterm(&fluxpipe.0);
     let status = fluxpipe.0.wait().expect("wait");
     assert!(status.success(), "{status}");
@@ -737,4 +748,128 @@ address = "127.0.0.1:{api_port}"
         .expect("instance_down");
     assert_eq!(down["labels"]["flux_cluster"], "picl", "{down}");
     assert_eq!(down["kind"], "alert");
+}
+
+/// No paging for the past: a backlog two hours old (job 1 sat 30 minutes
+/// in SCHED and then ran to its end, job 2 is still in SCHED), posted as
+/// a forwarder's first start would, pages only job 2; the `alerts`
+/// stream keeps job 1's alert and its resolution for the record.
+#[test]
+fn a_backlog_two_hours_old_pages_only_what_still_fires() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let receiver = common::HttpReceiver::start();
+    let (http_port, api_port) = (common::free_port(), common::free_port());
+    let records = dir.path().join("alerts.jsonl");
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+data_dir = "{d}/data"
+
+[api]
+address = "127.0.0.1:{api_port}"
+
+[alerts.rules.sched_too_long]
+kind = "job_state"
+state = "SCHED"
+for = "10m"
+
+[sources.flux]
+type = "http"
+address = "127.0.0.1:{http_port}"
+
+[sinks.am]
+type = "alertmanager"
+url = "http://127.0.0.1:{am}"
+inputs = ["alerts"]
+settle_secs = 2
+
+[sinks.log]
+type = "file"
+path = "{records}"
+inputs = ["alerts"]
+"#,
+            d = dir.path().display(),
+            am = receiver.port,
+            records = records.display(),
+        ),
+    )
+    .expect("config");
+    let child = common::fluxpipe()
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn fluxpipe");
+    let mut fluxpipe = Reaper(child);
+    let t0 = now() - 7200.0;
+    let ran = t0 + 1800.0;
+    let mut backlog = to_sched(1, t0) + &to_sched(2, t0);
+    for (i, name) in ["alloc", "start", "finish", "release", "free", "clean"]
+        .iter()
+        .enumerate()
+    {
+        let context = match *name {
+            "finish" => json!({"status": 0}),
+            "release" => json!({"ranks": "all", "final": true}),
+            _ => Value::Null,
+        };
+        backlog += &envelope(1, ran + i as f64, name, context);
+    }
+    let url = format!("http://127.0.0.1:{http_port}/");
+    wait_for("the http source", 30, || {
+        common::http_client().post(&url).send().is_ok()
+    });
+    let answer = common::http_client()
+        .post(&url)
+        .body(backlog)
+        .send()
+        .expect("POST the backlog");
+    assert_eq!(answer.status().as_u16(), 200);
+    let paged = |job: &str| {
+        received_alerts(&receiver)
+            .iter()
+            .any(|a| a["labels"]["jobid"] == job)
+    };
+    let (job1, job2) = ("ƒ2", "ƒ3"); // ids 1 and 2 in F58
+    wait_for("job 2's alert at the receiver", 20, || paged(job2));
+    // Re-sends and the settling are over by now: job 1 never went out.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!paged(job1), "{:?}", received_alerts(&receiver));
+    let got = received_alerts(&receiver);
+    let sent = got
+        .iter()
+        .find(|a| a["labels"]["jobid"] == job2)
+        .expect("job 2");
+    assert!(
+        sent["endsAt"].as_str() > Some(rfc3339_now().as_str()),
+        "sent as firing: {sent}"
+    );
+    let scraped = common::scrape(api_port);
+    let not_paged = series(
+        &scraped,
+        &["fluxpipe_alerts_not_paged_total{", "sink=\"am\""],
+    );
+    assert_eq!(not_paged.first().map(|s| s.1), Some(1.0), "{not_paged:?}");
+    sigterm(&fluxpipe.0);
+    let status = fluxpipe.0.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let said: Vec<(String, String)> = read_records(&records)
+        .iter()
+        .map(|r| {
+            (
+                r["labels"]["jobid"].as_str().unwrap_or("").to_string(),
+                r["status"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let has = |job: &str, status: &str| said.iter().any(|(j, s)| j == job && s == status);
+    assert!(has(job1, "firing") && has(job1, "resolved"), "{said:?}");
+    assert!(has(job2, "firing") && !has(job2, "resolved"), "{said:?}");
+}
+
+fn rfc3339_now() -> String {
+    jiff::Timestamp::now().to_string()
 }

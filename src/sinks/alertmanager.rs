@@ -13,14 +13,25 @@
 //! - on failure (no answer, 5xx, 429) retries what is undelivered with
 //!   backoff (1 s doubling up to the resend interval); a 4xx answer means
 //!   the request itself is wrong: logged, counted, not retried.
+//!
+//! It never pages for the past. An alert that began (or, resolved, ended)
+//! more than `past_after_secs` before it reached the sink comes from a
+//! backlog being caught up (a forwarder's first start, a restart that
+//! reads again): its firing is held for `settle_secs`, held longer while
+//! more such alerts of its cluster keep coming, and dropped with its
+//! resolution if that comes meanwhile (counted in
+//! `fluxpipe_alerts_not_paged_total`; the `alerts` stream keeps both).
+//! What still fires once they stop coming is sent, once. A late
+//! resolution of an alert never sent is dropped too. `page_past = true`
+//! sends everything as it comes.
 
-use crate::telemetry::metric;
 use super::http::{client, error_chain, request_headers};
 use super::{SinkContext, SinkRx, count_sent};
 use crate::component::Problem;
 use crate::output::OutputStream;
-use std::collections::BTreeMap;
 use crate::output::rfc3339;
+use crate::telemetry::metric;
+use std::collections::BTreeMap;
 use anyhow::Context;
 use reqwest::header::HeaderMap;
 use serde_json::{Map, Value, json};
@@ -42,7 +53,25 @@ crate::channels::fanout::sink_config! {
         /// Extra request headers (authentication, say).
         #[serde(default)]
         headers: BTreeMap<String, String>,
+        /// Seconds behind the wall clock from which an alert is from the
+        /// past (a backlog caught up): held, not paged if it clears.
+        #[serde(default = "default_past_after")]
+        past_after_secs: f64,
+        /// Seconds a late alert is held for its resolution to come.
+        #[serde(default = "default_settle")]
+        settle_secs: f64,
+        /// Send alerts from the past too.
+        #[serde(default)]
+        page_past: bool,
     }
+}
+
+fn default_past_after() -> f64 {
+    300.0
+}
+
+fn default_settle() -> f64 {
+    30.0
 }
 
 fn default_resend_interval() -> f64 {
@@ -75,6 +104,14 @@ impl super::SinkSpec for AlertmanagerSinkConfig {
         if !self.resend_interval_secs.is_finite() || self.resend_interval_secs < 1.0 {
             out.push(Problem::new("resend_interval_secs", ": must be at least 1"));
         }
+        for (key, value) in [
+            ("past_after_secs", self.past_after_secs),
+            ("settle_secs", self.settle_secs),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                out.push(Problem::new(key, ": must be a number of seconds, at least 0"));
+            }
+        }
         out
     }
 }
@@ -92,6 +129,12 @@ struct Tracked {
     /// Set once resolved: the time it ended, and when we learned it.
     resolved: Option<(String, Instant)>,
     delivered: bool,
+    /// Some version of it went out (its resolution must then too).
+    sent: bool,
+    /// Its cluster, for holding late alerts together.
+    cluster: String,
+    /// A late firing held until then (its resolution may yet come).
+    held_until: Option<Instant>,
 }
 
 impl Tracked {
@@ -119,15 +162,54 @@ enum RecordError {
     NotAlert,
 }
 
+/// When an alert is from the past, and what becomes of it.
+#[derive(Debug, Clone, Copy)]
+struct Past {
+    /// Seconds behind the wall clock from which an alert is late.
+    after: f64,
+    /// How long a late firing waits for its resolution.
+    settle: Duration,
+    /// Send late alerts as they come.
+    page: bool,
+}
+
+impl Default for Past {
+    fn default() -> Self {
+        Past {
+            after: default_past_after(),
+            settle: Duration::from_secs_f64(default_settle()),
+            page: false,
+        }
+    }
+}
+
+/// What taking a record did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// Kept, to be sent (or held, if late).
+    Kept,
+    /// A late alert that fired and cleared, or a late resolution of one
+    /// never sent: not to be paged.
+    NotPaged,
+}
+
 /// The alerts the sink holds, by identity (their labels).
 #[derive(Debug, Default)]
 struct Book {
     alerts: HashMap<String, Tracked>,
+    past: Past,
+}
+
+/// An RFC 3339 time as seconds since the epoch.
+fn seconds(text: &str) -> Option<f64> {
+    let t: jiff::Timestamp = text.parse().ok()?;
+    Some(t.as_millisecond() as f64 / 1000.0)
 }
 
 impl Book {
-    /// Take one alert record from the `alerts` stream.
-    fn take(&mut self, line: &str) -> Result<(), RecordError> {
+    /// Take one alert record from the `alerts` stream, at `now` (wall
+    /// clock, seconds) and `at` (the sink's clock).
+    fn take(&mut self, line: &str, now: f64, at: Instant) -> Result<Taken, RecordError> {
         let v: Value = serde_json::from_str(line)?;
         let labels = v.get("labels").filter(|l| l.is_object());
         let status = v.get("status").and_then(Value::as_str);
@@ -140,12 +222,41 @@ impl Book {
             .get("starts_at")
             .and_then(Value::as_str)
             .map(str::to_string)
-            .unwrap_or_else(|| rfc3339(crate::keyed::alerts::wall_now()));
+            .unwrap_or_else(|| rfc3339(now));
         let resolved = match (status, v.get("ends_at").and_then(Value::as_str)) {
-            ("resolved", Some(ends)) => Some((ends.to_string(), Instant::now())),
-            ("resolved", None) => Some((rfc3339(crate::keyed::alerts::wall_now()), Instant::now())),
+            ("resolved", Some(ends)) => Some((ends.to_string(), at)),
+            ("resolved", None) => Some((rfc3339(now), at)),
             _ => None,
         };
+        // When it began (firing) or ended (resolved), against the clock.
+        let when = match &resolved {
+            Some((ends, _)) => seconds(ends),
+            None => seconds(&starts_at),
+        };
+        let late = !self.past.page && when.is_some_and(|t| t < now - self.past.after);
+        let cluster = labels
+            .get("flux_cluster")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if late {
+            // A backlog is still coming for this cluster: what it holds
+            // waits for the rest.
+            let until = at + self.past.settle;
+            for a in self.alerts.values_mut() {
+                if a.cluster == cluster && a.held_until.is_some() {
+                    a.held_until = Some(until);
+                }
+            }
+        }
+        let sent = self.alerts.get(&identity).is_some_and(|a| a.sent);
+        if resolved.is_some() && late && !sent {
+            // Fired and cleared in the past (or its firing was never
+            // seen): for the record only.
+            self.alerts.remove(&identity);
+            return Ok(Taken::NotPaged);
+        }
+        let held_until = (resolved.is_none() && late && !sent).then_some(at + self.past.settle);
         self.alerts.insert(
             identity,
             Tracked {
@@ -157,9 +268,26 @@ impl Book {
                 starts_at,
                 resolved,
                 delivered: false,
+                sent,
+                cluster,
+                held_until,
             },
         );
-        Ok(())
+        Ok(Taken::Kept)
+    }
+
+    /// Let go of late alerts held long enough: still firing, they are sent.
+    fn release(&mut self, at: Instant) {
+        for a in self.alerts.values_mut() {
+            if a.held_until.is_some_and(|u| at >= u) {
+                a.held_until = None;
+            }
+        }
+    }
+
+    /// When the next held alert is let go.
+    fn next_release(&self) -> Option<Instant> {
+        self.alerts.values().filter_map(|a| a.held_until).min()
     }
 
     /// Forget resolved alerts re-sent long enough.
@@ -171,29 +299,35 @@ impl Book {
         });
     }
 
+    /// Whether an alert not held waits to be delivered.
     fn undelivered(&self) -> bool {
-        self.alerts.values().any(|a| !a.delivered)
+        self.alerts
+            .values()
+            .any(|a| !a.delivered && a.held_until.is_none())
     }
 
-    /// Alerts not yet delivered.
+    /// Alerts not yet delivered (held ones included).
     fn undelivered_count(&self) -> u64 {
         self.alerts.values().filter(|a| !a.delivered).count() as u64
     }
 
-    /// The request body: every alert, or only the undelivered ones.
+    /// The request body: every alert, or only the undelivered ones; never
+    /// those held.
     fn body(&self, all: bool, ahead: Duration) -> (usize, Vec<u8>) {
         let batch: Vec<Value> = self
             .alerts
             .values()
-            .filter(|a| all || !a.delivered)
+            .filter(|a| a.held_until.is_none() && (all || !a.delivered))
             .map(|a| a.payload(ahead))
             .collect();
         (batch.len(), Value::Array(batch).to_string().into_bytes())
     }
 
+    /// What [`Self::body`] held is delivered.
     fn mark_delivered(&mut self) {
-        for a in self.alerts.values_mut() {
+        for a in self.alerts.values_mut().filter(|a| a.held_until.is_none()) {
             a.delivered = true;
+            a.sent = true;
         }
     }
 }
@@ -266,16 +400,25 @@ pub async fn run(
     let resend = Duration::from_secs_f64(config.resend_interval_secs.clamp(1.0, 86400.0));
     let keep_resolved = Duration::from_secs_f64(config.resolved_resend_secs.clamp(0.0, 1e7));
     let ahead = resend * 4;
-    let mut book = Book::default();
+    let mut book = Book {
+        past: Past {
+            after: config.past_after_secs.max(0.0),
+            settle: Duration::from_secs_f64(config.settle_secs.clamp(0.0, 1e7)),
+            page: config.page_past,
+        },
+        ..Book::default()
+    };
+    let not_paged = metrics::counter!(metric::FLUXPIPE_ALERTS_NOT_PAGED_TOTAL, "sink" => name.to_string());
+    not_paged.increment(0);
     let mut buf = Vec::new();
     let mut next_full = Instant::now() + resend;
     let mut backoff = BACKOFF_START;
     let mut retry_at: Option<Instant> = None;
     loop {
-        let wake = match retry_at {
-            Some(r) => r.min(next_full),
-            None => next_full,
-        };
+        let wake = [retry_at, book.next_release()]
+            .into_iter()
+            .flatten()
+            .fold(next_full, Instant::min);
         let mut closed = false;
         tokio::select! {
             n = rx.recv_many(&mut buf, 1024) => {
@@ -283,15 +426,19 @@ pub async fn run(
                 // Alerts firing again after a restart are announced anew
                 // from the restored state, so records are done with here.
                 rx.done_with(n as u64);
+                let (wall, at) = (crate::keyed::alerts::wall_now(), Instant::now());
                 for rec in buf.drain(..) {
-                    if let Err(e) = book.take(rec.line()) {
-                        poster.error("alert record skipped", &e.to_string());
+                    match book.take(rec.line(), wall, at) {
+                        Ok(Taken::Kept) => {}
+                        Ok(Taken::NotPaged) => not_paged.increment(1),
+                        Err(e) => poster.error("alert record skipped", &e.to_string()),
                     }
                 }
             }
             _ = tokio::time::sleep_until(wake) => {}
         }
         let now = Instant::now();
+        book.release(now);
         let full = now >= next_full;
         if full {
             book.expire(keep_resolved);
@@ -344,10 +491,17 @@ mod tests {
 
     #[test]
     fn alerts_are_known_by_their_labels() {
-        let mut book = Book::default();
+        let mut book = Book {
+            past: Past {
+                page: true,
+                ..Past::default()
+            },
+            ..Book::default()
+        };
+        let take = |book: &mut Book, line: &str| book.take(line, 1.8e9, Instant::now()).map(|_| ());
         let firing = r#"{"kind":"alert","status":"firing","labels":{"alertname":"a","jobid":"f1"},"annotations":{"summary":"s"},"starts_at":"2024-01-01T00:00:00Z","ends_at":null}"#;
         let resolved = r#"{"kind":"alert","status":"resolved","labels":{"jobid":"f1","alertname":"a"},"starts_at":"2024-01-01T00:00:00Z","ends_at":"2024-01-01T01:00:00Z"}"#;
-        book.take(firing).unwrap();
+        take(&mut book, firing).unwrap();
         let (n, body) = book.body(false, Duration::from_secs(60));
         assert_eq!(n, 1);
         let v: Value = serde_json::from_slice(&body).unwrap();
@@ -355,7 +509,7 @@ mod tests {
         assert!(v[0]["endsAt"].as_str().unwrap() > "2025");
         book.mark_delivered();
         assert!(!book.undelivered());
-        book.take(resolved).unwrap();
+        take(&mut book, resolved).unwrap();
         assert_eq!(book.alerts.len(), 1, "same labels in another order");
         let (_, body) = book.body(false, Duration::from_secs(60));
         let v: Value = serde_json::from_slice(&body).unwrap();
@@ -364,7 +518,52 @@ mod tests {
         assert_eq!(book.alerts.len(), 1);
         book.expire(Duration::ZERO);
         assert!(book.alerts.is_empty());
-        assert!(matches!(book.take("{}"), Err(RecordError::NotAlert)));
-        assert!(matches!(book.take("nope"), Err(RecordError::Json(_))));
+        assert!(matches!(take(&mut book, "{}"), Err(RecordError::NotAlert)));
+        assert!(matches!(take(&mut book, "nope"), Err(RecordError::Json(_))));
+    }
+
+    fn alert(status: &str, job: &str, starts: f64, ends: Option<f64>) -> String {
+        json!({"kind": "alert", "status": status,
+            "labels": {"alertname": "sched_too_long", "flux_cluster": "c", "jobid": job},
+            "starts_at": rfc3339(starts), "ends_at": ends.map(rfc3339)})
+        .to_string()
+    }
+
+    /// A backlog two hours old: a job that sat in SCHED and then ran,
+    /// and one still in SCHED. Only the one still stuck is paged, once
+    /// the backlog's alerts stop coming.
+    #[test]
+    fn alerts_from_the_past_are_not_paged_and_what_still_fires_is_sent_once() {
+        let mut book = Book::default();
+        let now = 1.8e9;
+        let t0 = Instant::now();
+        let (old, ran) = (now - 7200.0, now - 5400.0);
+        assert_eq!(book.take(&alert("firing", "fA", old, None), now, t0).unwrap(), Taken::Kept);
+        assert_eq!(book.take(&alert("firing", "fB", old, None), now, t0).unwrap(), Taken::Kept);
+        // Held: nothing to send yet.
+        assert!(!book.undelivered());
+        assert_eq!(book.body(true, Duration::from_secs(60)).0, 0);
+        // A's resolution comes a little later: both of A's dropped.
+        let t1 = t0 + Duration::from_secs(5);
+        let resolved = alert("resolved", "fA", old, Some(ran));
+        assert_eq!(book.take(&resolved, now + 5.0, t1).unwrap(), Taken::NotPaged);
+        // It pushed B's hold on (the backlog still comes).
+        book.release(t0 + Duration::from_secs(31));
+        assert!(!book.undelivered(), "held while late alerts keep coming");
+        assert_eq!(book.next_release(), Some(t1 + Duration::from_secs(30)));
+        book.release(t1 + Duration::from_secs(30));
+        let (n, body) = book.body(false, Duration::from_secs(60));
+        assert_eq!(n, 1);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v[0]["labels"]["jobid"], "fB");
+        book.mark_delivered();
+        // Sent once; its resolution, late or not, goes out as well.
+        let res_b = alert("resolved", "fB", old, Some(now - 3600.0));
+        assert_eq!(book.take(&res_b, now + 60.0, t1 + Duration::from_secs(31)).unwrap(), Taken::Kept);
+        assert!(book.undelivered());
+        // A fresh alert goes out at once.
+        let fresh = alert("firing", "fC", now - 10.0, None);
+        assert_eq!(book.take(&fresh, now, t1).unwrap(), Taken::Kept);
+        assert!(book.alerts.values().any(|a| a.labels["jobid"] == "fC" && a.held_until.is_none()));
     }
 }
