@@ -104,8 +104,31 @@ drains, undrains and outages; --transitions for job state changes. Examples: \
     Man,
 }
 
+/// Die by SIGPIPE when the reader of standard output goes away
+/// (`fluxpipe jobs | head`), as Unix tools do, rather than print "Broken
+/// pipe". Not for `run`: its sockets and pipes to sinks must fail as
+/// errors, which it handles.
+fn die_on_closed_output() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: sets the default disposition before any thread is started;
+    // no handler of ours is replaced.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+}
+
+/// Whether an error is the reader of our output going away.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<fluxpipe::sinks::OutputClosed>().is_some()
+    })
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    if !matches!(args.command, None | Some(Command::Run(_))) {
+        die_on_closed_output();
+    }
     let result = match args.command {
         Some(Command::Replay(a)) => cli::replay::run(a),
         Some(Command::Id(a)) => cli::id::run(a),
@@ -136,6 +159,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // `fluxpipe ... | head`: the reader had enough; nothing went wrong.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fluxpipe: {e:#}");
             ExitCode::FAILURE

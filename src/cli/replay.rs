@@ -73,10 +73,12 @@ pub struct ReplayArgs {
     /// Only this user's jobs (a name or a uid).
     #[arg(short = 'u', long, value_name = "USER")]
     pub user: Option<String>,
-    /// Only jobs active at or after this time (seconds since the epoch):
-    /// still active, or ended since.
+    /// Only jobs active at or after this time: still active, or ended
+    /// since. Seconds since the epoch, a date or time (RFC 3339; without
+    /// an offset, local), `today`, `yesterday`, or a duration meaning that
+    /// long ago (`2h`, `7d`), as `fluxpipe history --since`.
     #[arg(long, value_name = "TIME")]
-    pub since: Option<f64>,
+    pub since: Option<String>,
     /// At most this many jobs (in `flux jobs` order).
     #[arg(short = 'c', long)]
     pub count: Option<usize>,
@@ -116,7 +118,11 @@ fn listing(args: &ReplayArgs) -> Result<Option<(JobFilter, usize)>> {
         cluster: None,
         states,
         userid,
-        since: args.since,
+        since: args
+            .since
+            .as_deref()
+            .map(|t| super::history::when(t, crate::keyed::alerts::wall_now()))
+            .transpose()?,
         id: None,
     };
     Ok(Some((filter, args.count.unwrap_or(usize::MAX))))
@@ -308,12 +314,12 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     match (jobs_format, args.format) {
         (Some(format), _) => {
             let records: Vec<Value> = jobs.iter().map(|(k, e)| output::job(k, e)).collect();
-            // The last event read: a replay of an old log is not "now".
-            let now = replay
-                .processor
-                .event_clock
+            // The last event read: a replay of an old log is not "now"
+            // (the listing keeps it, alerts or not).
+            let now = state
+                .listing()
                 .clusters()
-                .map(|(_, t)| t)
+                .filter_map(|(_, jobs)| jobs.newest_event)
                 .fold(0.0, f64::max);
             let (hosts, users) = (Hostnames::default(), Users::default());
             for line in format_lines(format, &records, &hosts, &users, now, true)? {

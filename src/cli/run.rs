@@ -28,8 +28,14 @@ pub struct RunArgs {
     /// whose sources read other files, topics or groups.
     #[arg(long, conflicts_with = "reset_state")]
     pub adopt_checkpoint: bool,
-    /// Files or folders for the built-in default (ignored with --config).
+    /// Files or folders for the built-in default (not with --config,
+    /// whose sources say what to read).
+    #[arg(conflicts_with = "config")]
     pub paths: Vec<PathBuf>,
+    /// The data folder is this run's alone (the embedded default's):
+    /// removed when it ends.
+    #[arg(skip)]
+    pub scratch_data_dir: bool,
 }
 
 #[derive(Args, Debug)]
@@ -107,6 +113,7 @@ impl RunArgs {
             reset_state: false,
             adopt_checkpoint: false,
             paths: vec![corpus.join("jobs"), corpus.join("instances/B/journals")],
+            scratch_data_dir: true,
         }
     }
 }
@@ -138,7 +145,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(dir)
         .map_err(|e| anyhow!("cannot create data_dir {}: {e}", dir.display()))?;
     // Held until this function returns (the kernel lets go if it dies).
-    let _lock = crate::snapshot::lock::DataDirLock::acquire(dir)?;
+    let lock = crate::snapshot::lock::DataDirLock::acquire(dir)?;
     tracing::info!(
         version = env!("FLUXPIPE_VERSION"),
         config = %label,
@@ -160,10 +167,17 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .map_err(|e| anyhow!("cannot start the runtime: {e}"))?;
+    let data_dir = config.data_dir.clone();
     let result = runtime.block_on(topology::run(config, CancellationToken::new()));
     // A read of standard input may still block in its thread: do not wait
     // for it once the pipeline is done.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    if args.scratch_data_dir {
+        drop(lock);
+        if let Err(e) = std::fs::remove_dir_all(&data_dir) {
+            tracing::warn!(data_dir = %data_dir.display(), "cannot remove the demo's data folder: {e}");
+        }
+    }
     result?;
     Ok(ExitCode::SUCCESS)
 }

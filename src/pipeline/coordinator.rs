@@ -209,7 +209,12 @@ impl Coordinator {
                         }
                         Err(e) => {
                             metrics::counter!(metric::FLUXPIPE_CHECKPOINT_FAILURES_TOTAL).increment(1);
-                            tracing::error!(seq = self.seq, "checkpoint abandoned (the previous one stays): {e}");
+                            if self.offsets.is_reader_gone() {
+                                // `fluxpipe run | head`: stopping, as asked.
+                                tracing::debug!(seq = self.seq, "checkpoint abandoned, the output's reader is gone: {e}");
+                            } else {
+                                tracing::error!(seq = self.seq, "checkpoint abandoned (the previous one stays): {e}");
+                            }
                         }
                     }
                     next = if std::mem::take(&mut self.hurried) {

@@ -212,6 +212,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         offsets: crate::sinks::offsets::SinkOffsets::restored(cuts),
         shutdown: shutdown.clone(),
         sinks: config.sinks.len(),
+        api_url: config.api.as_ref().map(|a| format!("http://{}", a.address)),
     };
     let (outputs, sink_rxs) =
         Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c.common())));
@@ -233,7 +234,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
                 // Said now, not at the stop; a file sink that stopped
                 // holds no checkpoint back (its records are dropped as
                 // `closed`, and a restart writes them).
-                tracing::error!(sink = %name, "sink stopped: {e:#}");
+                if e.downcast_ref::<sinks::OutputClosed>().is_some() {
+                    tracing::info!(sink = %name, "{e:#}: stopping");
+                } else {
+                    tracing::error!(sink = %name, "sink stopped: {e:#}");
+                }
                 offsets.stopped(&name);
             }
             (name, result)
@@ -377,6 +382,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let (seq, positions) = coordinator.await.context("checkpoint coordinator")?;
     let mut states = Vec::with_capacity(workers);
     let mut sinks_ok = true;
+    // The reader of the output went away (`fluxpipe run | head`).
+    let mut output_closed = false;
     let drain = async {
         while let Some(done) = shard_tasks.join_next().await {
             match done {
@@ -387,8 +394,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             }
         }
         while let Some(done) = sink_tasks.join_next().await {
-            if let Ok((_, Err(_))) = done {
-                sinks_ok = false;
+            match done {
+                Ok((_, Err(e))) if e.downcast_ref::<sinks::OutputClosed>().is_some() => {
+                    output_closed = true;
+                }
+                Ok((_, Err(_))) => sinks_ok = false,
+                _ => {}
             }
         }
     };
@@ -397,7 +408,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     // The final checkpoint, only if nothing was lost on the way out: else
     // the last periodic one stays and the records since are read again.
     let given_up = counters.given_up();
-    if given_up > 0 {
+    if given_up > 0 && !output_closed {
         tracing::warn!(
             given_up,
             "sinks gave up on records: no final checkpoint, the next run reads them again"
@@ -419,7 +430,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
                 failed = true;
             }
         }
-    } else {
+    } else if !output_closed {
         tracing::warn!(
             "no final checkpoint: not everything was delivered; the last checkpoint stays"
         );
@@ -454,7 +465,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     if failed {
         anyhow::bail!("the pipeline stopped with errors (see above)");
     }
-    if given_up > 0 {
+    if given_up > 0 && !output_closed {
         // Not lost (the next run reads them again), but not a clean stop.
         anyhow::bail!(
             "records not delivered at shutdown: {given_up}; no final checkpoint, the next \

@@ -63,6 +63,11 @@ crate::channels::fanout::sink_config! {
         /// Send alerts from the past too.
         #[serde(default)]
         page_past: bool,
+        /// fluxpipe's API as the receivers reach it (a proxy, a DNS
+        /// name): the base of each alert's `generatorURL`. Default: the
+        /// pipeline's `[api] address`.
+        #[serde(default)]
+        external_url: Option<String>,
     }
 }
 
@@ -135,6 +140,33 @@ struct Tracked {
     cluster: String,
     /// A late firing held until then (its resolution may yet come).
     held_until: Option<Instant>,
+    /// Where the receiver's link leads (empty without an API).
+    generator_url: String,
+}
+
+/// Where an alert's subject is shown: the job's or the cluster's nodes'
+/// answer of the query API, or the status page.
+fn generator_url(base: &str, labels: &Value) -> String {
+    let base = base.trim_end_matches('/');
+    let label = |k: &str| labels.get(k).and_then(Value::as_str);
+    let mut url = match reqwest::Url::parse(base) {
+        Ok(u) => u,
+        Err(_) => return String::new(),
+    };
+    match (label("jobid"), label("node"), label("flux_cluster")) {
+        (Some(job), _, cluster) => {
+            url.set_path(&format!("/api/v1/jobs/{job}"));
+            if let Some(c) = cluster {
+                url.query_pairs_mut().append_pair("cluster", c);
+            }
+        }
+        (None, Some(_), Some(cluster)) => {
+            url.set_path("/api/v1/nodes");
+            url.query_pairs_mut().append_pair("cluster", cluster);
+        }
+        _ => url.set_path("/"),
+    }
+    url.to_string()
 }
 
 impl Tracked {
@@ -149,6 +181,7 @@ impl Tracked {
             "annotations": self.annotations,
             "startsAt": self.starts_at,
             "endsAt": ends_at,
+            "generatorURL": self.generator_url,
         })
     }
 }
@@ -198,6 +231,8 @@ enum Taken {
 struct Book {
     alerts: HashMap<String, Tracked>,
     past: Past,
+    /// The base of `generatorURL`s (none: empty ones).
+    api_url: Option<String>,
 }
 
 /// An RFC 3339 time as seconds since the epoch.
@@ -271,6 +306,11 @@ impl Book {
                 sent,
                 cluster,
                 held_until,
+                generator_url: self
+                    .api_url
+                    .as_deref()
+                    .map(|base| generator_url(base, labels))
+                    .unwrap_or_default(),
             },
         );
         Ok(Taken::Kept)
@@ -386,7 +426,7 @@ pub async fn run(
     name: &str,
     config: AlertmanagerSinkConfig,
     mut rx: SinkRx,
-    _ctx: &SinkContext,
+    ctx: &SinkContext,
 ) -> anyhow::Result<()> {
     let base = config.url.trim_end_matches('/');
     let url = reqwest::Url::parse(&format!("{base}/api/v2/alerts"))
@@ -406,6 +446,7 @@ pub async fn run(
             settle: Duration::from_secs_f64(config.settle_secs.clamp(0.0, 1e7)),
             page: config.page_past,
         },
+        api_url: config.external_url.clone().or_else(|| ctx.api_url.clone()),
         ..Book::default()
     };
     let not_paged = metrics::counter!(metric::FLUXPIPE_ALERTS_NOT_PAGED_TOTAL, "sink" => name.to_string());
@@ -518,8 +559,27 @@ mod tests {
         assert_eq!(book.alerts.len(), 1);
         book.expire(Duration::ZERO);
         assert!(book.alerts.is_empty());
+        assert_eq!(v[0]["generatorURL"], "", "no API, no link");
         assert!(matches!(take(&mut book, "{}"), Err(RecordError::NotAlert)));
         assert!(matches!(take(&mut book, "nope"), Err(RecordError::Json(_))));
+    }
+
+    #[test]
+    fn alerts_link_back_to_what_they_are_about() {
+        let base = "http://fluxpipe.example.org:9464/";
+        let job = json!({"jobid": "ƒ2", "flux_cluster": "pi cl"});
+        assert_eq!(
+            generator_url(base, &job),
+            "http://fluxpipe.example.org:9464/api/v1/jobs/%C6%922?cluster=pi+cl"
+        );
+        let node = json!({"node": "n1", "rank": "1", "flux_cluster": "c"});
+        assert_eq!(
+            generator_url(base, &node),
+            "http://fluxpipe.example.org:9464/api/v1/nodes?cluster=c"
+        );
+        let cluster = json!({"flux_cluster": "c", "source": "flux"});
+        assert_eq!(generator_url(base, &cluster), "http://fluxpipe.example.org:9464/");
+        assert_eq!(generator_url("not a url", &cluster), "");
     }
 
     fn alert(status: &str, job: &str, starts: f64, ends: Option<f64>) -> String {

@@ -92,6 +92,14 @@ sink_types! {
     Database => database::DatabaseSinkConfig,
 }
 
+/// The reader of a sink's output went away (`fluxpipe run | head`): the
+/// pipeline stops, as a reader's end asks, and that is not a failure.
+#[derive(Debug, thiserror::Error)]
+#[error("the output's reader went away ({left} records not written)")]
+pub struct OutputClosed {
+    pub left: u64,
+}
+
 /// What sinks may need beyond their records.
 #[derive(Debug, Clone, Default)]
 pub struct SinkContext {
@@ -102,4 +110,7 @@ pub struct SinkContext {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// How many sinks the pipeline has.
     pub sinks: usize,
+    /// Where the pipeline's API answers (`http://ADDRESS`), if it has one:
+    /// what alerts link back to.
+    pub api_url: Option<String>,
 }

@@ -139,6 +139,9 @@ impl SinkOffset {
 pub struct SinkOffsets {
     marks: Arc<Mutex<BTreeMap<String, Arc<Mark>>>>,
     restored: Arc<BTreeMap<String, String>>,
+    /// The pipeline's only output lost its reader (`fluxpipe run | head`):
+    /// what is left is given up on purpose, no checkpoint is wanted.
+    reader_gone: Arc<AtomicBool>,
 }
 
 /// A round's cut could not be placed.
@@ -151,7 +154,18 @@ impl SinkOffsets {
         SinkOffsets {
             marks: Arc::default(),
             restored: Arc::new(saved),
+            reader_gone: Arc::default(),
         }
+    }
+
+    /// The pipeline's only output lost its reader: the pipeline stops.
+    pub fn reader_gone(&self) {
+        self.reader_gone.store(true, SeqCst);
+    }
+
+    /// Whether it has (a checkpoint that fails then is no surprise).
+    pub fn is_reader_gone(&self) -> bool {
+        self.reader_gone.load(SeqCst)
     }
 
     /// Where the checkpoint restored left sink `name`.

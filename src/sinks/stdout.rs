@@ -1,7 +1,7 @@
 //! `type = "stdout"`: JSON Lines on standard output.
 
-use super::{SinkContext, SinkRx};
 use super::lines::{Lines, Next};
+use super::{SinkContext, SinkRx};
 use std::time::Duration;
 
 crate::channels::fanout::sink_config! {
@@ -21,12 +21,14 @@ pub async fn run(
     match write_all(&mut lines, &mut rx).await {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe && ctx.sinks == 1 => {
             // `fluxpipe run | head`: the reader is gone, and this sink's
-            // end is the pipeline's. What was not read is given up: no
-            // final checkpoint, so the next run writes it again.
-            tracing::warn!(sink = name, "standard output closed: stopping");
+            // end is the pipeline's: a stop, not a failure. What was not
+            // read is given up: no final checkpoint, so the next run
+            // writes it again.
+            tracing::info!(sink = name, "standard output closed: stopping");
+            ctx.offsets.reader_gone();
             ctx.shutdown.cancel();
             let left = rx.give_up_rest(lines.abandon()).await;
-            anyhow::bail!("standard output closed ({left} records not written)")
+            Err(super::OutputClosed { left }.into())
         }
         other => Ok(other?),
     }
