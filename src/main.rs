@@ -36,9 +36,11 @@ enum Command {
         after_help = "Logs go to stderr: `[log]` in the config, or FLUXPIPE_LOG \
 (a tracing filter such as `fluxpipe=info`), which wins. SIGTERM or SIGINT stops cleanly: \
 sources stop reading, everything read is delivered, a final checkpoint is written. \
-SIGHUP makes file sinks reopen their files (for logrotate). Exit status: 0 after a clean \
-stop or the end of a finite input, 1 on a config error, an unreadable checkpoint \
-(see --reset-state), a data folder another run holds, or a failed component."
+SIGHUP makes file sinks reopen their files (for logrotate). A second SIGTERM or SIGINT \
+while it stops stops at once. Exit status: 0 after a clean stop, the end of a finite \
+input or the reader of standard output gone; 1 on a config error, an unreadable \
+checkpoint (see --reset-state), a data folder another run holds, a failed component or \
+records not delivered at the stop; 2 when a second signal stopped it at once."
     )]
     Run(cli::run::RunArgs),
     /// Check a pipeline config file and exit non-zero on any problem.

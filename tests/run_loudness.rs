@@ -313,3 +313,93 @@ fn a_checkpoint_of_another_pipeline_is_refused_with_the_way_out() {
         "{err}"
     );
 }
+
+/// A pipeline whose `http` sink fails for good (nobody listens), holding
+/// many batches, and a file source on a corpus journal (stays open).
+fn start_with_failing_sink(
+    dir: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
+    let dead = common::free_port();
+    std::fs::create_dir_all(dir).expect("dir");
+    let config = dir.join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[sources.in]\ntype = \"file\"\ninclude = [{:?}]\n\
+             [sinks.hook]\ntype = \"http\"\nuri = \"http://127.0.0.1:{dead}/\"\n\
+             inputs = [\"transitions\"]\nbatch_max_records = 5\nbatch_timeout_ms = 10\n",
+            dir.join("data"),
+            common::corpus()
+                .join("instances/B/journals/incarnation1.job-manager.events-journal.jsonl")
+        ),
+    )
+    .expect("config");
+    let mut child = fluxpipe()
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let log = stderr_reader(&mut child);
+    wait_until("the sink failing", 20, || {
+        log.lock().expect("lock").contains("starting")
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    (child, log)
+}
+
+fn exit_within(
+    child: &mut std::process::Child,
+    secs: u64,
+    log: &std::sync::Mutex<String>,
+) -> std::process::ExitStatus {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            return s;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(secs),
+            "still stopping after {secs} s: {}",
+            log.lock().expect("lock")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A stop with a sink that keeps failing is bounded by one grace for all
+/// its batches (5 s), not one per batch; a second SIGTERM stops at once
+/// with status 2.
+#[test]
+fn a_stop_with_a_failing_sink_is_bounded_and_a_second_signal_is_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (child, log) = start_with_failing_sink(&dir.path().join("one"));
+    let mut child = Reaper(child);
+    common::sigterm(&child.0);
+    let started = std::time::Instant::now();
+    let status = exit_within(&mut child.0, 15, &log);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(12),
+        "one grace, not one per batch: {:?}",
+        started.elapsed()
+    );
+    // Records were not delivered: not a clean stop.
+    assert_eq!(status.code(), Some(1), "{}", log.lock().expect("lock"));
+
+    let (child, log) = start_with_failing_sink(&dir.path().join("two"));
+    let mut child = Reaper(child);
+    common::sigterm(&child.0);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    common::sigterm(&child.0);
+    let status = exit_within(&mut child.0, 3, &log);
+    assert_eq!(status.code(), Some(2), "{}", log.lock().expect("lock"));
+    assert!(
+        log.lock().expect("lock").contains("stopping at once"),
+        "{}",
+        log.lock().expect("lock")
+    );
+}

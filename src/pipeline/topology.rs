@@ -150,6 +150,29 @@ fn changelog_sources(config: &Config) -> Vec<Arc<str>> {
         .collect()
 }
 
+/// The exit status of a stop forced by a second signal.
+pub const FORCED_STOP_STATUS: i32 = 2;
+
+/// The first SIGINT/SIGTERM begins a clean stop; one more while it is
+/// under way stops at once.
+fn stop_on_signal(name: &str, shutdown: &CancellationToken) {
+    if shutdown.is_cancelled() {
+        stop_at_once(name);
+    }
+    tracing::info!("{name}: shutting down (again to stop at once)");
+    shutdown.cancel();
+}
+
+/// Stop now: nothing more is delivered and no checkpoint is written, so
+/// the next run reads again from the last one (at least once, as after
+/// a crash). The data folder's lock goes with the process.
+fn stop_at_once(name: &str) -> ! {
+    tracing::warn!(
+        "{name} again: stopping at once; what was not delivered is read again by the next run"
+    );
+    std::process::exit(FORCED_STOP_STATUS)
+}
+
 /// Run a validated pipeline until shutdown.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     // Watched from the start: a SIGTERM while the checkpoint is restored
@@ -357,8 +380,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let mut failed = false;
     loop {
         tokio::select! {
-            _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); shutdown.cancel(); }
-            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); shutdown.cancel(); }
+            _ = sigint.recv() => stop_on_signal("SIGINT", &shutdown),
+            _ = sigterm.recv() => stop_on_signal("SIGTERM", &shutdown),
             _ = sighup.recv() => { tracing::info!("SIGHUP: file sinks reopen their files"); }
             _ = shutdown.cancelled(), if !shutdown.is_cancelled() => {}
             done = source_tasks.join_next() => match done {
@@ -374,6 +397,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
 
     views.ready.set(false);
+    // A signal while the rest drains stops at once.
+    let second_signal = tokio::spawn(async move {
+        tokio::select! {
+            _ = sigint.recv() => stop_at_once("SIGINT"),
+            _ = sigterm.recv() => stop_at_once("SIGTERM"),
+        }
+    });
     // The watch lets go of the outputs, so the sinks can finish.
     stop_watch.cancel();
     if let Err(e) = watch.await {
@@ -438,6 +468,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     for (sink, n) in drops.nonzero() {
         tracing::warn!(sink = %sink, dropped = n, "records dropped (buffer full or sink stopped)");
     }
+    second_signal.abort();
     stop_server.cancel();
     if let Some(mut server) = server {
         // A client that stopped reading (a tap left in a pager) would hold

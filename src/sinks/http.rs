@@ -100,9 +100,10 @@ struct Sender {
     url: reqwest::Url,
     headers: HeaderMap,
     retry_max: Duration,
-    /// The pipeline's shutdown: once it begins, a batch is tried for
-    /// [`SHUTDOWN_GRACE`] more at most.
+    /// The pipeline's shutdown: once it begins, what is left is tried
+    /// for [`SHUTDOWN_GRACE`] more at most, all batches together.
     shutdown: tokio_util::sync::CancellationToken,
+    stop_deadline: std::sync::OnceLock<Instant>,
 }
 
 impl Sender {
@@ -122,6 +123,7 @@ impl Sender {
             headers,
             retry_max: Duration::from_secs_f64(config.retry_max_secs.clamp(0.0, 1e9)),
             shutdown,
+            stop_deadline: std::sync::OnceLock::new(),
         })
     }
 
@@ -171,8 +173,25 @@ impl Sender {
         let mut backoff = BACKOFF_START;
         let mut tries = 0u32;
         loop {
+            if !shortened && (rx.is_closed() || self.shutdown.is_cancelled()) {
+                shortened = true;
+                deadline = deadline.min(self.stop_deadline());
+            }
+            if shortened && Instant::now() >= deadline {
+                // The stop's one grace is over: what is left is not tried.
+                self.drop_batch(records, tries, "the stop's grace is over", "stopping");
+                rx.given_up(records as u64);
+                return;
+            }
             tries += 1;
-            let (error, asked) = match self.attempt(body).await {
+            let attempt = if shortened {
+                tokio::time::timeout_at(deadline, self.attempt(body))
+                    .await
+                    .unwrap_or_else(|_| Attempt::Retry("no answer within the stop's grace".into(), None))
+            } else {
+                self.attempt(body).await
+            };
+            let (error, asked) = match attempt {
                 Attempt::Delivered => {
                     rx.delivered(records as u64);
                     return;
@@ -186,7 +205,7 @@ impl Sender {
             };
             if !shortened && (rx.is_closed() || self.shutdown.is_cancelled()) {
                 shortened = true;
-                deadline = deadline.min(Instant::now() + SHUTDOWN_GRACE);
+                deadline = deadline.min(self.stop_deadline());
             }
             let now = Instant::now();
             if now >= deadline {
@@ -200,12 +219,20 @@ impl Sender {
                 .min(deadline - now);
             backoff = (backoff * 2).min(BACKOFF_MAX);
             tracing::debug!(sink = %self.name, url = %self.url, tries, retry_in = ?pause, "POST failed: {error}");
-            // A stop cuts the pause short: its grace starts now.
+            // A stop cuts the pause short: its grace has started.
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = self.shutdown.cancelled(), if !shortened => {}
             }
         }
+    }
+
+    /// When the stop's grace ends: one deadline for every batch left,
+    /// counted from when the stop was first seen (not per batch).
+    fn stop_deadline(&self) -> Instant {
+        *self
+            .stop_deadline
+            .get_or_init(|| Instant::now() + SHUTDOWN_GRACE)
     }
 
     fn drop_batch(&self, records: usize, tries: u32, error: &str, why: &str) {
