@@ -395,36 +395,48 @@ impl NodeBoard {
                 u8::from(!c.down)
             );
         }
-        type Count = (&'static str, &'static str, fn(&RankState) -> bool);
-        let totals: [Count; 7] = [
-            ("flux_nodes", "Nodes (broker ranks) known.", |_| true),
-            ("flux_nodes_online", "Nodes online.", |r| {
-                r.online == Some(true)
-            }),
-            ("flux_nodes_offline", "Nodes offline.", |r| {
-                r.online == Some(false)
-            }),
+        use crate::flux::resource::NodeCount;
+        let totals: [(&str, &str, Option<NodeCount>); 7] = [
+            ("flux_nodes", "Nodes (broker ranks) known.", None),
+            (
+                "flux_nodes_online",
+                "Nodes online.",
+                Some(NodeCount::Online),
+            ),
+            (
+                "flux_nodes_offline",
+                "Nodes offline.",
+                Some(NodeCount::Offline),
+            ),
             (
                 "flux_nodes_liveness_unknown",
                 "Nodes nothing said were online or offline (state read from a KVS resource eventlog alone).",
-                |r| r.online.is_none(),
+                Some(NodeCount::Unknown),
             ),
             (
                 "flux_nodes_drained",
                 "Nodes drained and running no job (flux resource status: drained).",
-                |r| r.drained && !r.draining,
+                Some(NodeCount::Drained),
             ),
             (
                 "flux_nodes_draining",
                 "Nodes drained and still running a job (flux resource status: draining).",
-                |r| r.draining,
+                Some(NodeCount::Draining),
             ),
-            ("flux_nodes_torpid", "Nodes torpid.", |r| r.torpid),
+            (
+                "flux_nodes_torpid",
+                "Nodes torpid.",
+                Some(NodeCount::Torpid),
+            ),
         ];
-        for (name, help, pred) in totals {
+        for (name, help, count) in totals {
             header(&mut out, name, help);
             for (cluster, c) in board.iter() {
-                let n = c.ranks.values().filter(|n| pred(&n.state)).count();
+                let n = c
+                    .ranks
+                    .values()
+                    .filter(|n| count.is_none_or(|k| k.holds(&n.state)))
+                    .count();
                 let _ = writeln!(out, "{name}{{flux_cluster=\"{}\"}} {n}", escape(cluster));
             }
         }

@@ -1,18 +1,23 @@
 //! The status page at `/`: plain HTML rendered on the server (no script),
-//! readable on a phone, refreshing itself. Per cluster: its nodes as a
-//! grid coloured by state (the drain reason on hover), pending and running
-//! counts with the oldest pending job, what fires; and the pipeline's own
-//! health. Everything comes from the same questions the API asks.
+//! readable on a phone, refreshing itself. At the top, a banner for each
+//! instance that is down. Per cluster: its nodes as a grid coloured by
+//! state (the drain reason on hover) with counts as `/metrics` counts
+//! them, pending and running counts with the oldest pending job, what
+//! fires grouped by rule, most severe first; and the pipeline's own
+//! health. `/jobs/{id}` shows one job, `/alerts?cluster=C` every alert
+//! that fires. Everything comes from the same questions the API asks.
 
 use crate::channels::query::{Answer, Query, Questions};
 use crate::exposition;
 use crate::flux::fsd;
 use crate::flux::jobid::JobId;
-use crate::flux::resource::RankState;
+use crate::flux::resource::{NodeCount, RankState};
 use crate::keyed::alerts::wall_now;
+use crate::keyed::query::JobFilter;
 use crate::keyed::query::{AlertPosition, ClusterCounts};
 use crate::telemetry::metric;
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query as Params, State};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use maud::{DOCTYPE, Markup, html};
@@ -25,8 +30,10 @@ use std::time::Duration;
 const REFRESH_SECS: u32 = 15;
 /// Longest the page waits for the shards.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most firing alerts listed (the rest are counted).
+/// Most firing alerts listed on the front page (the rest are counted).
 const ALERTS_SHOWN: usize = 50;
+/// Most firing alerts of a cluster on its alerts page.
+const ALERTS_PAGE: usize = 5000;
 
 #[derive(Clone)]
 struct Page {
@@ -38,6 +45,8 @@ struct Page {
 pub fn routes(questions: Questions, metrics: Option<&'static PrometheusHandle>) -> axum::Router {
     axum::Router::new()
         .route("/", get(page))
+        .route("/jobs/{id}", get(job_page))
+        .route("/alerts", get(alerts_page))
         .with_state(Page { questions, metrics })
 }
 
@@ -170,15 +179,45 @@ fn rank_look(r: &RankState) -> (&'static str, String) {
     (class, tip)
 }
 
-/// The grid's colours, in the key's order: each node has one.
-const KEY: [(&str, &str); 6] = [
-    ("up", "online"),
-    ("drained", "drained"),
-    ("draining", "draining"),
-    ("offline", "offline"),
-    ("torpid", "torpid"),
-    ("unknown", "unknown"),
+/// The key under the grid: each count as `/metrics` counts it (a node
+/// may count twice, drained and offline say), with the colour a node of
+/// that state has.
+const KEY: [(NodeCount, &str); 6] = [
+    (NodeCount::Online, "up"),
+    (NodeCount::Drained, "drained"),
+    (NodeCount::Draining, "draining"),
+    (NodeCount::Offline, "offline"),
+    (NodeCount::Torpid, "torpid"),
+    (NodeCount::Unknown, "unknown"),
 ];
+
+/// Severities, most urgent first; others after them.
+fn severity_rank(severity: &str) -> usize {
+    ["critical", "error", "warning", "info"]
+        .iter()
+        .position(|s| *s == severity)
+        .unwrap_or(4)
+}
+
+/// Alerts grouped by rule, the most severe rules first: (severity,
+/// rule, its alerts).
+fn by_rule<'a>(
+    alerts: impl IntoIterator<Item = &'a Value>,
+) -> Vec<(String, String, Vec<&'a Value>)> {
+    let mut groups: BTreeMap<(usize, String, String), Vec<&Value>> = BTreeMap::new();
+    for a in alerts {
+        let severity = a["severity"].as_str().unwrap_or("").to_string();
+        let rule = a["alertname"].as_str().unwrap_or("").to_string();
+        groups
+            .entry((severity_rank(&severity), severity, rule))
+            .or_default()
+            .push(a);
+    }
+    groups
+        .into_iter()
+        .map(|((_, severity, rule), list)| (severity, rule, list))
+        .collect()
+}
 
 fn ago(now: f64, then: f64) -> String {
     fsd::format((now - then).max(0.0))
@@ -196,6 +235,9 @@ table{border-collapse:collapse;font-size:.9em;max-width:100%}td,th{padding:2px 6
 td{overflow-wrap:break-word}
 summary{cursor:pointer;margin:.3em 0}
 .fig{display:inline-block;margin-right:1.2em}.muted{color:#777}
+.banner{background:#c33;color:#fff;padding:.5em .8em;margin:.4em 0;border-radius:3px;font-weight:bold}
+.sev{display:inline-block;min-width:5em;font-weight:bold}.sev-critical{color:#c33}.sev-warning{color:#b60}
+th.group{background:#f3f3f3}
 ";
 
 fn render(clusters: &BTreeMap<String, Cluster>, health: &Health, now: f64) -> Markup {
@@ -212,6 +254,14 @@ fn render(clusters: &BTreeMap<String, Cluster>, health: &Health, now: f64) -> Ma
                 style { (maud::PreEscaped(STYLE)) }
             }
             body {
+                @for (name, c) in clusters {
+                    @if let Some(t) = c.counts.instance_down_since {
+                        div.banner.down id={ "down-" (name) } {
+                            "The Flux instance of cluster " (name) " is down, since "
+                            (ago(now, t)) " ago: no job runs and no node is watched there."
+                        }
+                    }
+                }
                 h1 { "fluxpipe" }
                 p.muted { "Refreshes every " (REFRESH_SECS) " s. The same answers as "
                     a href="/api/v1/clusters" { "/api/v1" } " and " a href="/metrics" { "/metrics" } "." }
@@ -255,17 +305,17 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
                 span.fig { "pending: " b.pending { (pending) } }
                 span.fig { "running: " b.running { (running) } }
                 @if let Some((id, t)) = c.counts.oldest_pending {
-                    span.fig { "oldest pending: " b { (JobId(id).to_f58()) } " for " (ago(now, t)) }
+                    span.fig { "oldest pending: " b { (job_link(name, &JobId(id).to_f58())) } " for " (ago(now, t)) }
                 }
                 @if let Some(t) = c.counts.newest_event {
                     span.fig.muted { "newest event " (ago(now, t)) " ago" }
                 }
             }
             div.key {
-                @for (class, label) in &KEY {
-                    @let n = looks.iter().filter(|(c, _)| c == class).count();
-                    @if n > 0 || *class != "unknown" {
-                        span { span class={ "n " (class) } {} " " (label) " " (n) }
+                @for (count, class) in &KEY {
+                    @let n = c.ranks.iter().filter(|r| count.holds(r)).count();
+                    @if n > 0 || *count != NodeCount::Unknown {
+                        span data-count=(count.as_str()) { span class={ "n " (class) } {} " " (count.as_str()) " " (n) }
                     }
                 }
             }
@@ -294,23 +344,191 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
             @if c.alerts.is_empty() {
                 p.muted { "Nothing firing." }
             } @else {
-                table.alerts {
-                    tr { th { "since" } th { "alert" } }
-                    @for (_, a) in &c.alerts {
-                        tr.alert data-about=(about(a)) {
-                            td { (ago(now, a["since"].as_f64().unwrap_or(now))) }
-                            td { b { (a["alertname"].as_str().unwrap_or("")) } ": "
-                                (a["annotations"]["summary"].as_str().unwrap_or(""))
-                                @if let Some(r) = a["annotations"]["reason"].as_str() { " (" (r) ")" } }
-                        }
-                    }
-                }
+                (alert_table(name, c.alerts.iter().map(|(_, a)| a), now))
                 @if c.firing > c.alerts.len() {
-                    p.muted { (c.firing - c.alerts.len()) " more: " a href={ "/api/v1/alerts?cluster=" (name) } { "all" } }
+                    p.muted { (c.firing - c.alerts.len()) " more: "
+                        a href={ "/alerts?cluster=" (encode(name)) } { "all " (c.firing) " firing" } }
                 }
             }
         }
     }
+}
+
+/// What fires, grouped by rule, the most severe first, with counts.
+fn alert_table<'a>(cluster: &str, alerts: impl IntoIterator<Item = &'a Value>, now: f64) -> Markup {
+    html! {
+        table.alerts {
+            @for (severity, rule, list) in by_rule(alerts) {
+                tr.group data-rule=(rule) {
+                    th.group colspan="2" {
+                        span class={ "sev sev-" (severity) } { (severity) } " "
+                        (rule) " " span.count { "(" (list.len()) ")" }
+                    }
+                }
+                @for a in list {
+                    tr.alert data-about=(about(a)) {
+                        td { (ago(now, a["since"].as_f64().unwrap_or(now))) }
+                        td {
+                            @if let Some(job) = a["labels"]["jobid"].as_str() {
+                                (job_link(cluster, job)) ": "
+                            }
+                            (a["annotations"]["summary"].as_str().unwrap_or(""))
+                            @if let Some(r) = a["annotations"]["reason"].as_str() { " (" (r) ")" }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A query string's value.
+fn encode(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// A link to a job's page.
+fn job_link(cluster: &str, f58: &str) -> Markup {
+    html! { a.job href={ "/jobs/" (encode(f58)) "?cluster=" (encode(cluster)) } { (f58) } }
+}
+
+#[derive(serde::Deserialize)]
+struct ClusterParam {
+    cluster: Option<String>,
+}
+
+/// A page of its own, in the front page's style.
+fn page_of(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                link rel="icon" href="data:,";
+                title { "fluxpipe: " (title) }
+                style { (maud::PreEscaped(STYLE)) }
+            }
+            body {
+                p { a href="/" { "fluxpipe" } }
+                h1 { (title) }
+                (body)
+            }
+        }
+    }
+}
+
+/// `/jobs/{id}?cluster=C`: one job as the query API holds it.
+async fn job_page(
+    State(page): State<Page>,
+    Path(id): Path<String>,
+    params: Result<Params<ClusterParam>, QueryRejection>,
+) -> Response {
+    let Ok(job) = JobId::parse(&id) else {
+        return (
+            axum::http::StatusCode::BAD_REQUEST,
+            Html(
+                page_of("no such job", html! { p { "`" (id) "` is not a job id." } }).into_string(),
+            ),
+        )
+            .into_response();
+    };
+    let cluster = params.ok().and_then(|Params(p)| p.cluster);
+    let query = Query::Jobs {
+        filter: JobFilter {
+            cluster: cluster.clone(),
+            id: Some(job),
+            ..JobFilter::default()
+        },
+        after: None,
+        limit: 2,
+    };
+    let answers = match tokio::time::timeout(ANSWER_TIMEOUT, page.questions.ask(&query)).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => return unavailable(&e.to_string()),
+        Err(_) => return unavailable("the shards did not answer in time (busy)"),
+    };
+    let found: Vec<Value> = answers
+        .into_iter()
+        .filter_map(|a| match a {
+            Answer::Jobs(list, _) => Some(list),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|(_, j)| serde_json::to_value(&j).ok())
+        .collect();
+    let title = format!("job {}", job.to_f58());
+    let body = match found.as_slice() {
+        [] => html! { p { "No job " (job.to_f58()) " is held (it may have ended and been dropped: "
+        code { "fluxpipe history" } " has it if a database sink keeps jobs)." } },
+        [one] => fields(one),
+        many => html! {
+            p { "Job " (job.to_f58()) " is held in several clusters:" }
+            ul { @for j in many {
+                @let c = j["cluster"].as_str().unwrap_or("");
+                li { (job_link(c, &job.to_f58())) " in " (c) }
+            } }
+        },
+    };
+    Html(page_of(&title, body).into_string()).into_response()
+}
+
+/// A job record as a table of its fields.
+fn fields(record: &Value) -> Markup {
+    html! {
+        table.job {
+            @if let Some(map) = record.as_object() {
+                @for (k, v) in map {
+                    tr { th { (k) } td { @match v {
+                        Value::String(s) => { (s) }
+                        Value::Null => { span.muted { "-" } }
+                        other => { code { (other.to_string()) } }
+                    } } }
+                }
+            }
+        }
+    }
+}
+
+/// `/alerts?cluster=C`: every alert firing in a cluster (the first
+/// [`ALERTS_PAGE`]), grouped by rule.
+async fn alerts_page(
+    State(page): State<Page>,
+    params: Result<Params<ClusterParam>, QueryRejection>,
+) -> Response {
+    let cluster = params.ok().and_then(|Params(p)| p.cluster);
+    let query = Query::Alerts {
+        cluster: cluster.clone(),
+        after: None,
+        limit: ALERTS_PAGE,
+    };
+    let answers = match tokio::time::timeout(ANSWER_TIMEOUT, page.questions.ask(&query)).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => return unavailable(&e.to_string()),
+        Err(_) => return unavailable("the shards did not answer in time (busy)"),
+    };
+    let mut all: Vec<(AlertPosition, Value)> = Vec::new();
+    let mut total = 0;
+    for answer in answers {
+        if let Answer::Alerts(list, n) = answer {
+            all.extend(list);
+            total += n;
+        }
+    }
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all.truncate(ALERTS_PAGE);
+    let name = cluster.as_deref().unwrap_or("every cluster");
+    let now = wall_now();
+    let by_cluster = |a: &Value| a["cluster"].as_str().unwrap_or("").to_string();
+    let body = html! {
+        p.muted { (total) " firing" @if total > all.len() { ", the oldest " (all.len()) " shown" } "." }
+        @if all.is_empty() { p.muted { "Nothing firing." } }
+        @else {
+            @let first = all.first().map(|(_, a)| by_cluster(a)).unwrap_or_default();
+            (alert_table(cluster.as_deref().unwrap_or(&first), all.iter().map(|(_, a)| a), now))
+        }
+    };
+    Html(page_of(&format!("alerts of {name}"), body).into_string()).into_response()
 }
 
 /// A job's F58 id or a node's name, from an alert record.

@@ -46,6 +46,58 @@ const PERSISTENT_EVENTS: [&str; 5] = [
     "resource-init",
 ];
 
+/// What a node counts as among its cluster's nodes, as `flux resource
+/// status` counts them: a node may count under several (a drained node
+/// that is offline is both). The metrics and the status page count by
+/// these, so their figures agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeCount {
+    Online,
+    Offline,
+    /// Nothing said whether it is online (an instance that is down, a KVS
+    /// resource eventlog read alone).
+    Unknown,
+    /// Drained and running no job.
+    Drained,
+    /// Drained and still running a job.
+    Draining,
+    Torpid,
+}
+
+impl NodeCount {
+    pub const ALL: [NodeCount; 6] = [
+        NodeCount::Online,
+        NodeCount::Drained,
+        NodeCount::Draining,
+        NodeCount::Offline,
+        NodeCount::Torpid,
+        NodeCount::Unknown,
+    ];
+
+    /// Whether `rank` counts as this.
+    pub fn holds(self, rank: &RankState) -> bool {
+        match self {
+            NodeCount::Online => rank.online == Some(true),
+            NodeCount::Offline => rank.online == Some(false),
+            NodeCount::Unknown => rank.online.is_none(),
+            NodeCount::Drained => rank.drained && !rank.draining,
+            NodeCount::Draining => rank.draining,
+            NodeCount::Torpid => rank.torpid,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeCount::Online => "online",
+            NodeCount::Offline => "offline",
+            NodeCount::Unknown => "unknown",
+            NodeCount::Drained => "drained",
+            NodeCount::Draining => "draining",
+            NodeCount::Torpid => "torpid",
+        }
+    }
+}
+
 /// The state of one execution target (broker rank).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankState {

@@ -14,6 +14,7 @@ use super::listing::{ClusterJobs, InGroup, Place};
 use super::state::State;
 use crate::flux::job::{Job, JobState};
 use crate::flux::jobid::JobId;
+use crate::flux::resource::NodeCount;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BinaryHeap, btree_set};
 use std::ops::Bound;
@@ -383,6 +384,9 @@ pub struct ClusterCounts {
     /// The pending job submitted first (of the least id: flux's ids grow
     /// with the time of submission): its id and submit time.
     pub oldest_pending: Option<(u64, f64)>,
+    /// Since when the whole instance is down (`instance-down` until its
+    /// next `restart`), if it is.
+    pub instance_down_since: Option<f64>,
 }
 
 impl ClusterCounts {
@@ -397,6 +401,7 @@ impl ClusterCounts {
         self.newest_event = newer(self.newest_event, other.newest_event);
         self.clock = newer(self.clock, other.clock);
         self.oldest_pending = older_job(self.oldest_pending, other.oldest_pending);
+        self.instance_down_since = self.instance_down_since.or(other.instance_down_since);
     }
 }
 
@@ -442,22 +447,12 @@ pub fn cluster_counts(state: &State) -> BTreeMap<String, ClusterCounts> {
     for (cluster, res) in &state.resources {
         let c = out.entry(cluster.clone()).or_default();
         for r in res.ranks() {
-            let mut count = |k: &'static str| *c.nodes.entry(k).or_default() += 1;
-            match r.online {
-                Some(true) => count("online"),
-                Some(false) => count("offline"),
-                None => count("unknown"),
-            }
-            if r.draining {
-                count("draining");
-            } else if r.drained {
-                count("drained");
-            }
-            if r.torpid {
-                count("torpid");
+            for k in NodeCount::ALL.into_iter().filter(|k| k.holds(r)) {
+                *c.nodes.entry(k.as_str()).or_default() += 1;
             }
         }
         c.newest_event = newer(c.newest_event, res.last_timestamp());
+        c.instance_down_since = res.down_since();
     }
     out
 }

@@ -24,17 +24,28 @@ What happens:
    (`--reconnect`: it outlives the instance's restart). A second forwarder
    without `--reconnect` (to stdout) must exit 1 when the instance goes
    away.
-3. A workload of every outcome (success, exit codes, a signal, a timeout,
+3. The watchman, first: rank 0's broker is SIGKILLed (a crash) before any
+   job: the forwarder without `--reconnect` exits 1, the one with it
+   reconnects once the instance is started again from its statedir (a
+   killed test instance cannot be rejoined), and `instance_down` fires
+   while it is down and resolves at its `restart`.
+4. A workload of every outcome (success, exit codes, a signal, a timeout,
    cancels pending and running, holds and urgency, dependencies incl. an
    unsatisfiable one, an unsatisfiable request, a failing prolog, a failing
    epilog that drains a node, drains and undrains, a node drained while a
    job runs on it), while `fluxpipe run` is SIGKILLed and restarted several
-   times and the forwarder once; midway the instance is shut down and
-   started again from its statedir.
-4. At the end every job of `flux jobs -a --json` has a job record in the
+   times and the forwarder once, for longer than `feed_silent`'s `for`
+   (it fires for the source, and resolves when the forwarder is back);
+   midway the instance is shut down cleanly (`instance_down` fires, with a
+   SIGKILL of `fluxpipe run` while it is down, and resolves when the
+   instance is started again from its statedir).
+5. At the end every job of `flux jobs -a --json` has a job record in the
    file sink equal on every summary field, every transition of a clean run
    of the same journal is there (exactly once when the file sink is), and
-   every rank's state equals the broker's `resource.status`.
+   every rank's state equals the broker's `resource.status`; the alerts
+   file holds exactly one firing and one resolution of each watch episode
+   and nothing else: no `node_offline` (its `for` is shorter than the
+   instance stays down) for ranks of an instance that went down.
 
 Exit 0 when all agree; else every disagreement is printed and it exits 1.
 """
@@ -52,6 +63,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +77,21 @@ FIELDS = ("state", "result", "success", "waitstatus", "returncode", "urgency", "
           # From the jobspec (and its updates) and R.
           "name", "queue", "project", "bank", "duration", "ntasks", "ncores", "nnodes",
           "nodelist", "ranks")
+
+# The watchman's rules in the test. Short for a test, long enough for a
+# loaded 2-core machine: the forwarder heartbeats every HEARTBEAT seconds
+# while it lives, and a SIGKILLed `fluxpipe run` on the Kafka route may hear
+# nothing until its consumer group rebalances (session timeout 6 s), so
+# feed_silent's `for` is well above both. node_offline's `for` is below
+# instance_down's: the instance stays down at least that long, so ranks of
+# a down instance taken for offline would page; the offline ranks of a
+# clean shutdown (~1 s before the forwarder notices) and of a start (~1 s
+# before they join) would not.
+HEARTBEAT = 2
+FEED_SILENT_FOR = 15
+INSTANCE_DOWN_FOR = 8
+NODE_OFFLINE_FOR = 5
+WATCH_ALERTS = ("feed_silent", "instance_down")
 
 PERILOG = """#!/bin/sh
 # Fails on every rank of a job that asked for it (--setattr=user.fail=$1).
@@ -106,6 +134,31 @@ def flux_prefix() -> str | None:
     return None
 
 
+def children(ppid: int) -> list[int]:
+    """The processes whose parent is `ppid`."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == ppid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def wait_for(cond, timeout: float, interval: float = 0.2):
+    """cond()'s first true value within `timeout` seconds, else None."""
+    deadline = time.time() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.time() > deadline:
+            return None
+        time.sleep(interval)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -133,13 +186,15 @@ class Instance:
         self.env.pop("FLUX_URI", None)
         self.proc: subprocess.Popen | None = None
         self.lives = 0
+        self.size = 4
 
     def start(self) -> None:
         ready = self.work / f"ready.{self.lives}"
         self.lives += 1
         script = f"flux queue start --all >/dev/null && touch {ready} && exec sleep 100000"
         self.proc = subprocess.Popen(
-            [self.flux, "start", "--test-size=4", "--test-hosts=node[0-3]",
+            [self.flux, "start", f"--test-size={self.size}",
+             f"--test-hosts=node[0-{self.size - 1}]",
              f"--test-rundir={self.rundir}", f"--config-path={self.conf}",
              f"-Sstatedir={self.statedir}", "sh", "-c", script],
             env=self.env, stdout=open(self.work / f"instance.{self.lives}.log", "w"),
@@ -159,6 +214,24 @@ class Instance:
         self.run("shutdown", "--quiet", check=False)
         if self.proc is not None:
             self.proc.wait(timeout=60)
+
+    def crash(self) -> int:
+        """SIGKILL rank 0's broker (a crash: no shutdown, nothing posted).
+        Returns its pid."""
+        pid = int(self.run("getattr", "broker.pid"))
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def kill_rest(self) -> None:
+        """After a crash of rank 0: SIGKILL the brokers left (`flux start`
+        would only after its 20 s exit timeout), and wait for `flux start`."""
+        assert self.proc is not None
+        for pid in children(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=60)
 
     def run(self, *args: str, check: bool = True, input: str | None = None,
             strip: bool = True) -> str:
@@ -198,6 +271,7 @@ class Fluxpipe:
         self.port = port
         self.kafka = kafka
         self.out = work / "out.jsonl"
+        self.alerts_out = work / "alerts.jsonl"
         self.config = work / "fluxpipe.toml"
         if kafka is None:
             source = f"""[sources.flux]
@@ -231,6 +305,26 @@ address = "127.0.0.1:{self.api_port}"
 type = "file"
 path = "{self.out}"
 inputs = ["transitions", "jobs", "resources"]
+[sinks.alerts]
+type = "file"
+path = "{self.alerts_out}"
+inputs = ["alerts"]
+
+# The watchman's rules stand in for the built-in ones (10m, 1m); any rule
+# leaves out the built-in job and node rules (hours and minutes: none
+# would fire here), and node_offline is given a short `for`.
+[alerts.rules.feed_silent]
+kind = "feed_silent"
+for = "{FEED_SILENT_FOR}s"
+severity = "critical"
+[alerts.rules.instance_down]
+kind = "instance_down"
+for = "{INSTANCE_DOWN_FOR}s"
+severity = "critical"
+[alerts.rules.node_offline]
+kind = "node_offline"
+for = "{NODE_OFFLINE_FOR}s"
+severity = "critical"
 """)
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -262,16 +356,52 @@ inputs = ["transitions", "jobs", "resources"]
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=60)
 
-    def records(self) -> list[dict]:
-        if not self.out.exists():
+    def records(self, path: Path | None = None) -> list[dict]:
+        path = path or self.out
+        if not path.exists():
             return []
         out = []
-        for line in self.out.read_text().splitlines():
+        for line in path.read_text().splitlines():
             try:
                 out.append(json.loads(line))
             except ValueError:
                 out.append({"kind": "torn", "line": line})
         return out
+
+    def alerts(self) -> list[dict]:
+        """The records of the alerts file sink."""
+        return self.records(self.alerts_out)
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """A sample of /metrics whose labels include `labels` (None when
+        there is none, or fluxpipe does not answer)."""
+        try:
+            with urllib.request.urlopen(f"{self.api}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if not line.startswith(name) or line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            metric, _, rest = series.partition("{")
+            if metric != name:
+                continue
+            have = dict(kv.split("=", 1) for kv in rest.rstrip("}").split(",") if "=" in kv)
+            if all(have.get(k) == json.dumps(v) for k, v in labels.items()):
+                return float(value)
+        return None
+
+    def wait_checkpoint(self, after: float, timeout: float = 60) -> bool:
+        """Wait for a checkpoint begun after `after` (wall clock): one that
+        ended later, then the next. Records written to the file sinks
+        before `after` are then in it (a SIGKILL cuts the files back to the
+        checkpoint: the watch's alerts are not replayed)."""
+        def since(t: float):
+            v = self.metric("fluxpipe_checkpoint_last_success_timestamp_seconds")
+            return v if v is not None and v > t else None
+        first = wait_for(lambda: since(after), timeout)
+        return first is not None and wait_for(lambda: since(first), timeout) is not None
 
 
 class Forwarder:
@@ -299,6 +429,140 @@ class Forwarder:
     def log_text(self) -> str:
         return "".join((self.work / f"{self.name}.{i}.log").read_text()
                        for i in range(1, self.starts + 1))
+
+    def last_log(self) -> str:
+        return (self.work / f"{self.name}.{self.starts}.log").read_text()
+
+
+def watched(r: dict) -> bool:
+    """An alert record of the watch rules, or of node_offline."""
+    return r.get("kind") == "alert" and r.get("alertname") in (*WATCH_ALERTS, "node_offline")
+
+
+def alert_time(text: str | None) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else math.nan
+
+
+class Watchman:
+    """The watch episodes: each must add to the alerts file exactly one
+    firing and one resolution of its alert, and nothing else of the watch
+    or node_offline; at the end the file holds exactly those, in order."""
+
+    def __init__(self, pipe: Fluxpipe, problems: list[str]):
+        self.pipe, self.problems = pipe, problems
+        self.expected: list[str] = []
+        # When a watch alert was last seen written (a SIGKILL of fluxpipe
+        # waits for a checkpoint after it).
+        self.seen_at = 0.0
+        self.episodes = 0
+
+    def begin(self) -> set[str]:
+        return {r.get("record_id") for r in self.pipe.alerts() if watched(r)}
+
+    def new(self, before: set[str], alertname: str, status: str | None = None) -> list[dict]:
+        return [r for r in self.pipe.alerts() if watched(r)
+                and r.get("record_id") not in before and r.get("alertname") == alertname
+                and (status is None or r.get("status") == status)]
+
+    def wait(self, what: str, before: set[str], alertname: str, status: str,
+             timeout: float) -> dict | None:
+        t0 = time.time()
+        got = wait_for(lambda: self.new(before, alertname, status), timeout)
+        if not got:
+            self.problems.append(f"{what}: no {alertname} {status} within {timeout:.0f}s")
+            return None
+        self.seen_at = time.time()
+        log(f"{what}: {alertname} {status} after {self.seen_at - t0:.1f}s")
+        return got[0]
+
+    def end(self, what: str, before: set[str], alertname: str, hold: float,
+            source: str | None, down_at: float, up_at: float) -> None:
+        """The episode's records: one firing, then one resolution, of
+        `alertname` for cluster live (and `source`); the condition began
+        after `down_at` (what caused it) and ended after `up_at` (what
+        ended it)."""
+        self.episodes += 1
+        mine = [r for r in self.pipe.alerts() if watched(r) and r.get("record_id") not in before]
+        got = [(r.get("alertname"), r.get("status")) for r in mine]
+        if got != [(alertname, "firing"), (alertname, "resolved")]:
+            self.problems.append(f"{what}: the alerts written were {got}, not one "
+                                 f"{alertname} firing and its resolution")
+        for r in mine:
+            if r.get("alertname") != alertname:
+                continue
+            labels = r.get("labels") or {}
+            want = {"alertname": alertname, "flux_cluster": "live", "severity": "critical"}
+            if source is not None:
+                want["source"] = source
+            if r.get("cluster") != "live" or r.get("source") != source or labels != want:
+                self.problems.append(f"{what}: {r.get('status')} record names "
+                                     f"cluster {r.get('cluster')!r} source {r.get('source')!r} "
+                                     f"labels {labels}, not {want}")
+            since, starts = r.get("since", math.nan), alert_time(r.get("starts_at"))
+            if not abs(starts - (since + hold)) < 0.01:
+                self.problems.append(f"{what}: starts_at {r.get('starts_at')} is not since "
+                                     f"{since} + {hold}s")
+            if alertname == "instance_down" and not since >= down_at - 0.5:
+                self.problems.append(f"{what}: instance_down since {since}, before the "
+                                     f"instance went down ({down_at:.3f})")
+            if r.get("status") == "resolved":
+                ends = alert_time(r.get("ends_at"))
+                if not ends >= up_at - 0.5:
+                    self.problems.append(f"{what}: resolved at {r.get('ends_at')}, before "
+                                         f"what ended it ({up_at:.3f})")
+            elif r.get("ends_at") is not None:
+                self.problems.append(f"{what}: a firing record with ends_at {r.get('ends_at')}")
+        self.expected += [r.get("record_id") for r in mine]
+
+    def check_file(self, records: list[dict]) -> None:
+        """The whole alerts file at the end: the episodes' records, in
+        order, exactly once (a SIGKILL cut none back, none repeated), and
+        no node_offline but one a rank's own offline interval earns
+        (longer than its `for`: not a rank of an instance that was down)."""
+        alerts = [r for r in self.pipe.alerts()]
+        torn = [r for r in alerts if r.get("kind") != "alert"]
+        if torn:
+            self.problems.append(f"{len(torn)} lines of the alerts file are not alerts: "
+                                 f"{torn[:3]}")
+        got = [r.get("record_id") for r in alerts if r.get("alertname") in WATCH_ALERTS]
+        if got != self.expected:
+            self.problems.append(f"the alerts file's watch alerts are not the "
+                                 f"{self.episodes} episodes' firing and resolution: "
+                                 f"{[(r.get('alertname'), r.get('status')) for r in alerts if r.get('alertname') in WATCH_ALERTS]}")
+        for a in alerts:
+            if a.get("kind") != "alert" or a.get("alertname") in WATCH_ALERTS:
+                continue
+            if a.get("alertname") != "node_offline":
+                self.problems.append(f"an alert of no rule of the test: {a}")
+                continue
+            held = offline_held(records, a.get("rank"), a.get("since"))
+            if held is not None and held >= NODE_OFFLINE_FOR - 0.5:
+                log(f"node_offline {a.get('status')} for rank {a.get('rank')}: its offline "
+                    f"interval lasted {held:.1f}s, longer than the rule's for (a slow machine)")
+            else:
+                self.problems.append(f"node_offline {a.get('status')} for rank {a.get('rank')} "
+                                     f"since {a.get('since')} (offline for "
+                                     f"{'?' if held is None else f'{held:.1f}s'} before the "
+                                     "instance went down or the rank came back)")
+        log(f"alerts: {len(got)} watch alert records over {self.episodes} episodes, "
+            f"{sum(1 for a in alerts if a.get('alertname') == 'node_offline')} node_offline")
+
+
+def offline_held(records: list[dict], rank, since) -> float | None:
+    """How long (event time) the rank's offline interval that began at
+    `since` lasted, by its rank records: from an event that took it
+    offline (not an instance-down: that makes it unknown) to the next
+    that made it online or unknown. None when there is no such interval."""
+    if not isinstance(since, (int, float)):
+        return None
+    mine = [r for r in records if r.get("kind") == "rank" and r.get("rank") == rank
+            and isinstance(r.get("timestamp"), (int, float))]
+    began = [r for r in mine if abs(r["timestamp"] - since) < 1e-6 and r.get("online") is False
+             and r.get("event") != "instance-down"]
+    if not began:
+        return None
+    after = [r["timestamp"] for r in mine if r["timestamp"] > since and r.get("online") is not False]
+    return (min(after) if after else time.time()) - since
 
 
 def workload_a(inst: Instance) -> dict[str, str]:
@@ -479,53 +743,168 @@ def main() -> int:
     connect = connect or f"http://127.0.0.1:{pipe.port}/"
     log(f"route: forwarder → {connect} → fluxpipe run")
     fwd_args = ["--streams", "job,resource"]
+    # Heartbeats every HEARTBEAT seconds: feed_silent stays quiet while it
+    # lives (and waits for the instance).
     fwd = Forwarder(inst, work, ["--connect", connect,
                                  "--state", str(work / "forwarder.json"), "--reconnect",
                                  "--reconnect-delay", "0.5", "--ping-interval", "0.5",
+                                 "--heartbeat", str(HEARTBEAT),
                                  *fwd_args], "forwarder", python=args.forwarder_python)
     exiting = Forwarder(inst, work, ["--connect", "-", "--ping-interval", "0.5", *fwd_args],
                         "exiting")
     problems: list[str] = []
+    watch = Watchman(pipe, problems)
+    reconnected = "connected to the Flux instance again"
+    last_kill = 0.0
+
+    def start_exiting() -> None:
+        with open(work / f"exiting.{exiting.starts + 1}.out", "w") as out:
+            exiting.start(stdout=out)
+
+    def exiting_connected() -> bool:
+        out = work / f"exiting.{exiting.starts}.out"
+        return out.exists() and '{"events":[]}' in out.read_text()
+
+    def check_exiting(what: str) -> None:
+        """The forwarder without --reconnect exits 1 when the instance goes."""
+        assert exiting.proc is not None
+        try:
+            status = exiting.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            problems.append(f"{what}: the forwarder without --reconnect did not exit")
+            exiting.proc.kill()
+            return
+        said = [l for l in exiting.last_log().splitlines()
+                if any(w in l for w in ("went away", "ended", "broke"))]
+        if status != 1:
+            problems.append(f"{what}: the forwarder without --reconnect exited {status}, not 1")
+        elif not said:
+            problems.append(f"{what}: the forwarder without --reconnect said nothing of the "
+                            "instance")
+        else:
+            log(f"{what}: the forwarder without --reconnect exited 1 ({said[0].strip()})")
+
+    def instance_up(value: float) -> bool:
+        return pipe.metric("flux_instance_up", flux_cluster="live") == value
+
+    def instance_downs() -> int:
+        return sum(1 for r in pipe.records()
+                   if r.get("kind") == "rank" and r.get("event") == "instance-down")
+
+    def kill_pipe(what: str = "") -> None:
+        """SIGKILL fluxpipe run, once the watch alerts it wrote are in a
+        checkpoint (the file sink is cut back to it, and they are not
+        replayed), and start it again."""
+        nonlocal last_kill
+        if watch.seen_at > last_kill and not pipe.wait_checkpoint(watch.seen_at):
+            problems.append("no checkpoint after a watch alert was written")
+        pipe.kill()
+        last_kill = time.time()
+        log(f"SIGKILL fluxpipe run ({pipe.starts}){what}")
+        time.sleep(rng.uniform(0.0, 1.0))
+        pipe.start()
+
+    def kill_pipe_soon():
+        time.sleep(rng.uniform(0.05, 1.5))
+        kill_pipe()
+
     try:
         inst.start()
         pipe.start()
         fwd.start()
-        exiting.start()
+        start_exiting()
 
-        def kill_pipe_soon():
-            time.sleep(rng.uniform(0.05, 1.5))
-            pipe.kill()
-            log(f"SIGKILL fluxpipe run ({pipe.starts})")
-            time.sleep(rng.uniform(0.0, 1.0))
-            pipe.start()
+        # 1. A crash: SIGKILL of rank 0's broker, before any job (a crashed
+        # instance's KVS goes back to its last checkpoint, taken at its
+        # start: jobs submitted since would be gone from flux, not from
+        # fluxpipe). fluxpipe first knows every rank online.
+        def ranks_online() -> bool:
+            last = {r.get("rank"): r.get("online") for r in pipe.records()
+                    if r.get("kind") == "rank"}
+            return sum(1 for v in last.values() if v is True) == inst.size
+        if not wait_for(lambda: ranks_online() and exiting_connected(), 60):
+            problems.append("crash: fluxpipe never had every rank online, or the forwarder "
+                            "without --reconnect never read the backlog")
+        before = watch.begin()
+        reconnects = fwd.log_text().count(reconnected)
+        down_at = time.time()
+        log(f"SIGKILL rank 0's broker (pid {inst.crash()})")
+        check_exiting("crash")
+        if not wait_for(lambda: instance_up(0), 60):
+            problems.append("crash: flux_instance_up{flux_cluster=live} never 0")
+        watch.wait("crash", before, "instance_down", "firing", INSTANCE_DOWN_FOR + 60)
+        inst.kill_rest()
+        up_at = time.time()
+        inst.start()
+        log("instance started again (after the crash)")
+        watch.wait("crash", before, "instance_down", "resolved", 60)
+        if not wait_for(lambda: instance_up(1), 60):
+            problems.append("crash: flux_instance_up{flux_cluster=live} never 1 again")
+        watch.end("crash", before, "instance_down", INSTANCE_DOWN_FOR, None, down_at, up_at)
+        assert fwd.proc is not None
+        if not wait_for(lambda: fwd.log_text().count(reconnected) > reconnects
+                        or fwd.proc.poll() is not None, 60) or fwd.proc.poll() is not None:
+            problems.append(f"crash: the forwarder with --reconnect did not connect again "
+                            f"(exit status {fwd.proc.poll()})")
+        else:
+            log("crash: the forwarder with --reconnect connected again")
+        start_exiting()
 
         ids = workload_a(inst)
         kill_pipe_soon()
         inst.run("resource", "drain", "--force", "2", "disk check")
         kill_pipe_soon()
+
+        # 2. The forwarder SIGKILLed for longer than feed_silent's `for`.
+        before = watch.begin()
         assert fwd.proc is not None
         fwd.proc.send_signal(signal.SIGKILL)
         fwd.proc.wait()
-        log("SIGKILL forwarder")
+        down_at = time.time()
+        log(f"SIGKILL forwarder (for feed_silent's {FEED_SILENT_FOR}s)")
+        if watch.wait("forwarder killed", before, "feed_silent", "firing",
+                      FEED_SILENT_FOR + 60):
+            seen = pipe.metric("fluxpipe_feed_last_seen_timestamp_seconds",
+                               source="flux", flux_cluster="live")
+            if seen is None or not seen <= time.time() - FEED_SILENT_FOR + 1.0:
+                problems.append(f"forwarder killed: fluxpipe_feed_last_seen_timestamp_seconds "
+                                f"{seen}, {time.time() - (seen or 0):.1f}s ago, at the firing")
+        up_at = time.time()
         fwd.start()
+        watch.wait("forwarder killed", before, "feed_silent", "resolved", 60)
+        watch.end("forwarder killed", before, "feed_silent", FEED_SILENT_FOR, "flux",
+                  down_at, up_at)
         inst.run("resource", "undrain", "2")
         time.sleep(rng.uniform(0.5, 2.0))
 
+        # 3. A clean shutdown: fluxpipe SIGKILLed while the instance is down
+        # (its down state comes back from the checkpoint or the forwarder),
+        # before instance_down fires (a restart starts the watch's clocks
+        # again: killed after its firing was checkpointed, it would fire
+        # twice); then the instance started again.
+        before = watch.begin()
+        n_down = instance_downs()
         log("instance shutdown")
+        down_at = time.time()
         inst.shutdown()
-        try:
-            assert exiting.proc is not None
-            status = exiting.proc.wait(timeout=30)
-            if status != 1:
-                problems.append(f"forwarder without --reconnect exited {status}, not 1")
-            elif "went away" not in exiting.log_text() and "ended" not in exiting.log_text():
-                problems.append("forwarder without --reconnect said nothing of the instance")
-        except subprocess.TimeoutExpired:
-            problems.append("forwarder without --reconnect did not exit after the shutdown")
-            exiting.proc.kill()
-        kill_pipe_soon()
+        check_exiting("shutdown")
+        if not wait_for(lambda: instance_downs() > n_down and instance_up(0), 60):
+            problems.append("shutdown: fluxpipe did not learn that the instance went down")
+        if not pipe.wait_checkpoint(time.time()):
+            problems.append("shutdown: no checkpoint after the instance-down")
+        if watch.new(before, "instance_down"):
+            log("shutdown: instance_down fired before the SIGKILL could come; not killed")
+        else:
+            kill_pipe(" while the instance is down")
+            if not wait_for(lambda: instance_up(0), 60):
+                problems.append("shutdown: after the SIGKILL fluxpipe did not know the "
+                                "instance down")
+        watch.wait("shutdown", before, "instance_down", "firing", INSTANCE_DOWN_FOR + 60)
+        up_at = time.time()
         inst.start()
         log("instance started again")
+        watch.wait("shutdown", before, "instance_down", "resolved", 60)
+        watch.end("shutdown", before, "instance_down", INSTANCE_DOWN_FOR, None, down_at, up_at)
         draining = workload_b(inst, ids)
         if not draining:
             problems.append("flux showed no rank draining under the running job")
@@ -544,8 +923,10 @@ def main() -> int:
         # Asked while both run: `fluxpipe jobs` and `fluxpipe resource`
         # print what `flux jobs` and `flux resource` print.
         compare_cli(args.fluxpipe, pipe.api, inst, problems)
-        if "connected to the Flux instance again" not in fwd.log_text():
-            problems.append("the forwarder did not say it reconnected")
+        # After the crash (its first run) and after the shutdown.
+        if fwd.log_text().count(reconnected) < 2:
+            problems.append("the forwarder did not say it reconnected after the crash and "
+                            "after the shutdown")
         if pipe.stop() != 0:
             problems.append("fluxpipe run did not stop cleanly")
         assert fwd.proc is not None
@@ -560,8 +941,9 @@ def main() -> int:
         records = pipe.records()
         compare(args.fluxpipe, work, flux_jobs, status, records, journal, problems,
                 exactly_once_exempt=kafka is not None, draining_seen=draining)
+        watch.check_file(records)
         log(f"{len(flux_jobs)} jobs, {pipe.starts - 1} SIGKILLs of fluxpipe run, "
-            f"forwarder started {fwd.starts} times")
+            f"forwarder started {fwd.starts} times, instance started {inst.lives} times")
     finally:
         for p in (fwd.proc, exiting.proc, pipe.proc):
             if p is not None and p.poll() is None:
@@ -570,7 +952,7 @@ def main() -> int:
             inst.shutdown()
         except Exception:
             if inst.proc is not None:
-                inst.proc.kill()
+                inst.kill_rest() if inst.proc.poll() is None else None
     for p in problems:
         print(f"DISAGREE: {p}")
     log(("OK" if not problems else f"{len(problems)} disagreements") + f" (work folder {work})")

@@ -34,8 +34,10 @@ Usage: status_page.py --fluxpipe target/release/fluxpipe [--artifacts DIR]
 import argparse
 import base64
 import collections
+import html
 import html.parser
 import json
+import re
 import os
 import shutil
 import signal
@@ -46,6 +48,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 
@@ -173,11 +176,13 @@ clock = "event"
 [alerts.rules.node_drained]
 kind = "node_drained"
 for = "1s"
+severity = "critical"
 
 [alerts.rules.depend_too_long]
 kind = "job_state"
 state = "DEPEND"
 for = "10s"
+severity = "info"
 """
 
 
@@ -207,7 +212,18 @@ def build_workload(fluxpipe, work):
         f.write(resource_line(last + 10.0, "drain", {
             "idset": str(b["rank"]), "nodelist": b["hostname"], "overwrite": 0,
             "reason": "just now"}))
-    return {"alpha": alpha, "beta": beta}, rules, a["rank"], b["rank"]
+    # gamma: an instance that went down (the forwarder's instance-down
+    # line): the page's banner names it, and only it.
+    gamma = os.path.join(work, "gamma.jsonl")
+    with open(gamma, "w") as f:
+        f.write(resource_line(last, "restart",
+                              {"ranks": "0-3", "online": "", "nodelist": "g[0-3]"}))
+        f.write(resource_line(last + 1.0, "online", {"idset": "0-3"}))
+        f.write(resource_line(last + 2.0, "drain", {
+            "idset": "1", "nodelist": "g1", "overwrite": 0, "reason": "fan"}))
+        f.write(resource_line(last + 60.0, "instance-down",
+                              {"reason": "the forwarder lost the instance"}))
+    return {"alpha": alpha, "beta": beta, "gamma": gamma}, rules, a["rank"], b["rank"]
 
 
 # ---------------------------------------------------------------- fluxpipe run
@@ -409,10 +425,33 @@ def parse(text):
     return b.root
 
 
-def check_dom(dom_text, expected, api, report, where):
+SEVERITY_ORDER = ["critical", "error", "warning", "info"]
+
+
+def node_counts(port):
+    """{cluster: {count: n}} as /metrics says (flux_nodes_online, ...)."""
+    _, _, text = http_get(port, "/metrics")
+    names = {"flux_nodes_online": "online", "flux_nodes_offline": "offline",
+             "flux_nodes_liveness_unknown": "unknown", "flux_nodes_drained": "drained",
+             "flux_nodes_draining": "draining", "flux_nodes_torpid": "torpid"}
+    out = collections.defaultdict(dict)
+    for line in text.splitlines():
+        m = re.match(r'^(flux_nodes_\w+)\{flux_cluster="([^"]*)"\} (\S+)$', line)
+        if m and m.group(1) in names:
+            out[m.group(2)][names[m.group(1)]] = int(float(m.group(3)))
+    return dict(out)
+
+
+def check_dom(dom_text, expected, api, report, where, counts=None):
     """The required checks on the page, and the advisory ones."""
     clusters, _, alerts = api
     root = parse(dom_text)
+    # The banner of an instance that is down: at the top, for it alone.
+    banners = [n.attrs.get("id", "") for n in root.find_all("div", "banner")]
+    want_down = sorted(f"down-{c}" for c in expected if c == "gamma")
+    report.check(sorted(banners) == want_down,
+                 f"{where}: a banner for each instance that is down ({want_down})",
+                 f"banners {banners}")
     title = "".join(n.text() for n in root.find_all("title"))
     report.check(title.strip() == f"fluxpipe: {len(expected)} clusters",
                  f"{where}: title names {len(expected)} clusters", repr(title))
@@ -459,43 +498,57 @@ def check_dom(dom_text, expected, api, report, where):
                      f"{where}: {name}: pending {pending}, running {running} as the API says",
                      f"page pending {shown_p} running {shown_r}")
 
-        # The alerts: each of the API's in a row, and no other row.
+        # The alerts: each of the API's in a row under its rule's group,
+        # and no other row; groups the most severe first, with counts.
         mine = [a for a in alerts if a.get("cluster") == name]
-        rows = []
-        for tr in sec.find_all("tr", "alert"):
-            tds = [td.text().strip() for td in tr.find_all("td")]
-            rows.append((tr.attrs.get("data-about", ""), tds))
+        rows, groups, group = [], [], None
+        for tr in sec.find_all("tr"):
+            if "group" in tr.classes:
+                group = tr.attrs.get("data-rule", "")
+                sev = next((sp.text().strip() for sp in tr.find_all("span")
+                            if "sev" in sp.classes), "")
+                count = next((sp.text().strip() for sp in tr.find_all("span")
+                              if "count" in sp.classes), "")
+                groups.append((group, sev, count))
+            elif "alert" in tr.classes:
+                tds = [td.text().strip() for td in tr.find_all("td")]
+                rows.append((tr.attrs.get("data-about", ""), group, tds))
         missing = []
         for a in mine:
             _, alertname, about = alert_key(name, a)
             summary = a.get("annotations", {}).get("summary", "")
-            # A row: when it began, then "ALERTNAME: SUMMARY (REASON)".
-            if not any(len(t) == 2 and whom == about
-                       and t[1].startswith(f"{alertname}: {summary}") for whom, t in rows):
+            # A row: when it began, then "SUMMARY (REASON)", under its rule.
+            if not any(len(t) == 2 and whom == about and rule == alertname
+                       and summary in t[1] for whom, rule, t in rows):
                 missing.append(f"{alertname} {about}")
-        report.check(mine and not missing and len(rows) == len(mine),
+        report.check(not missing and len(rows) == len(mine),
                      f"{where}: {name}: the {len(mine)} firing alerts are the table's rows",
                      f"missing {missing}, {len(rows)} rows for {len(mine)} alerts")
+        if not mine:
+            report.check("Nothing firing." in sec.text(),
+                         f"{where}: {name}: says nothing fires", sec.text()[:300])
+        per_rule = collections.Counter(a.get("alertname", "") for a in mine)
+        report.check(sorted((g, c) for g, _, c in groups)
+                     == sorted((r, f"({n})") for r, n in per_rule.items()),
+                     f"{where}: {name}: one group per rule, with its count",
+                     f"groups {groups}, alerts per rule {dict(per_rule)}")
+        ranks = [SEVERITY_ORDER.index(sv) if sv in SEVERITY_ORDER else len(SEVERITY_ORDER)
+                 for _, sv, _ in groups]
+        report.check(ranks == sorted(ranks), f"{where}: {name}: the most severe rules first",
+                     f"{groups}")
 
-        # Advisory: the key's count beside each colour is the number of
-        # cells of that colour.
+        # The key's counts are /metrics' (a node may count under two).
         key = {}
         for k in sec.find_all("div", "key"):
-            for s in k.children:
-                if isinstance(s, Node) and s.tag == "span":
-                    swatch = next((c for c in s.children if isinstance(c, Node)), None)
-                    words = s.text().split()
-                    if swatch is not None and len(words) >= 2 and words[-1].isdigit():
-                        cls = [c for c in swatch.classes if c != "n"]
-                        key[cls[0] if cls else "?"] = int(words[-1])
-        painted = collections.Counter(
-            c for cell in cells.values() for c in cell.classes if c != "n")
-        off = {cls: (n, painted.get(cls, 0)) for cls, n in key.items() if painted.get(cls, 0) != n}
-        if off:
-            report.warn(f"{where}: {name}: the key's counts differ from the grid's cells "
-                        f"(class: (key, cells)) {off}")
-        else:
-            report.ok(f"{where}: {name}: the key's counts equal the grid's cells")
+            for sp in k.find_all("span"):
+                what = sp.attrs.get("data-count")
+                words = sp.text().split()
+                if what and words and words[-1].isdigit():
+                    key[what] = int(words[-1])
+        if counts is not None:
+            want = {k: v for k, v in counts.get(name, {}).items() if k in key or v}
+            report.check(key == want, f"{where}: {name}: the key's counts are /metrics'",
+                         f"key {key}, /metrics {counts.get(name)}")
     # Advisory: the pipeline figures are plain numbers.
     health = root.find_all("section")
     figs = [b.text().strip() for s in health if s.attrs.get("id") == "health"
@@ -748,7 +801,24 @@ def browser_checks(args, port, work, expected, report):
     if not report.check(p.returncode == 0 and "</html>" in dom,
                         "chromium --dump-dom renders /", f"exit {p.returncode}: {p.stderr[-500:]}"):
         return
-    root = check_dom(dom, expected, api, report, "dom")
+    root = check_dom(dom, expected, api, report, "dom", counts=node_counts(port))
+    # The pages the front page links to: a job's, and a cluster's alerts.
+    links = [a.attrs.get("href", "") for a in root.find_all("a", "job")]
+    if report.check(bool(links), "dom: job ids are links", "no a.job"):
+        status, _, body = http_get(port, links[0])
+        f58 = urllib.parse.unquote(links[0].split("/jobs/", 1)[1].split("?", 1)[0])
+        report.check(status == 200 and f58 in body and "state" in body,
+                     f"{links[0]}: the job's page", f"{status}: {body[:300]}")
+    _, _, alerts = api
+    for name in expected:
+        status, _, body = http_get(port, f"/alerts?cluster={name}")
+        mine = [a for a in alerts if a.get("cluster") == name]
+        absent = [a["alertname"] for a in mine
+                  if html.escape(a.get("annotations", {}).get("summary", ""), quote=False)
+                  not in body]
+        report.check(status == 200 and not absent,
+                     f"/alerts?cluster={name}: every firing alert ({len(mine)})",
+                     f"{status}: missing {absent}")
     first = sorted(expected)[0]
     first_cells = [c for sec in root.find_all("section", "cluster")
                    if sec.attrs.get("id") == f"cluster-{first}"
@@ -893,7 +963,8 @@ def main():
                 if report.check(status == 200, "/ answers 200", f"{status}"):
                     api = api_state(port)
                     if api is not None:
-                        check_dom(body, expected, api, report, "html (no browser)")
+                        check_dom(body, expected, api, report, "html (no browser)",
+                                  counts=node_counts(port))
                 print("  SKIP  browser checks: chromium is not installed "
                       "(apt-get install -y --no-install-recommends chromium chromium-driver)")
 
