@@ -77,3 +77,44 @@ impl Claim {
         Claim { key, resource }
     }
 }
+
+/// A duration key (`*_secs`, an alert rule's `for`) as a config writes it:
+/// seconds as a number (`90`, `1.5`), or a duration string (`"90s"`,
+/// `"10m"`, `"1h30m"`, `"7d"`, or `"90"`). One syntax wherever a duration
+/// goes.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(untagged)]
+pub enum DurationText {
+    Seconds(f64),
+    Text(String),
+}
+
+impl DurationText {
+    /// In seconds, or why not.
+    pub fn seconds(&self) -> Result<f64, crate::keyed::alerts::rule::RuleError> {
+        match self {
+            // `inf` (TOML's) is a duration too: "never", where a key allows it.
+            DurationText::Seconds(s) if *s >= 0.0 => Ok(*s),
+            DurationText::Seconds(s) => Err(crate::keyed::alerts::rule::RuleError::Duration(
+                s.to_string(),
+            )),
+            DurationText::Text(t) => crate::keyed::alerts::rule::parse_duration(t),
+        }
+    }
+
+    /// As written, for messages.
+    pub fn text(&self) -> String {
+        match self {
+            DurationText::Seconds(s) => format!("{s}s"),
+            DurationText::Text(t) => t.trim().to_string(),
+        }
+    }
+}
+
+/// serde's `deserialize_with` for a `*_secs` key: a number of seconds, or
+/// a duration string.
+pub fn seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    use serde::Deserialize;
+    let given = DurationText::deserialize(d)?;
+    given.seconds().map_err(serde::de::Error::custom)
+}

@@ -105,11 +105,17 @@ pub enum LogFormat {
 pub struct OperatorConfig {
     /// Seconds an INACTIVE job is kept after its summary, so late
     /// duplicates are recognized instead of starting a new job.
-    #[serde(default = "default_inactive_grace")]
+    #[serde(
+        deserialize_with = "crate::component::seconds",
+        default = "default_inactive_grace"
+    )]
     pub inactive_grace_secs: f64,
     /// Seconds a job that never got a `submit` (only exec events, say) is
     /// kept waiting for it before it is dropped with an anomaly.
-    #[serde(default = "default_orphan_ttl")]
+    #[serde(
+        deserialize_with = "crate::component::seconds",
+        default = "default_orphan_ttl"
+    )]
     pub orphan_ttl_secs: f64,
     /// Most jobs held at once (all workers together). Records of a job not
     /// yet held are refused beyond it (counted in
@@ -128,7 +134,10 @@ pub struct OperatorConfig {
     /// it (or before 1970) the event is refused as a `bad-timestamp`
     /// anomaly: one made-up date would move a cluster's event clock by
     /// years and fire every timed alert.
-    #[serde(default = "default_max_clock_skew")]
+    #[serde(
+        deserialize_with = "crate::component::seconds",
+        default = "default_max_clock_skew"
+    )]
     pub max_clock_skew_secs: f64,
     /// Most clusters followed; records naming another are refused and
     /// counted (100,000 made-up cluster names must not take all memory
@@ -191,11 +200,17 @@ fn default_orphan_ttl() -> f64 {
 #[serde(deny_unknown_fields)]
 pub struct CheckpointConfig {
     /// Seconds between checkpoints; 0: only at shutdown.
-    #[serde(default = "default_checkpoint_interval")]
+    #[serde(
+        deserialize_with = "crate::component::seconds",
+        default = "default_checkpoint_interval"
+    )]
     pub interval_secs: f64,
     /// Longest one checkpoint may take (sources reaching the barrier,
     /// shards saving, sinks delivering) before it is abandoned.
-    #[serde(default = "default_checkpoint_timeout")]
+    #[serde(
+        deserialize_with = "crate::component::seconds",
+        default = "default_checkpoint_timeout"
+    )]
     pub timeout_secs: f64,
     /// Restore a checkpoint whose sources read something else, as
     /// `--adopt-checkpoint` does: for a service whose command line is not
@@ -241,9 +256,10 @@ pub struct RuleConfig {
     /// The job state, for `kind = "job_state"`.
     #[serde(default)]
     pub state: Option<String>,
-    /// How long the condition must hold (`90s`, `10m`, `24h`, `7d`).
+    /// How long the condition must hold (`90s`, `10m`, `24h`, `7d`, or
+    /// seconds).
     #[serde(rename = "for")]
-    pub hold: String,
+    pub hold: crate::component::DurationText,
     #[serde(default = "default_severity")]
     pub severity: String,
     /// Job rules: only the jobs of this queue, or of these.
@@ -304,7 +320,7 @@ impl AlertsConfig {
                     };
                     (name.clone(), key, e)
                 })?;
-                let rule = Rule::new(name, kind, &r.hold, &r.severity)
+                let rule = Rule::new(name, kind, &r.hold.text(), &r.severity)
                     .map_err(|e| (name.clone(), "for", e))?;
                 let queues = r.queue.clone().map(OneOrMany::into_vec).unwrap_or_default();
                 let sources = r
@@ -386,10 +402,13 @@ pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
             Ok(config) => break Some(config),
             Err(e) => {
                 let error = typed_table_error(&rest).unwrap_or_else(|| match e.span() {
-                    Some(span) => ConfigError::At {
-                        line: line_of(&rest, span.start),
-                        message: e.message().to_string(),
-                    },
+                    Some(span) => {
+                        let line = line_of(&rest, span.start);
+                        ConfigError::At {
+                            line,
+                            message: named(key_path_at(&rest, line), e.message()),
+                        }
+                    }
                     None => ConfigError::Parse(e.to_string()),
                 });
                 let repeat = set_aside
@@ -423,6 +442,37 @@ pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
     match config {
         Some(config) if errors.is_empty() => Ok(config),
         _ => Err(errors),
+    }
+}
+
+/// The full name of the key set on line `line` (1-based) of `text`:
+/// its table's name and its own (`workers`, `operators.max_jobs`).
+fn key_path_at(text: &str, line: usize) -> Option<String> {
+    let mut table = String::new();
+    for (i, l) in text.lines().enumerate().take(line) {
+        let t = l.trim();
+        if let Some(name) = t.strip_prefix('[').filter(|n| !n.starts_with('[')) {
+            table = name.split(']').next().unwrap_or("").trim().to_string();
+        } else if i + 1 == line {
+            let key = t.split_once('=')?.0.trim().trim_matches('"');
+            if key.is_empty() || key.starts_with('#') {
+                return None;
+            }
+            return Some(if table.is_empty() {
+                key.to_string()
+            } else {
+                format!("{table}.{key}")
+            });
+        }
+    }
+    None
+}
+
+/// A message that names its key, unless it does already.
+fn named(key: Option<String>, message: &str) -> String {
+    match key {
+        Some(k) if !message.contains(&k) => format!("{k}: {message}"),
+        _ => message.to_string(),
     }
 }
 
@@ -920,6 +970,31 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
             "[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\npath = \"x\"\n",
         );
         assert!(!e.is_empty());
+    }
+
+    #[test]
+    fn every_key_is_named_and_every_duration_takes_one_syntax() {
+        let e = errors(
+            "workers = \"two\"\n[operators]\nmax_jobs = \"many\"\n[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\n",
+        );
+        assert!(e.iter().any(|m| m.contains("line 1: workers: ")), "{e:?}");
+        assert!(
+            e.iter().any(|m| m.contains("line 3: operators.max_jobs: ")),
+            "{e:?}"
+        );
+        let durations = "[checkpoint]\ninterval_secs = \"10s\"\ntimeout_secs = 90\n[operators]\ninactive_grace_secs = \"1h30m\"\n[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"alerts\"]\n[alerts.rules.r]\nkind = \"node_drained\"\nfor = 600\n";
+        let c = parse(durations).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(c.checkpoint.interval_secs, 10.0);
+        assert_eq!(c.checkpoint.timeout_secs, 90.0);
+        assert_eq!(c.operators.inactive_grace_secs, 5400.0);
+        let rules = c.alerts.rules().unwrap_or_default();
+        assert_eq!(rules[0].hold_secs, 600.0);
+        let e = errors(&durations.replace("\"10s\"", "\"soon\""));
+        assert!(
+            e.iter()
+                .any(|m| m.contains("interval_secs") && m.contains("not a duration")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -45,20 +45,20 @@ crate::channels::fanout::sink_config! {
         /// Alertmanager's base URL, e.g. `http://127.0.0.1:9093`.
         url: String,
         /// Seconds between re-sends of every firing alert.
-        #[serde(default = "default_resend_interval")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "default_resend_interval")]
         resend_interval_secs: f64,
         /// Seconds a resolved alert keeps being re-sent.
-        #[serde(default = "default_resolved_resend")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "default_resolved_resend")]
         resolved_resend_secs: f64,
         /// Extra request headers (authentication, say).
         #[serde(default)]
         headers: BTreeMap<String, String>,
         /// Seconds behind the wall clock from which an alert is from the
         /// past (a backlog caught up): held, not paged if it clears.
-        #[serde(default = "default_past_after")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "default_past_after")]
         past_after_secs: f64,
         /// Seconds a late alert is held for its resolution to come.
-        #[serde(default = "default_settle")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "default_settle")]
         settle_secs: f64,
         /// Send alerts from the past too.
         #[serde(default)]

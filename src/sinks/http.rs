@@ -43,7 +43,7 @@ crate::channels::fanout::sink_config! {
         #[serde(default)]
         headers: BTreeMap<String, String>,
         /// Seconds to keep retrying one batch before it is dropped and counted.
-        #[serde(default = "default_retry_max")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "default_retry_max")]
         retry_max_secs: f64,
     }
 }

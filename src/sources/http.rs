@@ -300,7 +300,7 @@ source_config! {
         max_connections: usize,
         /// Longest a request may take: reading its body, handing it on and
         /// waiting for its acknowledgement.
-        #[serde(default = "default_request_timeout")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "default_request_timeout")]
         request_timeout_secs: f64,
         #[serde(default)]
         auth: Option<HttpAuth>,

@@ -67,10 +67,10 @@ source_config! {
         #[serde(default = "default_max_connections_per_peer")]
         max_connections_per_peer: usize,
         /// Seconds a connection may stop part way through a line.
-        #[serde(default = "default_read_timeout")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "default_read_timeout")]
         read_timeout_secs: f64,
         /// Seconds a connection may send nothing at all; 0: no limit.
-        #[serde(default)]
+        #[serde(deserialize_with = "crate::component::seconds", default)]
         idle_timeout_secs: f64,
     }
 }

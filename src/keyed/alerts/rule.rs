@@ -145,7 +145,7 @@ pub enum RuleError {
     UnknownState(String),
     #[error("kind {0} takes no `state`")]
     StateNotAllowed(String),
-    #[error("`{0}` is not a duration (examples: 90s, 10m, 24h, 7d, 1h30m)")]
+    #[error("`{0}` is not a duration (examples: 90s, 10m, 24h, 7d, 1h30m, or seconds: 90)")]
     Duration(String),
     #[error("kind {0} is not about jobs: it takes no `queue`")]
     QueueNotAllowed(String),
@@ -209,9 +209,17 @@ impl Rule {
 }
 
 /// Parse a duration like `90s`, `10m`, `24h`, `7d` or `1h30m` (a day is 24
-/// hours) into seconds.
+/// hours), or plain seconds (`90`, `1.5`), into seconds.
 pub fn parse_duration(text: &str) -> Result<f64, RuleError> {
     let err = || RuleError::Duration(text.to_string());
+    // Plain seconds, as every `*_secs` key takes them.
+    if let Ok(secs) = text.trim().parse::<f64>() {
+        return if secs.is_finite() && secs >= 0.0 {
+            Ok(secs)
+        } else {
+            Err(err())
+        };
+    }
     let span: jiff::Span = text.trim().parse().map_err(|_| err())?;
     let secs = span
         .total((
@@ -379,6 +387,10 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("-5m").is_err());
+        assert_eq!(parse_duration("90"), Ok(90.0));
+        assert_eq!(parse_duration(" 1.5 "), Ok(1.5));
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("inf").is_err());
     }
 
     /// What `Engine` leaves out for a job's state never holds in it: every

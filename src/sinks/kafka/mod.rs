@@ -38,7 +38,7 @@ crate::channels::fanout::sink_config! {
         compression: String,
         /// Seconds librdkafka keeps retrying a message before the sink
         /// starts a new producer and sends it again (`message.timeout.ms`).
-        #[serde(default = "default_kafka_timeout")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "default_kafka_timeout")]
         message_timeout_secs: f64,
         /// Passed to librdkafka as they are; they win over fluxpipe's own.
         #[serde(default)]
