@@ -397,6 +397,10 @@ pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
     // Keys whose lines were set aside: a "missing field" for one of them
     // is the same error again.
     let mut set_aside: Vec<String> = Vec::new();
+    // Tables set aside whole (their header was at fault), and tables with
+    // an unknown key (a typo, whose "missing field" is the same mistake).
+    let mut tables_aside: Vec<String> = Vec::new();
+    let mut typo_tables: Vec<String> = Vec::new();
     let config = loop {
         match toml::from_str::<Config>(&rest) {
             Ok(config) => break Some(config),
@@ -424,9 +428,28 @@ pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
                     ConfigError::At { line, .. } => Some(*line),
                     _ => None,
                 };
-                errors.push(in_plain_words(error));
-                match line {
-                    Some(line) if errors.len() < MAX_ERRORS => {
+                let header = line.and_then(|l| header_at(&rest, l));
+                let text = error.to_string();
+                // A key misspelt makes its table miss the right one: one
+                // mistake, said once.
+                let follow_on = text.contains("missing field")
+                    && header.as_ref().is_some_and(|h| typo_tables.contains(h));
+                if text.contains("unknown field")
+                    && let Some(l) = line
+                {
+                    typo_tables.push(table_at(&rest, l));
+                }
+                if !follow_on {
+                    errors.push(in_plain_words(error));
+                }
+                match (line, header) {
+                    // A table at fault is set aside whole: its keys would
+                    // otherwise land in the table before it.
+                    (Some(line), Some(table)) if errors.len() < MAX_ERRORS => {
+                        set_table_aside(&mut rest, line);
+                        tables_aside.push(table);
+                    }
+                    (Some(line), None) if errors.len() < MAX_ERRORS => {
                         if let Some(key) = set_line_aside(&mut rest, line) {
                             set_aside.push(key);
                         }
@@ -437,12 +460,56 @@ pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
         }
     };
     if let Some(config) = &config {
-        errors.extend(validate(config, &rest));
+        // What a table set aside would have given is not missing.
+        let aside = |section: &str| {
+            tables_aside
+                .iter()
+                .any(|t| t.starts_with(&format!("{section}.")))
+        };
+        errors.extend(validate(config, &rest).into_iter().filter(|e| {
+            let text = e.to_string();
+            !(aside("sources") && text.contains("no [sources.NAME] table")
+                || aside("sinks") && text.contains("no [sinks.NAME] table"))
+        }));
     }
     match config {
         Some(config) if errors.is_empty() => Ok(config),
         _ => Err(errors),
     }
+}
+
+/// The table whose header is line `line` (1-based) of `text`, if it is one.
+fn header_at(text: &str, line: usize) -> Option<String> {
+    let t = text.lines().nth(line.checked_sub(1)?)?.trim();
+    let name = t.strip_prefix('[').filter(|n| !n.starts_with('['))?;
+    Some(name.split(']').next().unwrap_or("").trim().to_string())
+}
+
+/// The table line `line` (1-based) of `text` is in (empty: the top level).
+fn table_at(text: &str, line: usize) -> String {
+    (1..=line)
+        .rev()
+        .find_map(|l| header_at(text, l))
+        .unwrap_or_default()
+}
+
+/// Comment out the table whose header is line `line` (1-based) of `text`,
+/// its keys with it (up to the next header).
+fn set_table_aside(text: &mut String, line: usize) {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut inside = false;
+    for (i, l) in text.split_inclusive('\n').enumerate() {
+        if i + 1 == line {
+            inside = true;
+        } else if inside && l.trim_start().starts_with('[') {
+            inside = false;
+        }
+        if inside {
+            out.push('#');
+        }
+        out.push_str(l);
+    }
+    *text = out;
 }
 
 /// The full name of the key set on line `line` (1-based) of `text`:
@@ -970,6 +1037,20 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
             "[sources.a]\ntype = \"stdin\"\n[sinks.b]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\npath = \"x\"\n",
         );
         assert!(!e.is_empty());
+    }
+
+    /// A typo in a table's key is one error, not three: no "missing
+    /// field" for the key it misses, no "unknown field `type`" from the
+    /// table's keys landing elsewhere, no "no [sources.NAME] table".
+    #[test]
+    fn a_typo_is_one_error_with_no_follow_on() {
+        let e = errors(
+            "[sources.flux]\ntype = \"http\"\nadress = \"127.0.0.1:7070\"\n\
+             [sinks.b]\ntype = \"blackhole\"\ninputs = [\"jobz\"]\n",
+        );
+        assert_eq!(e.len(), 2, "{e:#?}");
+        assert!(e[0].contains("unknown field `adress`"), "{e:?}");
+        assert!(e[1].contains("jobz"), "{e:?}");
     }
 
     #[test]

@@ -450,8 +450,8 @@ class Forwarder:
 
 
 def watched(r: dict) -> bool:
-    """An alert record of the watch rules, or of node_offline."""
-    return r.get("kind") == "alert" and r.get("alertname") in (*WATCH_ALERTS, "node_offline")
+    """An alert record of the watch rules."""
+    return r.get("kind") == "alert" and r.get("alertname") in WATCH_ALERTS
 
 
 def alert_time(text: str | None) -> float:
@@ -460,8 +460,9 @@ def alert_time(text: str | None) -> float:
 
 class Watchman:
     """The watch episodes: each must add to the alerts file exactly one
-    firing and one resolution of its alert, and nothing else of the watch
-    or node_offline; at the end the file holds exactly those, in order."""
+    firing and one resolution of its alert, and no other watch alert; at
+    the end the file holds exactly those, in order, and no node_offline
+    (but one a rank's own long offline interval earns)."""
 
     def __init__(self, pipe: Fluxpipe, problems: list[str]):
         self.pipe, self.problems = pipe, problems
