@@ -8,7 +8,7 @@
 //! second) that the notes copy, so no source reads the system clock per
 //! line.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Every feed of the pipeline, and the coarse clock their notes use.
@@ -28,6 +28,7 @@ struct Registered {
     cluster: Arc<str>,
     heartbeats: bool,
     last: Arc<AtomicU64>,
+    watched: Arc<AtomicBool>,
 }
 
 /// One feed as the watch sees it at a tick.
@@ -41,6 +42,9 @@ pub struct FeedReading {
     /// When it was last heard (seconds since the epoch, to the coarse
     /// clock's tick); the start of the pipeline until it first is.
     pub last_heard: f64,
+    /// Whether this member of the pipeline answers for it now (a Kafka
+    /// source that owns no partition has nothing to hear).
+    pub watched: bool,
 }
 
 /// A source's handle on its feed: note that it was heard.
@@ -48,6 +52,7 @@ pub struct FeedReading {
 pub struct Feed {
     feeds: Feeds,
     last: Arc<AtomicU64>,
+    watched: Arc<AtomicBool>,
 }
 
 fn wall_millis() -> u64 {
@@ -69,16 +74,19 @@ impl Feeds {
     /// A feed of `source` for `cluster`, heard as of now.
     pub fn register(&self, source: &str, cluster: &str, heartbeats: bool) -> Feed {
         let last = Arc::new(AtomicU64::new(self.0.now.load(Ordering::Relaxed)));
+        let watched = Arc::new(AtomicBool::new(true));
         let mut list = self.0.list.lock().unwrap_or_else(|e| e.into_inner());
         list.push(Registered {
             source: source.into(),
             cluster: cluster.into(),
             heartbeats,
             last: last.clone(),
+            watched: watched.clone(),
         });
         Feed {
             feeds: self.clone(),
             last,
+            watched,
         }
     }
 
@@ -101,6 +109,7 @@ impl Feeds {
                 cluster: r.cluster.clone(),
                 heartbeats: r.heartbeats,
                 last_heard: r.last.load(Ordering::Relaxed) as f64 / 1000.0,
+                watched: r.watched.load(Ordering::Relaxed),
             })
             .collect()
     }
@@ -110,6 +119,13 @@ impl Feed {
     /// A feed of no pipeline (tools, tests): its notes go nowhere.
     pub fn detached() -> Self {
         Feeds::default().register("", "", false)
+    }
+
+    /// Whether this member answers for the feed now: a Kafka source only
+    /// while it owns partitions (its silence is another member's else).
+    /// While not watched, its silence pages nobody.
+    pub fn set_watched(&self, watched: bool) {
+        self.watched.store(watched, Ordering::Relaxed);
     }
 
     /// The feed was heard (a line, a heartbeat).
@@ -145,8 +161,10 @@ mod tests {
         assert_eq!(feeds.readings()[0].last_heard, later as f64 / 1000.0);
         let r = &feeds.readings()[0];
         assert_eq!(
-            (&*r.source, &*r.cluster, r.heartbeats),
-            ("http", "picl", true)
+            (&*r.source, &*r.cluster, r.heartbeats, r.watched),
+            ("http", "picl", true, true)
         );
+        feed.set_watched(false);
+        assert!(!feeds.readings()[0].watched);
     }
 }

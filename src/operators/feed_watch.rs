@@ -60,6 +60,7 @@ pub async fn run(
                 cluster: &r.cluster,
                 heartbeats: r.heartbeats,
                 last_heard: r.last_heard,
+                watched: r.watched,
             })
             .collect();
         let down = nodes.down_clusters();

@@ -114,6 +114,12 @@ impl SourceContext {
         self.feed.heard();
     }
 
+    /// Whether this source answers for its feed now (see
+    /// [`Feed::set_watched`]).
+    pub fn set_feed_watched(&self, watched: bool) {
+        self.feed.set_watched(watched);
+    }
+
     /// Report owned partitions to `ownership` (the pipeline's, shared by
     /// its sources and its API).
     pub fn with_ownership(mut self, ownership: Ownership) -> Self {

@@ -43,6 +43,9 @@ pub struct FeedState<'a> {
     pub heartbeats: bool,
     /// When it was last heard (wall clock, seconds).
     pub last_heard: f64,
+    /// Whether this pipeline answers for it now (else its silence is
+    /// nobody's page here: a Kafka member that owns no partition).
+    pub watched: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -83,7 +86,9 @@ impl Watch {
     /// feed whose source carries heartbeats (a file on an idle cluster is
     /// silent and well).
     fn watches(rule: &Rule, feed: &FeedState) -> bool {
-        if rule.sources.is_empty() {
+        if !feed.watched {
+            false
+        } else if rule.sources.is_empty() {
             feed.heartbeats
         } else {
             rule.sources.iter().any(|s| s == feed.source)
@@ -195,6 +200,7 @@ mod tests {
             cluster: "picl",
             heartbeats: true,
             last_heard,
+            watched: true,
         }
     }
 
@@ -241,6 +247,21 @@ mod tests {
             .unwrap();
         let mut w = Watch::new(vec![named]);
         assert_eq!(w.evaluate(1e6, &[file], []).len(), 1);
+    }
+
+    #[test]
+    fn a_feed_nobody_here_answers_for_pages_nobody() {
+        let mut w = Watch::new(default_cluster_rules());
+        let idle = FeedState {
+            watched: false,
+            ..feed("kafka", 0.0)
+        };
+        assert!(w.evaluate(1e6, std::slice::from_ref(&idle), []).is_empty());
+        // Watched: it fires; no longer watched (its partitions went to
+        // another member): it resolves here.
+        assert_eq!(w.evaluate(1e6, &[feed("kafka", 0.0)], []).len(), 1);
+        let resolved = w.evaluate(1e6 + 1.0, &[idle], []);
+        assert_eq!(names(&w, &resolved), [("feed_silent".into(), "resolved")]);
     }
 
     #[test]

@@ -522,6 +522,7 @@ impl Member {
     fn count_owned(&self) {
         metrics::gauge!(metric::FLUXPIPE_KAFKA_PARTITIONS_OWNED, "source" => self.ctx.name.to_string())
             .set(self.owned.len() as f64);
+        self.ctx.set_feed_watched(!self.owned.is_empty());
         self.ctx
             .ownership
             .set_owned(&self.ctx.name, &self.config.topics, &self.owned);

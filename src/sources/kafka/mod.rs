@@ -131,6 +131,9 @@ impl SourceSpec for KafkaSourceConfig {
 /// Be a member of the group until shutdown; returns the offsets reached.
 #[cfg(feature = "kafka")]
 pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> anyhow::Result<Option<String>> {
+    // A member answers for the feed only while it owns partitions (a
+    // group may have members with none).
+    ctx.set_feed_watched(false);
     member::run(config, ctx).await.map(Some)
 }
 
