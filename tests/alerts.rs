@@ -115,14 +115,7 @@ inputs = ["alerts"]
         ),
     )
     .expect("config");
-    let child = common::fluxpipe()
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn fluxpipe");
-    let mut fluxpipe = Reaper(child);
+    let mut fluxpipe = run_config(&config);
 
     let ours = |a: &Value| a["labels"]["alertname"] == "sched_stuck";
     wait_for("the alert in Alertmanager", 30, || {
@@ -483,6 +476,20 @@ address = "127.0.0.1:{api}"
     );
 }
 
+/// `fluxpipe run --config CONFIG`, its log on ours, killed at the end of
+/// the test.
+fn run_config(config: &Path) -> Reaper {
+    Reaper(
+        common::fluxpipe()
+            .args(["run", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn fluxpipe"),
+    )
+}
+
 /// The series whose name and labels contain every one of `parts`.
 fn series<'a>(
     samples: &'a std::collections::BTreeMap<String, f64>,
@@ -564,14 +571,7 @@ address = "127.0.0.1:{api_port}"
         ),
     )
     .expect("config");
-    let child = common::fluxpipe()
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn fluxpipe");
-    let mut fluxpipe = Reaper(child);
+    let mut fluxpipe = run_config(&config);
     wait_for("/metrics", 30, || !common::scrape(api_port).is_empty());
 
     // Before any input: every counter a one-off loss would move is there,
@@ -796,14 +796,7 @@ inputs = ["alerts"]
         ),
     )
     .expect("config");
-    let child = common::fluxpipe()
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn fluxpipe");
-    let mut fluxpipe = Reaper(child);
+    let mut fluxpipe = run_config(&config);
     let t0 = now() - 7200.0;
     let ran = t0 + 1800.0;
     let mut backlog = to_sched(1, t0) + &to_sched(2, t0);

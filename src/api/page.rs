@@ -240,19 +240,29 @@ summary{cursor:pointer;margin:.3em 0}
 th.group{background:#f3f3f3}
 ";
 
+/// The head of every page: its title, the style, and (the front page)
+/// its own reloads.
+fn head(title: &str, reloads: bool) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            @if reloads {
+                meta http-equiv="refresh" content=(REFRESH_SECS);
+            }
+            // No icon to fetch: a browser's request for one would fail.
+            link rel="icon" href="data:,";
+            title { "fluxpipe: " (title) }
+            style { (maud::PreEscaped(STYLE)) }
+        }
+    }
+}
+
 fn render(clusters: &BTreeMap<String, Cluster>, health: &Health, now: f64) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                meta http-equiv="refresh" content=(REFRESH_SECS);
-                // No icon to fetch: a browser's request for one would fail.
-                link rel="icon" href="data:,";
-                title { "fluxpipe: " (clusters.len()) " clusters" }
-                style { (maud::PreEscaped(STYLE)) }
-            }
+            (head(&format!("{} clusters", clusters.len()), true))
             body {
                 @for (name, c) in clusters {
                     @if let Some(t) = c.counts.instance_down_since {
@@ -402,13 +412,7 @@ fn page_of(title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                link rel="icon" href="data:,";
-                title { "fluxpipe: " (title) }
-                style { (maud::PreEscaped(STYLE)) }
-            }
+            (head(title, false))
             body {
                 p { a href="/" { "fluxpipe" } }
                 h1 { (title) }
