@@ -139,8 +139,9 @@ struct Tracked {
     sent: bool,
     /// Its cluster, for holding late alerts together.
     cluster: String,
-    /// A late firing held until then (its resolution may yet come).
-    held_until: Option<Instant>,
+    /// A late firing held until its cluster settles (its resolution may
+    /// yet come).
+    held: bool,
     /// Where the receiver's link leads (empty without an API).
     generator_url: String,
 }
@@ -231,6 +232,10 @@ enum Taken {
 #[derive(Debug, Default)]
 struct Book {
     alerts: HashMap<String, Tracked>,
+    /// Clusters whose late alerts are held, and until when: pushed on by
+    /// each late alert of the cluster (one entry a cluster, not a walk
+    /// over its alerts per record).
+    settling: HashMap<String, Instant>,
     past: Past,
     /// The base of `generatorURL`s (none: empty ones).
     api_url: Option<String>,
@@ -278,12 +283,7 @@ impl Book {
         if late {
             // A backlog is still coming for this cluster: what it holds
             // waits for the rest.
-            let until = at + self.past.settle;
-            for a in self.alerts.values_mut() {
-                if a.cluster == cluster && a.held_until.is_some() {
-                    a.held_until = Some(until);
-                }
-            }
+            self.settling.insert(cluster.clone(), at + self.past.settle);
         }
         let sent = self.alerts.get(&identity).is_some_and(|a| a.sent);
         if resolved.is_some() && late && !sent {
@@ -292,7 +292,7 @@ impl Book {
             self.alerts.remove(&identity);
             return Ok(Taken::NotPaged);
         }
-        let held_until = (resolved.is_none() && late && !sent).then_some(at + self.past.settle);
+        let held = resolved.is_none() && late && !sent;
         self.alerts.insert(
             identity,
             Tracked {
@@ -306,7 +306,7 @@ impl Book {
                 delivered: false,
                 sent,
                 cluster,
-                held_until,
+                held,
                 generator_url: self
                     .api_url
                     .as_deref()
@@ -319,16 +319,28 @@ impl Book {
 
     /// Let go of late alerts held long enough: still firing, they are sent.
     fn release(&mut self, at: Instant) {
+        let settled: Vec<String> = self
+            .settling
+            .iter()
+            .filter(|(_, until)| at >= **until)
+            .map(|(c, _)| c.clone())
+            .collect();
+        if settled.is_empty() {
+            return;
+        }
+        for c in &settled {
+            self.settling.remove(c);
+        }
         for a in self.alerts.values_mut() {
-            if a.held_until.is_some_and(|u| at >= u) {
-                a.held_until = None;
+            if a.held && settled.contains(&a.cluster) {
+                a.held = false;
             }
         }
     }
 
     /// When the next held alert is let go.
     fn next_release(&self) -> Option<Instant> {
-        self.alerts.values().filter_map(|a| a.held_until).min()
+        self.settling.values().min().copied()
     }
 
     /// Forget resolved alerts re-sent long enough.
@@ -344,7 +356,7 @@ impl Book {
     fn undelivered(&self) -> bool {
         self.alerts
             .values()
-            .any(|a| !a.delivered && a.held_until.is_none())
+            .any(|a| !a.delivered && !a.held)
     }
 
     /// Alerts not yet delivered (held ones included).
@@ -358,7 +370,7 @@ impl Book {
         let batch: Vec<Value> = self
             .alerts
             .values()
-            .filter(|a| a.held_until.is_none() && (all || !a.delivered))
+            .filter(|a| !a.held && (all || !a.delivered))
             .map(|a| a.payload(ahead))
             .collect();
         (batch.len(), Value::Array(batch).to_string().into_bytes())
@@ -366,7 +378,7 @@ impl Book {
 
     /// What [`Self::body`] held is delivered.
     fn mark_delivered(&mut self) {
-        for a in self.alerts.values_mut().filter(|a| a.held_until.is_none()) {
+        for a in self.alerts.values_mut().filter(|a| !a.held) {
             a.delivered = true;
             a.sent = true;
         }
@@ -625,6 +637,6 @@ mod tests {
         // A fresh alert goes out at once.
         let fresh = alert("firing", "fC", now - 10.0, None);
         assert_eq!(book.take(&fresh, now, t1).unwrap(), Taken::Kept);
-        assert!(book.alerts.values().any(|a| a.labels["jobid"] == "fC" && a.held_until.is_none()));
+        assert!(book.alerts.values().any(|a| a.labels["jobid"] == "fC" && !a.held));
     }
 }
