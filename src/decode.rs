@@ -4,16 +4,21 @@
 //!
 //! A line is one of:
 //! - a plain RFC 18 event, whose key comes from where it was read;
-//! - a job-manager journal message `{"id":N,"events":[...],"jobspec"?,"R"?}`;
+//! - a job-manager journal message `{"id":N,"events":[...],"jobspec"?,"R"?,"username"?}`
+//!   (`username`: the forwarder's addition, the submitter's name as
+//!   resolved where Flux runs);
 //! - a resource journal message `{"events":[...],"R"?}`;
 //! - an RFC 32 exec-protocol response `{"id":N,"type":...,"data":{...}}`;
-//! - an envelope `{"cluster"?,"id"?,"stream":"job"|"exec"|"resource","event":{...}}`.
+//! - an envelope `{"cluster"?,"id"?,"stream":"job"|"exec"|"resource","event":{...}}`
+//!   (or `"R"`, `"jobspec"`, `"username"` in place of `"event"`).
 
 use crate::flux::event::{Event, EventError};
 use crate::flux::exec::ExecResponse;
 use crate::flux::jobid::JobId;
 use crate::flux::jobspec::{JobSpec, JobSpecError};
 use crate::flux::object::JsonObject;
+use crate::flux::user;
+use compact_str::CompactString;
 use serde_json::Value;
 use smallvec::SmallVec;
 use std::path::Path;
@@ -219,6 +224,8 @@ pub enum Body {
     R(JsonObject),
     /// A job's jobspec, read down to the values kept of it.
     JobSpec(Box<JobSpecRead>),
+    /// Who submitted the job, by name, as Flux's side resolved it.
+    User(CompactString),
     /// A journal sentinel: the backlog ends here.
     Sentinel,
     /// An RFC 32 exec-protocol response.
@@ -333,6 +340,8 @@ mod fast {
         r: Option<Box<RawValue>>,
         #[serde(default)]
         jobspec: Option<Box<RawValue>>,
+        #[serde(default, deserialize_with = "present")]
+        username: Option<compact_str::CompactString>,
     }
 
     #[derive(Deserialize)]
@@ -425,6 +434,14 @@ mod fast {
         let events = j.events.into_iter().filter_map(FastEvent::valid);
         // R not an object: dropped, as the general path drops it.
         let r = j.r.and_then(|r| JsonObject::from_raw(r).ok());
+        // A name refused is the general path's to report.
+        let user = match j.username {
+            Some(name) => match crate::flux::user::parse_name(&name) {
+                Ok(_) => Some(name),
+                Err(_) => return false,
+            },
+            None => None,
+        };
         match (j.id, format) {
             (Some(id), Format::Auto | Format::JobJournal) => {
                 let record = |body| Record::job_journal(JobId(id), body);
@@ -433,11 +450,12 @@ mod fast {
                     let text = s.get().to_string();
                     record(super::job_spec_raw(&text, Some(s)))
                 }));
+                out.records.extend(user.map(|u| record(Body::User(u))));
                 out.records.extend(r.map(|r| record(Body::R(r))));
                 out.records.extend(events.map(|e| record(Body::Event(e))));
                 true
             }
-            (None, Format::Auto | Format::ResourceJournal) => {
+            (None, Format::Auto | Format::ResourceJournal) if user.is_none() => {
                 let record = Record::resource_journal;
                 if empty {
                     out.records.push(record(Body::Sentinel));
@@ -487,7 +505,10 @@ fn detect(map: &serde_json::Map<String, Value>) -> Format {
         } else {
             Format::ResourceJournal
         }
-    } else if (map.contains_key("event") || map.contains_key("R") || map.contains_key("jobspec"))
+    } else if (map.contains_key("event")
+        || map.contains_key("R")
+        || map.contains_key("jobspec")
+        || map.contains_key("username"))
         && map.contains_key("stream")
     {
         Format::Envelope
@@ -603,6 +624,11 @@ fn job_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
     if let Some(spec) = map.remove("jobspec") {
         out.records.push(record(job_spec(&spec.to_string())));
     }
+    match map.remove("username").as_ref().map(user_name) {
+        Some(Ok(name)) => out.records.push(record(Body::User(name))),
+        Some(Err(e)) => out.errors.push(e),
+        None => {}
+    }
     // R comes with the alloc event it belongs to; apply it first so the
     // job knows its expiration when it enters RUN.
     if let Some(Ok(r)) = map.remove("R").as_ref().map(JsonObject::from_value) {
@@ -640,6 +666,14 @@ fn job_spec_raw(text: &str, raw: Option<Box<serde_json::value::RawValue>>) -> Bo
         error,
         text: raw.and_then(|r| JsonObject::from_raw(r).ok()),
     }))
+}
+
+/// A submitter's name as sent: a string [`user::parse_name`] takes.
+fn user_name(v: &Value) -> Result<CompactString, DecodeError> {
+    let text = v
+        .as_str()
+        .ok_or_else(|| DecodeError::Field("username: not a string".into()))?;
+    user::parse_name(text).map_err(|e| DecodeError::Field(e.to_string()))
 }
 
 fn resource_journal(mut map: serde_json::Map<String, Value>, out: &mut Decoded) {
@@ -694,6 +728,20 @@ fn envelope(mut map: serde_json::Map<String, Value>) -> Result<Record, DecodeErr
             stream,
             id,
             body: job_spec(&spec.to_string()),
+        });
+    }
+    // A submitter's name travels as `"username"`, alone.
+    if let Some(name) = map.remove("username") {
+        if map.contains_key("event") || map.contains_key("R") || stream != EventStream::Job {
+            return Err(DecodeError::Field(
+                "envelope username beside an event or R, or not of a job".into(),
+            ));
+        }
+        return Ok(Record {
+            cluster,
+            stream,
+            id,
+            body: Body::User(user_name(&name)?),
         });
     }
     // An R document (a job's `R`, or an instance's) travels as `"R"`.
@@ -873,6 +921,51 @@ mod tests {
     }
 
     #[test]
+    fn a_journal_message_carries_the_submitters_name() {
+        let none = Origin::default();
+        let line = r#"{"id":42,"events":[{"timestamp":1.5,"name":"submit","context":{"userid":4242,"urgency":16,"flags":0,"version":1}}],"username":"alice"}"#;
+        let d = decode_line(line.as_bytes(), &none, Format::Auto);
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        assert_eq!(d.records.len(), 2);
+        assert_eq!(d.records[0].body, Body::User("alice".into()));
+        assert_eq!(d.records[0].id, Some(JobId(42)));
+        assert!(matches!(d.records[1].body, Body::Event(_)));
+        // The fast path takes it, as the general path reads it.
+        fast_agrees(line, Format::Auto).expect("agrees");
+        assert!(fast::decode(line, Format::Auto, &mut Decoded::default()));
+
+        // A refused name is an error beside the message's good events.
+        for bad in ["\"a b\"", "\"\"", "7", "null"] {
+            let text = format!(
+                r#"{{"id":42,"events":[{{"timestamp":1.5,"name":"depend"}}],"username":{bad}}}"#
+            );
+            let d = decode_line(text.as_bytes(), &none, Format::Auto);
+            assert_eq!(d.records.len(), 1, "{text}");
+            assert!(matches!(d.records[0].body, Body::Event(_)));
+            assert_eq!(d.errors.len(), 1, "{text}");
+        }
+    }
+
+    #[test]
+    fn the_events_streams_username_document_reads_back() {
+        let doc = crate::output::username_document("c", Some(JobId(5)), "alice", "s");
+        let d = decode_line(doc.to_string().as_bytes(), &Origin::default(), Format::Auto);
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        assert_eq!(d.records.len(), 1);
+        assert_eq!(d.records[0].cluster.as_deref(), Some("c"));
+        assert_eq!(d.records[0].id, Some(JobId(5)));
+        assert_eq!(d.records[0].body, Body::User("alice".into()));
+        // Alone, and of a job only.
+        for bad in [
+            r#"{"stream":"job","id":5,"username":"a","event":{"timestamp":1,"name":"x"}}"#,
+            r#"{"stream":"resource","username":"a"}"#,
+        ] {
+            let d = decode_line(bad.as_bytes(), &Origin::default(), Format::Auto);
+            assert!(d.records.is_empty() && d.errors.len() == 1, "{bad}");
+        }
+    }
+
+    #[test]
     fn decodes_every_form() {
         let o = origin(EventStream::Job, Some(7));
         let d = decode_line(br#"{"timestamp":1.5,"name":"validate"}"#, &o, Format::Auto);
@@ -953,7 +1046,7 @@ mod tests {
         }
 
         #[test]
-        fn the_fast_path_agrees_with_the_general_path(s in r#"\{("(id|events|stream|event|R|cluster|jobspec|kind)":(-?[0-9]{1,3}|1\.5|"(job|exec|resource|x)"|\[(\{"(timestamp|name|context)":(1|0|"a"|""|null|\{\}),?\}){0,2}\]|\{"(timestamp|name|context)":(1|"a"|null|\{\})\}|\{\}|null|true),?){0,5}\}"#) {
+        fn the_fast_path_agrees_with_the_general_path(s in r#"\{("(id|events|stream|event|R|cluster|jobspec|kind|username)":(-?[0-9]{1,3}|1\.5|"(job|exec|resource|x|a b|)"|\[(\{"(timestamp|name|context)":(1|0|"a"|""|null|\{\}),?\}){0,2}\]|\{"(timestamp|name|context)":(1|"a"|null|\{\})\}|\{\}|null|true),?){0,5}\}"#) {
             for format in [Format::Auto, Format::JobJournal, Format::ResourceJournal, Format::Envelope] {
                 fast_agrees(&s, format)?;
             }

@@ -9,8 +9,9 @@
 //!   [`api`]: its HTTP server.
 //! - [`archive`]: the job archive in SQL (the `database` sink, `fluxpipe
 //!   history`).
-//! - [`cli`]: the subcommands.
+//! - [`cli`]: the subcommands; [`accounts`]: the host's user accounts.
 
+pub mod accounts;
 pub mod api;
 pub mod archive;
 pub mod channels;

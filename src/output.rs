@@ -315,6 +315,9 @@ pub struct JobRecord {
     urgency: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     userid: Option<i64>,
+    /// As resolved where Flux runs; absent when Flux's side did not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    username: Option<CompactString>,
     #[serde(skip_serializing_if = "Option::is_none")]
     waitstatus: Option<i64>,
 }
@@ -361,6 +364,7 @@ impl JobRecord {
             t_submit: s.t_submit,
             urgency: s.urgency,
             userid: s.userid,
+            username: text(|s| &s.username),
             waitstatus: s.waitstatus,
         }
     }
@@ -599,6 +603,25 @@ pub fn jobspec_document(cluster: &str, id: Option<JobId>, spec: &Value, source: 
             cluster.as_bytes(),
             &id_bytes(id),
             text.as_bytes(),
+        ]),
+    })
+}
+
+/// `"kind":"username"`: who submitted a job, by name, as Flux's side
+/// resolved it, for the envelope decoder to read back.
+pub fn username_document(cluster: &str, id: Option<JobId>, name: &str, source: &str) -> Value {
+    json!({
+        "kind": "username",
+        "cluster": cluster,
+        "stream": "job",
+        "id": id.map(|i| i.0),
+        "username": name,
+        "source": source,
+        "record_id": record_id(&[
+            b"username",
+            cluster.as_bytes(),
+            &id_bytes(id),
+            name.as_bytes(),
         ]),
     })
 }

@@ -736,3 +736,153 @@ fn jobs_with_a_bad_jobspec_still_get_a_row() {
         );
     }
 }
+
+/// A job's whole life as the forwarder sends it: `username` beside its
+/// `submit` when `name` is given.
+fn job_lines(id: u64, uid: i64, name: Option<&str>, t: f64) -> String {
+    let events = [
+        (
+            "submit",
+            format!(r#"{{"userid":{uid},"urgency":16,"flags":0,"version":1}}"#),
+        ),
+        ("validate", "{}".into()),
+        ("depend", "{}".into()),
+        ("priority", r#"{"priority":16}"#.into()),
+        ("alloc", "{}".into()),
+        ("start", "{}".into()),
+        ("finish", r#"{"status":0}"#.into()),
+        ("release", r#"{"ranks":"all","final":true}"#.into()),
+        ("free", "{}".into()),
+        ("clean", "{}".into()),
+    ];
+    let mut out = String::new();
+    for (i, (event, context)) in events.iter().enumerate() {
+        let user = match (i, name) {
+            (0, Some(n)) => format!(r#","username":"{n}""#),
+            _ => String::new(),
+        };
+        out += &format!(
+            r#"{{"id":{id},"events":[{{"timestamp":{},"name":"{event}","context":{context}}}]{user}}}"#,
+            t + i as f64 * 0.1
+        );
+        out.push('\n');
+    }
+    out
+}
+
+/// User names as Flux's side sent them: stored, asked for by `-u NAME`
+/// in `history`, `jobs` and the API; jobs that came without one match by
+/// this host's accounts (root is uid 0 everywhere), and a name from Flux
+/// wins over them.
+fn user_names_from_flux(dir: &Path, url: &str) {
+    let journal = dir.join("users.jsonl");
+    let lines = job_lines(11, 4242, Some("alice-flux"), 1000.0)
+        + &job_lines(12, 0, Some("clusteradmin"), 1001.0)
+        + &job_lines(13, 0, None, 1002.0);
+    std::fs::write(&journal, lines).expect("journal");
+    let port = free_port();
+    let cfg = config(dir, "users", url, std::slice::from_ref(&journal), port);
+    let log = dir.join("users.log");
+    let mut child = start(&cfg, &log);
+    wait_until("three job rows", 60, || jobs_stored(url) == 3);
+    let api = format!("http://127.0.0.1:{port}");
+    let ids = |out: Vec<String>| -> Vec<u64> {
+        let mut ids: Vec<u64> = out
+            .iter()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).expect("json")["id"]
+                    .as_u64()
+                    .expect("id")
+            })
+            .collect();
+        ids.sort();
+        ids
+    };
+    let jobs = |user: &str| -> String {
+        let out = fluxpipe()
+            .args([
+                "jobs",
+                "-a",
+                "-n",
+                "--url",
+                &api,
+                "-u",
+                user,
+                "-o",
+                "{id.dec} {username}",
+            ])
+            .output()
+            .expect("jobs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    for (user, want) in [
+        ("alice-flux", vec![11]),
+        ("clusteradmin", vec![12]),
+        // Flux said uid 0 of job 12 is clusteradmin: only job 13 is root's.
+        ("root", vec![13]),
+        ("0", vec![12, 13]),
+        ("4242", vec![11]),
+        ("nobody-at-all", vec![]),
+    ] {
+        assert_eq!(ids(history(url, &["-u", user])), want, "history -u {user}");
+        let listed: Vec<u64> = jobs(user)
+            .lines()
+            .map(|l| {
+                l.split_whitespace()
+                    .next()
+                    .expect("id")
+                    .parse()
+                    .expect("id")
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert_eq!(listed, want, "jobs -u {user}");
+    }
+    // The names shown: Flux's where sent, this host's where not.
+    let shown = jobs("0");
+    assert!(
+        shown.contains("12 clusteradmin") && shown.contains("13 root"),
+        "{shown}"
+    );
+    let (status, body) =
+        http_get(port, "/api/v1/jobs?user=alice-flux&state=inactive").expect("api answers");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["jobs"][0]["username"], "alice-flux", "{body}");
+    assert_eq!(v["jobs"].as_array().map(Vec::len), Some(1), "{body}");
+    assert!(
+        history(url, &[])
+            .iter()
+            .any(|l| l.contains(r#""username":"alice-flux""#))
+    );
+    sigterm(&child.0);
+    let status = child.0.wait().expect("wait");
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+#[test]
+fn sqlite_user_names_from_flux() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/users.db", dir.path().display());
+    user_names_from_flux(dir.path(), &url);
+}
+
+#[test]
+fn postgres_user_names_from_flux() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(pg) = Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    let url = pg.database("users");
+    user_names_from_flux(dir.path(), &url);
+}

@@ -7,7 +7,8 @@ through flux.resource.journal.ResourceJournalConsumer) and sends them as
 JSON Lines, one event per line, in the journal forms that fluxpipe's
 sources read:
 
-    {"id": <job id>, "events": [<event>], "R"?: {...}}   job-manager journal
+    {"id": <job id>, "events": [<event>], "R"?: {...},   job-manager journal
+     "jobspec"?: {...}, "username"?: "<name>"}
     {"id": -1, "events": []}                             its end-of-backlog sentinel
     {"events": [<event>], "R"?: {...}}                   resource journal
     {"events": []}                                       its sentinel
@@ -39,7 +40,9 @@ import gzip
 import http.client
 import json
 import math
+import functools
 import os
+import pwd
 import signal
 import socket
 import ssl
@@ -71,17 +74,34 @@ def clean_event(event: dict) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def user_name(uid: Any) -> Optional[str]:
+    """The name of a uid in this host's accounts (where Flux runs, so the
+    cluster's own): what `flux jobs` shows. None when it has none."""
+    try:
+        return pwd.getpwuid(int(uid)).pw_name
+    except (KeyError, ValueError, TypeError, OverflowError):
+        return None
+
+
 def job_message(jobid: int, event: dict, R: Optional[dict] = None,
-                jobspec: Optional[dict] = None) -> dict:
+                jobspec: Optional[dict] = None,
+                names: Callable[[Any], Optional[str]] = user_name) -> dict:
     """One job-manager journal message carrying one event. R rides along
     with `alloc` only (it gives fluxpipe the job's expiration, nodes and
     cores); the jobspec with `submit` only, cut to what fluxpipe reads of
-    it (see `jobspec_kept`)."""
+    it (see `jobspec_kept`); with `submit` too, the submitter's name as
+    this host's accounts give it (fluxpipe's host may not share them)."""
     msg: dict[str, Any] = {"id": int(jobid), "events": [clean_event(event)]}
     if R is not None and event.get("name") == "alloc":
         msg["R"] = R
-    if jobspec is not None and event.get("name") == "submit":
-        msg["jobspec"] = jobspec_kept(jobspec)
+    if event.get("name") == "submit":
+        if jobspec is not None:
+            msg["jobspec"] = jobspec_kept(jobspec)
+        uid = (event.get("context") or {}).get("userid")
+        name = names(uid) if isinstance(uid, int) and not isinstance(uid, bool) else None
+        if name:
+            msg["username"] = name
     return msg
 
 

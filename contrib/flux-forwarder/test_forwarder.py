@@ -229,6 +229,23 @@ class FramingTest(unittest.TestCase):
         self.assertNotIn("jobspec", ff.job_message(7, validate, None, spec))
         self.assertEqual(ff.jobspec_kept([1]), [1])
 
+    def test_job_message_names_the_submitter_with_submit_only(self):
+        submit = {"timestamp": 1.0, "name": "submit",
+                  "context": {"userid": 0, "urgency": 16, "flags": 0, "version": 1}}
+        # The name this host's accounts give (uid 0 is root everywhere).
+        self.assertEqual(ff.job_message(7, submit)["username"], "root")
+        names = {4242: "alice"}.get
+        self.assertEqual(ff.job_message(7, dict(submit, context={"userid": 4242}),
+                                        names=names)["username"], "alice")
+        # A uid with no account, no uid, a uid of the wrong type: no name.
+        for context in ({"userid": 4243}, {}, {"userid": "0"}, {"userid": True}):
+            msg = ff.job_message(7, dict(submit, context=context), names=names)
+            self.assertNotIn("username", msg, context)
+        self.assertIsNone(ff.user_name(2**40))
+        # Only with submit.
+        depend = {"timestamp": 2.0, "name": "depend", "context": {"userid": 0}}
+        self.assertNotIn("username", ff.job_message(7, depend))
+
     def test_job_message_keeps_R_with_alloc_only(self):
         alloc = {"timestamp": 2.5, "name": "alloc", "context": {}}
         self.assertEqual(ff.job_message(42, alloc, {"execution": {}}),

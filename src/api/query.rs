@@ -5,7 +5,9 @@
 //! - `GET /api/v1/jobs`: jobs held (active, and inactive ones within
 //!   their grace), in `flux jobs` order; filters `cluster`, `state` (names
 //!   and `pending`, `running`, `active`, `inactive`, comma-separated),
-//!   `userid`, `since` (epoch seconds), `id` (any encoding); `limit`
+//!   `user` (a name as Flux's side sent it, else this host's accounts
+//!   give its uid; or a uid), `userid`, `since` (epoch seconds), `id`
+//!   (any encoding); `limit`
 //!   (default 1000, at most 10000) and `after` (the `next` of the page
 //!   before). A narrow filter over many jobs may give a short page (even
 //!   an empty one) with a `next`: each shard looks at a bounded number of
@@ -22,6 +24,7 @@
 use crate::channels::query::{Answer, JobNow, Query, Questions};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::RankState;
+use crate::flux::user::UserMatch;
 use crate::keyed::query::{AlertPosition, ClusterCounts, JobFilter, Position};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -98,6 +101,8 @@ struct JobParams {
     cluster: Option<String>,
     state: Option<String>,
     userid: Option<i64>,
+    /// A name (as Flux's side resolved it) or a uid.
+    user: Option<String>,
     since: Option<f64>,
     id: Option<String>,
     limit: Option<usize>,
@@ -180,7 +185,7 @@ async fn jobs(
         Err(e) => {
             return Err(bad_query(
                 e,
-                "cluster, state, userid, since, id, limit, after",
+                "cluster, state, user, userid, since, id, limit, after",
             ));
         }
     };
@@ -193,16 +198,36 @@ async fn jobs(
         Ok(a) => a,
         Err(e) => return Err(problem(StatusCode::BAD_REQUEST, e.to_string())),
     };
+    let user = match (p.user, p.userid) {
+        (Some(_), Some(_)) => {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                "give `user` or `userid`, not both",
+            ));
+        }
+        (Some(text), None) => Some(user_match(text).await),
+        (None, uid) => uid.map(UserMatch::Id),
+    };
     let filter = JobFilter {
         cluster: p.cluster,
         states,
-        userid: p.userid,
+        user,
         since: p.since,
         id,
     };
     let limit = p.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
     let (jobs, next) = jobs_page(&questions, filter, after, limit).await?;
     Ok(answer(&questions, json!({ "jobs": jobs, "next": next })))
+}
+
+/// A `user` asked for: a name's uid in this host's accounts is the
+/// fallback for jobs that came with no name (NSS may block: off the
+/// runtime's threads).
+async fn user_match(text: String) -> UserMatch {
+    let asked = text.clone();
+    tokio::task::spawn_blocking(move || UserMatch::parse(&asked, crate::accounts::uid_of_name))
+        .await
+        .unwrap_or_else(|_| UserMatch::parse(&text, |_| None))
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -10,6 +10,7 @@
 pub mod rows;
 pub mod schema;
 
+use crate::flux::user::UserMatch;
 use rows::{Batch, Cell, Table};
 use sqlx::any::{AnyArguments, AnyPoolOptions};
 use sqlx::query::Query;
@@ -248,7 +249,24 @@ impl Archive {
     pub async fn jobs(&self, q: &JobQuery) -> Result<Vec<String>, ArchiveError> {
         let mut w = Where::default();
         w.equal("j.cluster", q.cluster.clone().map(|c| Cell::Text(Some(c))));
-        w.equal("j.userid", q.userid.map(|u| Cell::Int(Some(u))));
+        match &q.user {
+            Some(UserMatch::Id(uid)) => w.equal("j.userid", Some(Cell::Int(Some(*uid)))),
+            Some(UserMatch::Name { name, fallback_uid }) => {
+                let n = w.bind(Cell::Text(Some(name.to_string())));
+                match fallback_uid {
+                    // Rows without a name from Flux's side match by the
+                    // name's uid in this host's accounts.
+                    Some(uid) => {
+                        let u = w.bind(Cell::Int(Some(*uid)));
+                        w.clause(format!(
+                            "(j.username = {n} OR (j.username IS NULL AND j.userid = {u}))"
+                        ));
+                    }
+                    None => w.clause(format!("j.username = {n}")),
+                }
+            }
+            None => {}
+        }
         w.equal("j.queue", q.queue.clone().map(|c| Cell::Text(Some(c))));
         let results = q.results.iter().map(|r| Cell::Text(Some(r.clone())));
         w.any_of("j.result", results);
@@ -358,7 +376,7 @@ impl Archive {
 #[derive(Debug, Clone, Default)]
 pub struct JobQuery {
     pub cluster: Option<String>,
-    pub userid: Option<i64>,
+    pub user: Option<UserMatch>,
     pub queue: Option<String>,
     /// Results (`COMPLETED`, `FAILED`, `CANCELED`, `TIMEOUT`), any of them.
     pub results: Vec<String>,
@@ -587,7 +605,7 @@ mod tests {
             host: Some(host.into()),
             results: vec!["FAILED".into()],
             queue: Some("q".into()),
-            userid: Some(5),
+            user: Some(UserMatch::Id(5)),
             ids: vec![u64::MAX],
             since: Some(10.0),
             until: Some(1.5),

@@ -98,6 +98,7 @@ pub const JOBS: Table = Table {
         col("project", Text),
         col("bank", Text),
         col("userid", Int),
+        col("username", Text),
         must("state", Text),
         col("result", Text),
         col("success", Bool),

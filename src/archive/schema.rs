@@ -101,11 +101,18 @@ const V3: &str = "
 ALTER TABLE jobs ADD COLUMN ngpus BIGINT;
 ";
 
+/// Version 4: the submitter's name, as resolved where Flux runs.
+const V4: &str = "
+ALTER TABLE jobs ADD COLUMN username TEXT;
+CREATE INDEX jobs_by_username ON jobs (username, t_inactive);
+";
+
 /// Every migration, oldest first: (version, description, SQL).
-const MIGRATIONS: [(i64, &str, &str); 3] = [
+const MIGRATIONS: [(i64, &str, &str); 4] = [
     (1, "jobs, job hosts, node events", V1),
     (2, "transitions", V2),
     (3, "job gpus", V3),
+    (4, "job user names", V4),
 ];
 
 /// The newest schema version this fluxpipe writes.
@@ -143,6 +150,7 @@ mod tests {
             "88667fee5c653bc0ee5ecd9e2b4784e57ee3bdc90f2f8cb6a66a43f8a9c9ff960a614a2fa9a8bd556e4e4051a42ca360",
             "5e55cb1f8a6663943e478afc2370d2b18854f87a86089963aadf2da9160de9a0b989db27fb385614bc33215419d4cb8c",
             "a50613db0d1f42605cdc523e031ec10582ddccfe86dd105fc8b6381d4a6135f5dd96d6c08fb7bb47108c5f094286811b",
+            "be4f078b60423fd72e08b2f776dca34f37d17101e827d9814f02f8d0a9dc07e1e6f573b6f819ec0114bf5c91f94a7ae2",
         ];
         let migrator = migrator(LATEST);
         assert_eq!(migrator.migrations.len(), pinned.len());

@@ -112,7 +112,7 @@ pub fn run(args: HistoryArgs) -> Result<ExitCode> {
         } else {
             let query = JobQuery {
                 cluster: args.cluster.clone(),
-                userid: args.user.as_deref().map(jobs::uid_of).transpose()?,
+                user: args.user.as_deref().map(jobs::user_match),
                 queue: args.queue.clone(),
                 results: results(args.result.as_deref())?,
                 ids: ids.clone(),

@@ -10,8 +10,9 @@ use crate::flux::fsd;
 use crate::flux::hostlist::Hostlist;
 use crate::flux::idset::IdSet;
 use crate::flux::jobid::{Encoding, JobId};
+use crate::flux::user::UserMatch;
 use crate::keyed::alerts::wall_now;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{Value, json};
 use std::cmp::Ordering;
@@ -115,7 +116,9 @@ fn listed(client: &Client, args: &JobsArgs) -> Result<(Vec<Value>, bool)> {
     };
     let mut query = vec![("state", states)];
     if let Some(u) = &args.user {
-        query.push(("userid", uid_of(u)?.to_string()));
+        // The server matches names Flux's side sent; its own accounts are
+        // the fallback for jobs that came without one.
+        query.push(("user", u.clone()));
     }
     if let Some(c) = &args.cluster {
         query.push(("cluster", c.clone()));
@@ -172,15 +175,11 @@ fn by_id(client: &Client, args: &JobsArgs) -> Result<(Vec<Value>, bool, ExitCode
     Ok((jobs, false, code))
 }
 
-/// A user name or uid, as a uid.
-pub fn uid_of(user: &str) -> Result<i64> {
-    if let Ok(uid) = user.parse() {
-        return Ok(uid);
-    }
-    match nix::unistd::User::from_name(user) {
-        Ok(Some(u)) => Ok(i64::from(u.uid.as_raw())),
-        _ => bail!("unknown user `{user}`"),
-    }
+/// `-u`: a uid, or a name (matched against the names Flux's side sent;
+/// jobs that came with none match by the name's uid in this host's
+/// accounts).
+pub fn user_match(user: &str) -> UserMatch {
+    UserMatch::parse(user, crate::accounts::uid_of_name)
 }
 
 /// `flux jobs` order: pending (highest priority first, then lowest id),
@@ -203,23 +202,26 @@ pub fn listing_order(a: &Value, b: &Value) -> Ordering {
         .then_with(|| a["id"].as_u64().cmp(&b["id"].as_u64()))
 }
 
-/// Names of users by uid, looked up once each; a uid with no entry is
-/// shown as the number (as `flux jobs` does).
+/// Names of users: the one Flux's side sent with the job, else this
+/// host's accounts (looked up once per uid; right only where this host
+/// shares the cluster's accounts); a uid with neither is shown as the
+/// number (as `flux jobs` does).
 #[derive(Default)]
 pub struct Users(std::cell::RefCell<HashMap<i64, String>>);
 
 impl Users {
-    fn name(&self, uid: i64) -> String {
+    fn of(&self, job: &Value) -> Option<String> {
+        if let Some(name) = job["username"].as_str() {
+            return Some(name.to_string());
+        }
+        job["userid"].as_i64().map(|uid| self.local_name(uid))
+    }
+
+    fn local_name(&self, uid: i64) -> String {
         self.0
             .borrow_mut()
             .entry(uid)
-            .or_insert_with(|| {
-                u32::try_from(uid)
-                    .ok()
-                    .and_then(|u| nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(u)).ok())
-                    .flatten()
-                    .map_or_else(|| uid.to_string(), |u| u.name)
-            })
+            .or_insert_with(|| crate::accounts::name_of_uid(uid).unwrap_or_else(|| uid.to_string()))
             .clone()
     }
 }
@@ -384,9 +386,7 @@ fn field(job: &Value, name: &str, hosts: &Hostnames, users: &Users, now: f64) ->
                 _ => Val::Empty,
             }
         }
-        "username" => job["userid"]
-            .as_i64()
-            .map_or(Val::Empty, |u| Val::Str(users.name(u))),
+        "username" => users.of(job).map_or(Val::Empty, Val::Str),
         "state_single" => Val::Str(state.chars().next().map(String::from).unwrap_or_default()),
         "status" => Val::Str(match state {
             "INACTIVE" => job["result"].as_str().unwrap_or(state).to_string(),
@@ -523,9 +523,7 @@ pub fn table(jobs: &[Value], hosts: &Hostnames, users: &Users, now: f64) -> Colu
         let id = job["id"]
             .as_u64()
             .map_or_else(String::new, |i| listing::f58(JobId(i)));
-        let user = job["userid"]
-            .as_i64()
-            .map_or_else(String::new, |u| users.name(u));
+        let user = users.of(job).unwrap_or_default();
         let count = |key: &str| {
             job[key]
                 .as_u64()

@@ -113,11 +113,10 @@ fn listing(args: &ReplayArgs) -> Result<Option<(JobFilter, usize)>> {
         .as_deref()
         .map(JobFilter::parse_states)
         .transpose()?;
-    let userid = args.user.as_deref().map(super::jobs::uid_of).transpose()?;
     let filter = JobFilter {
         cluster: None,
         states,
-        userid,
+        user: args.user.as_deref().map(super::jobs::user_match),
         since: args
             .since
             .as_deref()

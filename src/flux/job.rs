@@ -10,6 +10,7 @@ use super::jobspec::JobSpec;
 use super::object::{self, JsonObject};
 use super::resource::bounded_idset;
 use super::stamp::Stamp;
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -847,6 +848,16 @@ impl Job {
         self.spec.as_ref().and_then(|s| s.freed_at)
     }
 
+    /// Who submitted it, by name, when Flux's side said.
+    pub fn username(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.username.as_deref())
+    }
+
+    /// Its submitter's name, as Flux's side resolved it.
+    pub fn set_username(&mut self, name: CompactString) {
+        self.spec.get_or_insert_default().username = Some(name);
+    }
+
     /// The queue its jobspec (or an update) names, if any.
     pub fn queue(&self) -> Option<&str> {
         self.spec.as_ref().and_then(|s| s.queue.as_deref())
@@ -880,6 +891,7 @@ impl Job {
         let v = self.summary_view();
         JobSummary {
             userid: v.userid,
+            username: v.spec.and_then(|s| s.username.as_deref().map(String::from)),
             urgency: v.urgency,
             priority: v.priority,
             state: v.state,
@@ -982,6 +994,9 @@ impl SummaryView<'_> {
 pub struct JobSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub userid: Option<i64>,
+    /// As resolved where Flux runs; absent when Flux's side did not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub urgency: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -1054,6 +1069,21 @@ mod tests {
             "submit",
             json!({"userid": 5588, "urgency": 16, "flags": 0, "version": 1}),
         )
+    }
+
+    #[test]
+    fn the_submitters_name_outlives_a_jobspec_read_after_it() {
+        let mut job = Job::default();
+        job.set_username("alice".into());
+        let (spec, _) = JobSpec::parse(r#"{"version":1,"tasks":[{"command":["app"]}]}"#);
+        job.apply_jobspec(spec);
+        assert_eq!(job.username(), Some("alice"));
+        assert_eq!(job.summary().username.as_deref(), Some("alice"));
+        // A checkpoint keeps it; one written before it reads as none.
+        let bytes = rmp_serde::to_vec(&job).unwrap();
+        let back: Job = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(back.username(), Some("alice"));
+        assert_eq!(Job::default().username(), None);
     }
 
     #[test]

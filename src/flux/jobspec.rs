@@ -51,6 +51,10 @@ pub struct JobSpec {
     /// `Option`: this fits where one would add 8 bytes to every job.
     #[serde(default)]
     r_ngpus_1: u32,
+    /// Who submitted it, by name, as resolved where Flux runs (the
+    /// forwarder sends it with `submit`). Last and defaulted, as above.
+    #[serde(default)]
+    pub username: Option<CompactString>,
 }
 
 /// The bits of [`JobSpec::updated`].
@@ -377,6 +381,9 @@ impl JobSpec {
             self.duration = old.duration;
         }
         self.updated = old.updated;
+        if self.username.is_none() {
+            self.username.clone_from(&old.username);
+        }
     }
 
     /// Apply a `jobspec-update` event's keys (RFC 21: period-delimited

@@ -14,6 +14,7 @@ pub mod jobspec;
 pub mod object;
 pub mod resource;
 pub mod stamp;
+pub mod user;
 
 pub use anomaly::{Anomaly, AnomalyKind, Stream};
 pub use event::Event;

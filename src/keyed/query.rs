@@ -15,6 +15,7 @@ use super::state::State;
 use crate::flux::job::{Job, JobState};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::NodeCount;
+use crate::flux::user::UserMatch;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BinaryHeap, btree_set};
 use std::ops::Bound;
@@ -37,7 +38,8 @@ pub struct JobFilter {
     pub cluster: Option<String>,
     /// States taken, by [`JobState::index`] bit; `None`: all.
     pub states: Option<u8>,
-    pub userid: Option<i64>,
+    /// Whose jobs: by uid, or by name (see [`UserMatch`]).
+    pub user: Option<UserMatch>,
     /// Jobs active at or after this time: still active, or inactive since.
     pub since: Option<f64>,
     pub id: Option<JobId>,
@@ -99,7 +101,7 @@ impl JobFilter {
             let held = |s: &JobState| jobs.by_state[s.index()] > 0;
             g.iter().all(|s| taken(s) || !held(s)) || !g.iter().any(taken)
         };
-        self.userid.is_none()
+        self.user.is_none()
             && self.since.is_none()
             && self
                 .states
@@ -112,7 +114,10 @@ impl JobFilter {
         self.cluster.as_deref().is_none_or(|c| *key.cluster == *c)
             && self.id.is_none_or(|id| id == key.id)
             && self.states.is_none_or(|b| b & (1 << s.state.index()) != 0)
-            && self.userid.is_none_or(|u| s.userid == Some(u))
+            && self
+                .user
+                .as_ref()
+                .is_none_or(|u| u.matches(s.userid, job.username()))
             && self.since.is_none_or(|t| {
                 s.state != JobState::Inactive || s.t_inactive.is_some_and(|i| i >= t)
             })
@@ -687,7 +692,7 @@ mod tests {
                 _ => None,
             },
             states: states.map(|b| b & 0x7f),
-            userid,
+            user: userid.map(UserMatch::Id),
             since: since.map(f64::from),
             id: None,
         }

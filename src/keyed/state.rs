@@ -590,7 +590,7 @@ impl State {
                 applied
             }
             Body::R(r) => res.apply_r(&r.to_value()),
-            Body::Sentinel | Body::ExecResponse(_) | Body::JobSpec(..) => return,
+            Body::Sentinel | Body::ExecResponse(_) | Body::JobSpec(..) | Body::User(_) => return,
         };
         *held = held.saturating_sub(before) + res.rank_count();
         drop(held);
@@ -640,6 +640,7 @@ impl State {
                 fx.event = Some((ev.name, ev.timestamp));
             }
             (EventStream::Job, Body::R(r)) => entry.job.apply_r(&r),
+            (EventStream::Job, Body::User(name)) => entry.job.set_username(name),
             (EventStream::Job, Body::JobSpec(read)) => {
                 let crate::decode::JobSpecRead { spec, error, .. } = *read;
                 entry.job.apply_jobspec(spec);

@@ -662,6 +662,9 @@ impl Shard {
                 &r.to_value(),
                 source,
             )),
+            Body::User(name) if self.outputs.wants(OutputStream::Events) => {
+                Some(output::username_document(&cluster, id, name, source))
+            }
             Body::JobSpec(read) if self.outputs.wants(OutputStream::Events) => {
                 read.text.as_ref().map(|t| {
                     let kept = crate::flux::jobspec::kept_part(&t.to_value());

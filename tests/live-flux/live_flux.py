@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from datetime import datetime
 from pathlib import Path
@@ -1019,6 +1020,30 @@ def compare_cli(binary: str, api: str, inst: Instance, problems: list[str]) -> N
         flux = inst.run(*args, strip=False)
         lines_equal(" ".join(args), flux, ours(*args))
         rows.append(f"{' '.join(args)}: {len(flux.splitlines()) - 1} rows")
+    # User names as Flux's side resolved them (the forwarder sends them
+    # with submit): the API's own field, not a lookup on this host.
+    flux_names = dict(line.split(None, 1) for line in
+                      inst.run("jobs", "-a", "-A", "-n", "-o", "{id.dec} {username}").splitlines())
+    api_jobs, after = [], ""
+    while after is not None:
+        url = f"{api}/api/v1/jobs?state=pending,running,inactive&limit=10000"
+        with urllib.request.urlopen(url + (f"&after={urllib.parse.quote(after)}" if after else ""),
+                                    timeout=30) as r:
+            page = json.load(r)
+        api_jobs += page["jobs"]
+        after = page.get("next")
+    got_names = {str(j["id"]): j.get("username") for j in api_jobs}
+    wrong = [f"{i}: flux {n!r} fluxpipe {got_names.get(i)!r}"
+             for i, n in flux_names.items() if got_names.get(i) != n]
+    if wrong or not flux_names:
+        problems.append(f"user names of {len(wrong)} of {len(flux_names)} jobs differ: "
+                        + "; ".join(wrong[:5]))
+    # `-u NAME` takes the name as Flux's side has it.
+    name = next(iter(flux_names.values()), "")
+    mine = [line for line in ours("jobs", "-a", "-n", "-u", name, "-o", "{id.dec}").splitlines()]
+    if sorted(mine) != sorted(i for i, n in flux_names.items() if n == name):
+        problems.append(f"fluxpipe jobs -u {name}: {len(mine)} jobs, flux has "
+                        f"{sum(n == name for n in flux_names.values())}")
     if rows[1].endswith(" 0 rows"):
         problems.append("flux resource drain listed nothing: the comparison showed nothing")
     log(f"fluxpipe jobs: {len(flux_jobs.splitlines()) - 1} jobs against flux jobs; "
