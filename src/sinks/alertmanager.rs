@@ -31,10 +31,10 @@ use crate::component::Problem;
 use crate::output::OutputStream;
 use crate::output::rfc3339;
 use crate::telemetry::metric;
-use std::collections::BTreeMap;
 use anyhow::Context;
 use reqwest::header::HeaderMap;
 use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -115,7 +115,10 @@ impl super::SinkSpec for AlertmanagerSinkConfig {
             ("settle_secs", self.settle_secs),
         ] {
             if !value.is_finite() || value < 0.0 {
-                out.push(Problem::new(key, ": must be a number of seconds, at least 0"));
+                out.push(Problem::new(
+                    key,
+                    ": must be a number of seconds, at least 0",
+                ));
             }
         }
         out
@@ -354,9 +357,7 @@ impl Book {
 
     /// Whether an alert not held waits to be delivered.
     fn undelivered(&self) -> bool {
-        self.alerts
-            .values()
-            .any(|a| !a.delivered && !a.held)
+        self.alerts.values().any(|a| !a.delivered && !a.held)
     }
 
     /// Alerts not yet delivered (held ones included).
@@ -430,7 +431,8 @@ impl Poster {
     }
 
     fn error(&self, what: &str, e: &str) {
-        metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => self.name.clone()).increment(1);
+        metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => self.name.clone())
+            .increment(1);
         tracing::warn!(sink = %self.name, url = %self.url, "{what}: {e}");
     }
 }
@@ -462,7 +464,8 @@ pub async fn run(
         api_url: config.external_url.clone().or_else(|| ctx.api_url.clone()),
         ..Book::default()
     };
-    let not_paged = metrics::counter!(metric::FLUXPIPE_ALERTS_NOT_PAGED_TOTAL, "sink" => name.to_string());
+    let not_paged =
+        metrics::counter!(metric::FLUXPIPE_ALERTS_NOT_PAGED_TOTAL, "sink" => name.to_string());
     not_paged.increment(0);
     let mut buf = Vec::new();
     let mut next_full = Instant::now() + resend;
@@ -591,7 +594,10 @@ mod tests {
             "http://fluxpipe.example.org:9464/api/v1/nodes?cluster=c"
         );
         let cluster = json!({"flux_cluster": "c", "source": "flux"});
-        assert_eq!(generator_url(base, &cluster), "http://fluxpipe.example.org:9464/");
+        assert_eq!(
+            generator_url(base, &cluster),
+            "http://fluxpipe.example.org:9464/"
+        );
         assert_eq!(generator_url("not a url", &cluster), "");
     }
 
@@ -611,15 +617,26 @@ mod tests {
         let now = 1.8e9;
         let t0 = Instant::now();
         let (old, ran) = (now - 7200.0, now - 5400.0);
-        assert_eq!(book.take(&alert("firing", "fA", old, None), now, t0).unwrap(), Taken::Kept);
-        assert_eq!(book.take(&alert("firing", "fB", old, None), now, t0).unwrap(), Taken::Kept);
+        assert_eq!(
+            book.take(&alert("firing", "fA", old, None), now, t0)
+                .unwrap(),
+            Taken::Kept
+        );
+        assert_eq!(
+            book.take(&alert("firing", "fB", old, None), now, t0)
+                .unwrap(),
+            Taken::Kept
+        );
         // Held: nothing to send yet.
         assert!(!book.undelivered());
         assert_eq!(book.body(true, Duration::from_secs(60)).0, 0);
         // A's resolution comes a little later: both of A's dropped.
         let t1 = t0 + Duration::from_secs(5);
         let resolved = alert("resolved", "fA", old, Some(ran));
-        assert_eq!(book.take(&resolved, now + 5.0, t1).unwrap(), Taken::NotPaged);
+        assert_eq!(
+            book.take(&resolved, now + 5.0, t1).unwrap(),
+            Taken::NotPaged
+        );
         // It pushed B's hold on (the backlog still comes).
         book.release(t0 + Duration::from_secs(31));
         assert!(!book.undelivered(), "held while late alerts keep coming");
@@ -632,11 +649,19 @@ mod tests {
         book.mark_delivered();
         // Sent once; its resolution, late or not, goes out as well.
         let res_b = alert("resolved", "fB", old, Some(now - 3600.0));
-        assert_eq!(book.take(&res_b, now + 60.0, t1 + Duration::from_secs(31)).unwrap(), Taken::Kept);
+        assert_eq!(
+            book.take(&res_b, now + 60.0, t1 + Duration::from_secs(31))
+                .unwrap(),
+            Taken::Kept
+        );
         assert!(book.undelivered());
         // A fresh alert goes out at once.
         let fresh = alert("firing", "fC", now - 10.0, None);
         assert_eq!(book.take(&fresh, now, t1).unwrap(), Taken::Kept);
-        assert!(book.alerts.values().any(|a| a.labels["jobid"] == "fC" && !a.held));
+        assert!(
+            book.alerts
+                .values()
+                .any(|a| a.labels["jobid"] == "fC" && !a.held)
+        );
     }
 }

@@ -16,13 +16,13 @@
 //! sink tries for [`SHUTDOWN_GRACE`] at most, then gives up what it has
 //! not stored: no final checkpoint passes it, so the next run writes it.
 
-use crate::telemetry::metric;
 use super::retry::{Failure, Retry, Tried};
 use super::{SinkContext, SinkRx};
 use crate::archive::rows::Batch;
 use crate::archive::{self, Access, Archive, ArchiveError};
 use crate::component::Problem;
 use crate::output::OutputStream;
+use crate::telemetry::metric;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -83,7 +83,11 @@ impl super::SinkSpec for DatabaseSinkConfig {
                 format!(" `{days}`: must be a positive number of days"),
             ));
         }
-        let takes = |s: OutputStream| self.inputs.iter().any(|i| OutputStream::parse(i) == Some(s));
+        let takes = |s: OutputStream| {
+            self.inputs
+                .iter()
+                .any(|i| OutputStream::parse(i) == Some(s))
+        };
         for (i, input) in self.inputs.iter().enumerate() {
             if OutputStream::parse(input).is_some_and(|s| !STORED.contains(&s)) {
                 out.push(Problem::at(
@@ -175,7 +179,10 @@ pub async fn run(
         records.clear();
         rx.done_with(refused);
         let stored = n as u64 - refused;
-        match retry.until_done("writing", &rx, || archive.store(&batch)).await {
+        match retry
+            .until_done("writing", &rx, || archive.store(&batch))
+            .await
+        {
             Tried::Done(()) => rx.delivered(stored),
             Tried::GaveUp => {
                 give_up_rest(name, &mut rx, stored).await;

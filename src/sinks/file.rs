@@ -15,17 +15,17 @@
 //! meanwhile. Once the pipeline shuts down, [`SHUTDOWN_GRACE`] bounds the
 //! tries; what is still not written is given up (the next run writes it).
 
-use crate::telemetry::metric;
 use super::lines::{FILE_LINGER, Lines, Next};
+use super::offsets::SinkOffset;
 use super::retry::{Retry, SHUTDOWN_GRACE};
 use super::{SinkContext, SinkRx};
 use crate::component::Problem;
-use super::offsets::SinkOffset;
+use crate::telemetry::metric;
 use anyhow::Context;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
-use std::time::Duration;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tokio::fs::{File, OpenOptions};
 use tokio::signal::unix::{SignalKind, signal};
 

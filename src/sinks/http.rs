@@ -19,13 +19,13 @@
 //! At shutdown the batch being built is sent at once; retries of a batch
 //! in hand are cut to [`SHUTDOWN_GRACE`] after the channel closed.
 
-use crate::telemetry::metric;
 use super::{SinkContext, SinkRx};
 use crate::component::Problem;
-use std::collections::BTreeMap;
+use crate::telemetry::metric;
 use anyhow::Context;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -187,7 +187,9 @@ impl Sender {
             let attempt = if shortened {
                 tokio::time::timeout_at(deadline, self.attempt(body))
                     .await
-                    .unwrap_or_else(|_| Attempt::Retry("no answer within the stop's grace".into(), None))
+                    .unwrap_or_else(|_| {
+                        Attempt::Retry("no answer within the stop's grace".into(), None)
+                    })
             } else {
                 self.attempt(body).await
             };
@@ -236,7 +238,8 @@ impl Sender {
     }
 
     fn drop_batch(&self, records: usize, tries: u32, error: &str, why: &str) {
-        metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => self.name.clone()).increment(1);
+        metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => self.name.clone())
+            .increment(1);
         metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => self.name.clone(), "reason" => "undeliverable")
             .increment(records as u64);
         tracing::error!(sink = %self.name, url = %self.url, records, tries, "batch dropped ({why}): {error}");

@@ -15,10 +15,10 @@
 //! it holds for [`SHUTDOWN_GRACE`], then drops the rest, counts it and
 //! fails.
 
-use crate::telemetry::metric;
 use super::{SinkContext, SinkRx};
 use crate::component::{Problem, SocketMode};
 use crate::output::OutputRecord;
+use crate::telemetry::metric;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;

@@ -104,23 +104,23 @@ mod tail;
 use crate::telemetry::metric;
 use fingerprint::*;
 use positions::*;
-use scan::*;
 pub use scan::files_matching;
+use scan::*;
 use tail::*;
 
 pub use config::{FileSourceConfig, ReadFrom};
 
 use super::lines::{LineReader, READ_BYTES};
 use super::{RecordBuffer, SourceContext};
-pub(crate) use rotation::{classify, is_compressed_log};
-use rotation::{Rotation, feed_of};
-#[cfg(test)]
-use rotation::rotation_of;
 use crate::decode::{Body, EventStream, Origin, PathKind, Record};
 use crate::flux::jobid::JobId;
 use crate::flux::object::JsonObject;
 use anyhow::{Context, Result, anyhow};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+#[cfg(test)]
+use rotation::rotation_of;
+use rotation::{Rotation, feed_of};
+pub(crate) use rotation::{classify, is_compressed_log};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::io::Read;

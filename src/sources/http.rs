@@ -40,13 +40,13 @@
 //! fails or takes longer than `request_timeout_secs` is logged with its
 //! peer and counted in `fluxpipe_http_tls_handshake_failures_total`.
 
-use crate::telemetry::metric;
 use super::config::source_config;
 use super::lines::split_bounded;
 use super::socket::OpenConnection;
 use super::{SourceContext, SourceSpec};
 use crate::channels::router::{Closed, Tally};
 use crate::component::{Claim, Problem, Resource};
+use crate::telemetry::metric;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -381,7 +381,6 @@ impl SourceSpec for HttpSourceConfig {
 }
 
 impl HttpSourceConfig {
-
     fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.request_timeout_secs.clamp(0.001, 86_400.0))
     }

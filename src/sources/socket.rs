@@ -28,11 +28,11 @@
 //! Shutdown: stop accepting, stop reading (a line already read is still
 //! handed on), wait for the connection tasks, remove the Unix socket file.
 
-use crate::telemetry::metric;
 use super::config::source_config;
 use super::lines::{Line, LineReader, READ_BYTES, split_bounded};
 use super::{SourceContext, SourceSpec};
 use crate::component::{Claim, Problem, Resource, SocketMode};
+use crate::telemetry::metric;
 use anyhow::Context;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -163,13 +163,19 @@ impl SourceSpec for SocketSourceConfig {
             out.push(Problem::new("max_connections", ": must be at least 1"));
         }
         if self.max_connections_per_peer == 0 {
-            out.push(Problem::new("max_connections_per_peer", ": must be at least 1"));
+            out.push(Problem::new(
+                "max_connections_per_peer",
+                ": must be at least 1",
+            ));
         }
         if self.read_timeout_secs.is_nan() || self.read_timeout_secs <= 0.0 {
             out.push(Problem::new("read_timeout_secs", ": must be more than 0"));
         }
         if self.idle_timeout_secs.is_nan() || self.idle_timeout_secs < 0.0 {
-            out.push(Problem::new("idle_timeout_secs", ": must be 0 (none) or more"));
+            out.push(Problem::new(
+                "idle_timeout_secs",
+                ": must be 0 (none) or more",
+            ));
         }
         out
     }
@@ -265,7 +271,8 @@ pub(super) struct OpenConnection {
 
 impl OpenConnection {
     pub(super) fn new(source: &str) -> Self {
-        let gauge = metrics::gauge!(metric::FLUXPIPE_SOCKET_CONNECTIONS, "source" => source.to_string());
+        let gauge =
+            metrics::gauge!(metric::FLUXPIPE_SOCKET_CONNECTIONS, "source" => source.to_string());
         gauge.increment(1.0);
         metrics::counter!(metric::FLUXPIPE_SOCKET_CONNECTIONS_TOTAL, "source" => source.to_string())
             .increment(1);
@@ -466,12 +473,26 @@ async fn connection<S: AsyncRead + Unpin>(
         let line = match next {
             Ok(Some(line)) => line,
             Ok(None) => {
-                closed_mid_line(&mut reader, &ctx, &label, lineno + 1, "connection closed mid-line").await;
+                closed_mid_line(
+                    &mut reader,
+                    &ctx,
+                    &label,
+                    lineno + 1,
+                    "connection closed mid-line",
+                )
+                .await;
                 break;
             }
             Err(e) => {
                 tracing::debug!(source = %ctx.name, peer = %label, "read failed: {e}");
-                closed_mid_line(&mut reader, &ctx, &label, lineno + 1, "connection closed mid-line").await;
+                closed_mid_line(
+                    &mut reader,
+                    &ctx,
+                    &label,
+                    lineno + 1,
+                    "connection closed mid-line",
+                )
+                .await;
                 break;
             }
         };
@@ -584,8 +605,7 @@ impl UdpDrops {
             .strip_suffix(']')?
             .parse()
             .ok()?;
-        let counter =
-            metrics::counter!(metric::FLUXPIPE_UDP_RECEIVE_DROPS_TOTAL, "source" => source.to_string());
+        let counter = metrics::counter!(metric::FLUXPIPE_UDP_RECEIVE_DROPS_TOTAL, "source" => source.to_string());
         counter.absolute(0);
         Some(UdpDrops { inode, counter })
     }
@@ -650,7 +670,10 @@ mod tests {
             idle_timeout: Some(Duration::from_secs(10)),
             ..limits
         };
-        assert_eq!(idle.passed(false, Duration::from_secs(10)), Some("idle_timeout_secs"));
+        assert_eq!(
+            idle.passed(false, Duration::from_secs(10)),
+            Some("idle_timeout_secs")
+        );
         assert_eq!(idle.look_every(), Duration::from_millis(2500));
     }
 

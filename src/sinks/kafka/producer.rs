@@ -1,11 +1,11 @@
 //! The producer behind the `kafka` sink (librdkafka).
 
-use crate::telemetry::metric;
 use super::KafkaSinkConfig;
 use crate::channels::fanout::SinkRx;
 use crate::output::OutputRecord;
 use crate::output::OutputStream;
 use crate::sinks::retry::{Failure, Retry, SHUTDOWN_GRACE};
+use crate::telemetry::metric;
 use anyhow::{Context, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -112,7 +112,11 @@ struct NotAcknowledged {
 
 impl std::fmt::Display for NotAcknowledged {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "records not acknowledged: {} ({})", self.records, self.error)
+        write!(
+            f,
+            "records not acknowledged: {} ({})",
+            self.records, self.error
+        )
     }
 }
 

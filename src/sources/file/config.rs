@@ -43,10 +43,7 @@ impl SourceSpec for FileSourceConfig {
     fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         if self.include.is_empty() {
-            out.push(Problem::new(
-                "include",
-                ": at least one pattern is needed",
-            ));
+            out.push(Problem::new("include", ": at least one pattern is needed"));
         }
         for (key, patterns) in [("include", &self.include), ("exclude", &self.exclude)] {
             for (i, pattern) in patterns.iter().enumerate() {

@@ -39,7 +39,11 @@ pub(super) fn fingerprint_of(head: &[u8]) -> Option<u64> {
 }
 
 /// `buf.len()` bytes at `offset`, fewer only at the end of the file.
-pub(super) fn read_full_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+pub(super) fn read_full_at(
+    file: &std::fs::File,
+    buf: &mut [u8],
+    offset: u64,
+) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match file.read_at(&mut buf[n..], offset + n as u64) {

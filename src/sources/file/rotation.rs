@@ -16,7 +16,6 @@ pub fn in_read_order(paths: &mut [PathBuf]) {
     paths.sort_by_cached_key(|p| feed_of(p));
 }
 
-
 /// Where rotation put a file among the files of its feed; the order is
 /// oldest first.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -142,4 +141,3 @@ pub(crate) fn is_compressed_log(path: &Path) -> bool {
             PathKind::Eventlog(_) | PathKind::Lines
         )
 }
-

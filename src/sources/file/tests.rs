@@ -3,10 +3,10 @@
 //! reads what reached the router (and the dead-letter stream).
 
 use super::*;
-use std::cmp::Reverse;
+use crate::channels::checkpoint::CheckpointLink;
 use crate::channels::fanout::{Outputs, SinkCommon, SinkRx, WhenFull};
 use crate::channels::router::{Routed, Router, ShardMsg};
-use crate::channels::checkpoint::CheckpointLink;
+use std::cmp::Reverse;
 use std::collections::BTreeSet;
 use std::io::Write;
 use tokio::sync::mpsc;
@@ -974,7 +974,11 @@ fn rotated_names_are_ordered_oldest_first() {
         ("journal.1.jsonl", Rotation::Numbered(Reverse(1))),
         ("journal-20261124.jsonl", Rotation::Dated(vec![20261124])),
     ] {
-        assert_eq!(rotation_of(name), ("journal.jsonl".into(), rotation), "{name}");
+        assert_eq!(
+            rotation_of(name),
+            ("journal.jsonl".into(), rotation),
+            "{name}"
+        );
     }
     let mut names = vec![
         "journal.jsonl",

@@ -3,13 +3,13 @@
 //! that cannot reach a broker waits out its whole timeout, so an
 //! unreachable broker would otherwise be silent for that long.
 
-use crate::telemetry::metric;
 use super::KafkaSourceConfig;
 use super::changelog::base_config;
 use crate::sources::SourceContext;
+use crate::telemetry::metric;
 use anyhow::{Context, Result};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Statistics;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,17 +34,17 @@ pub async fn wait_for_one(config: &KafkaSourceConfig, ctx: &SourceContext) -> Re
     let probe = Arc::new(probe);
     ctx.readiness.block(
         &ctx.name,
-        format!("connecting to the Kafka brokers {}", config.bootstrap_servers),
+        format!(
+            "connecting to the Kafka brokers {}",
+            config.bootstrap_servers
+        ),
     );
     let mut failures = 0u64;
     loop {
         let client = probe.clone();
         let timeout = PROBE_TIMEOUTS[(failures as usize).min(PROBE_TIMEOUTS.len() - 1)];
         let answer = tokio::task::spawn_blocking(move || {
-            client
-                .client()
-                .fetch_metadata(None, timeout)
-                .map(|_| ())
+            client.client().fetch_metadata(None, timeout).map(|_| ())
         });
         let answer = tokio::select! {
             _ = ctx.shutdown.cancelled() => return Ok(false),

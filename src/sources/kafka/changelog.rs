@@ -8,12 +8,12 @@
 //! broker's last acknowledgement; revocation takes the same lock before it
 //! lets the partition go, and writes skip partitions no longer owned.
 
-use crate::telemetry::metric;
-use super::member::Offsets;
-use crate::keyed::Owner;
 use super::KafkaSourceConfig;
+use super::member::Offsets;
 use crate::channels::checkpoint::ChangelogRx;
+use crate::keyed::Owner;
 use crate::snapshot::changelog::{self, Change, Restored, Restorer};
+use crate::telemetry::metric;
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};

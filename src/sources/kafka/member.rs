@@ -1,16 +1,16 @@
 //! The consumer group member behind `type = "kafka"` (see the module
 //! above for what it promises).
 
-use crate::telemetry::metric;
 use super::KafkaSourceConfig;
 use super::brokers::{self, BrokerHealth};
 use super::changelog;
-use crate::sources::SourceContext;
-use crate::sources::lines::Line;
 use crate::channels::router::Closed;
 use crate::decode::{EventStream, Origin};
 use crate::flux::jobid::JobId;
 use crate::keyed::Owner;
+use crate::sources::SourceContext;
+use crate::sources::lines::Line;
+use crate::telemetry::metric;
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{

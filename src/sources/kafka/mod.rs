@@ -37,7 +37,6 @@
 //! **Lag.** librdkafka's statistics (every 5 s) give
 //! `fluxpipe_kafka_consumer_lag{source,topic,partition}`.
 
-
 use crate::component::Problem;
 use crate::sources::config::source_config;
 use crate::sources::{SourceContext, SourceSpec};
@@ -100,7 +99,10 @@ impl SourceSpec for KafkaSourceConfig {
     fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         for (key, empty) in [
-            ("bootstrap_servers", self.bootstrap_servers.trim().is_empty()),
+            (
+                "bootstrap_servers",
+                self.bootstrap_servers.trim().is_empty(),
+            ),
             ("topics", self.topics.is_empty()),
             ("group_id", self.group_id.trim().is_empty()),
         ] {
@@ -138,6 +140,9 @@ pub async fn run(config: KafkaSourceConfig, ctx: SourceContext) -> anyhow::Resul
 }
 
 #[cfg(not(feature = "kafka"))]
-pub async fn run(_config: KafkaSourceConfig, _ctx: SourceContext) -> anyhow::Result<Option<String>> {
+pub async fn run(
+    _config: KafkaSourceConfig,
+    _ctx: SourceContext,
+) -> anyhow::Result<Option<String>> {
     anyhow::bail!("this fluxpipe was built without Kafka support")
 }
