@@ -259,7 +259,13 @@ pub struct JobRecord {
     duration: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     exception_note: Option<String>,
+    /// As job-list gives them: of an inactive job only (false before).
     exception_occurred: bool,
+    /// An exception raised while the job is still active (one that was
+    /// not fatal, or not yet final): job-list shows none until the job
+    /// ends, but an operator looking at the job wants it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exception_raised: Option<RaisedException>,
     #[serde(skip_serializing_if = "Option::is_none")]
     exception_severity: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -322,6 +328,16 @@ pub struct JobRecord {
     waitstatus: Option<i64>,
 }
 
+/// An active job's exception, in [`JobRecord::exception_raised`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct RaisedException {
+    // In key order, as every record's keys are.
+    note: String,
+    severity: i64,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
 impl JobRecord {
     pub fn new(key: &JobKey, entry: &JobEntry) -> Self {
         let job = &entry.job;
@@ -329,15 +345,23 @@ impl JobRecord {
         let t = job.last_timestamp().unwrap_or(0.0).to_bits().to_le_bytes();
         let spec = s.spec;
         let text = |f: fn(&JobSpec) -> &Option<CompactString>| spec.and_then(|s| f(s).clone());
+        let inactive = s.state == JobState::Inactive;
+        // job-list gives a job's exception once it is inactive.
+        let ended = s.exception.filter(|_| inactive);
         JobRecord {
             bank: text(|s| &s.bank),
             cluster: key.cluster.as_ref().into(),
             dependencies: s.dependencies.to_vec(),
             duration: spec.and_then(|s| s.duration),
-            exception_note: s.exception.map(|e| e.note.clone()),
-            exception_occurred: s.exception.is_some(),
-            exception_severity: s.exception.map(|e| e.severity),
-            exception_type: s.exception.map(|e| e.kind.clone()),
+            exception_note: ended.map(|e| e.note.clone()),
+            exception_occurred: ended.is_some(),
+            exception_raised: s.exception.filter(|_| !inactive).map(|e| RaisedException {
+                kind: e.kind.clone(),
+                severity: e.severity,
+                note: e.note.clone(),
+            }),
+            exception_severity: ended.map(|e| e.severity),
+            exception_type: ended.map(|e| e.kind.clone()),
             expiration: s.expiration,
             id: key.id.0,
             jobid: key.id.encode(crate::flux::jobid::Encoding::F58),
@@ -860,6 +884,14 @@ mod tests {
             map.insert("id".into(), json!(key.id.0));
             map.insert("jobid".into(), json!(key.id.to_f58()));
             map.insert("record_id".into(), json!(id));
+            if let Some(e) = entry.job.exception.as_deref()
+                && entry.job.state != JobState::Inactive
+            {
+                map.insert(
+                    "exception_raised".into(),
+                    json!({"type": e.kind, "severity": e.severity, "note": e.note}),
+                );
+            }
         }
         v
     }
@@ -895,6 +927,22 @@ mod tests {
             let now = OutputRecord::new(OutputStream::Jobs, &JobRecord::new(&key, &entry));
             assert_eq!(now.line(), want, "after {n} events");
             assert_eq!(job(&key, &entry), job_as_map(&key, &entry));
+            // job-list gives the exception once the job is inactive; the
+            // record keeps it apart before.
+            let v: Value = serde_json::from_str(rec.line()).unwrap_or_default();
+            match n {
+                7 | 8 => {
+                    assert_eq!(v["exception_occurred"], false, "after {n}");
+                    assert!(v.get("exception_type").is_none(), "after {n}");
+                    assert_eq!(v["exception_raised"]["type"], "cancel", "after {n}");
+                }
+                9 => {
+                    assert_eq!(v["exception_occurred"], true);
+                    assert_eq!(v["exception_type"], "cancel");
+                    assert!(v.get("exception_raised").is_none());
+                }
+                _ => {}
+            }
         }
     }
 

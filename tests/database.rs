@@ -844,6 +844,17 @@ fn user_names_from_flux(dir: &Path, url: &str) {
             .collect();
         assert_eq!(listed, want, "jobs -u {user}");
     }
+    // `{id.f58}` as flux prints it under FLUX_F58_FORCE_ASCII.
+    let out = fluxpipe()
+        .env("FLUX_F58_FORCE_ASCII", "1")
+        .args(["jobs", "-a", "-n", "--url", &api, "-o", "{id.f58}"])
+        .output()
+        .expect("jobs");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        text.lines().count() == 3 && text.lines().all(|l| l.starts_with('f')),
+        "{text}"
+    );
     // The names shown: Flux's where sent, this host's where not.
     let shown = jobs("0");
     assert!(

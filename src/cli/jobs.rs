@@ -76,6 +76,14 @@ pub fn run(args: JobsArgs) -> Result<ExitCode> {
             if let Some(m) = job.as_object_mut() {
                 m.remove("record_id");
                 m.remove("kind");
+                // As `flux jobs --json` shows them (`begin@…`).
+                if let Some(Value::Array(deps)) = m.get_mut("dependencies") {
+                    for d in deps.iter_mut() {
+                        if let Some(text) = d.as_str() {
+                            *d = Value::String(listing::dependency(text));
+                        }
+                    }
+                }
             }
         }
         writeln!(out, "{}", json!({ "jobs": jobs }))?;
@@ -377,7 +385,7 @@ fn field(job: &Value, name: &str, hosts: &Hostnames, users: &Users, now: f64) ->
     let time = |k: &str| Val::Float(job[k].as_f64().unwrap_or(0.0));
     let state = job["state"].as_str().unwrap_or("");
     match name {
-        "id" | "id.f58" => id.map_or(Val::Empty, |i| Val::Str(i.to_f58())),
+        "id" | "id.f58" => id.map_or(Val::Empty, |i| Val::Str(listing::f58(i))),
         "id.dec" => id.map_or(Val::Empty, |i| Val::Int(i.0 as i64)),
         _ if name.starts_with("id.") => {
             let enc = Encoding::parse(&name[3..]);
@@ -404,6 +412,8 @@ fn field(job: &Value, name: &str, hosts: &Hostnames, users: &Users, now: f64) ->
         }
         "t_submit" | "t_depend" | "t_run" | "t_cleanup" | "t_inactive" | "duration"
         | "expiration" => time(name),
+        // Nothing before the job ends, as job-list gives it.
+        "exception.occurred" if state != "INACTIVE" => Val::Empty,
         "exception.occurred" => plain(&job["exception_occurred"]),
         "exception.severity" => plain(&job["exception_severity"]),
         "exception.type" => plain(&job["exception_type"]),
@@ -414,6 +424,7 @@ fn field(job: &Value, name: &str, hosts: &Hostnames, users: &Users, now: f64) ->
                 .into_iter()
                 .flatten()
                 .filter_map(Value::as_str)
+                .map(listing::dependency)
                 .collect::<Vec<_>>()
                 .join(","),
         ),
@@ -609,6 +620,39 @@ mod tests {
         )
         .unwrap();
         assert_eq!(formatted.join("\n") + "\n", want);
+    }
+
+    #[test]
+    fn fields_read_as_flux_jobs_shows_them() {
+        let pending = job(
+            json!({"id": 2, "state": "SCHED", "exception_occurred": false,
+            "exception_raised": {"type": "test", "severity": 1, "note": ""},
+            "dependencies": ["begin-time=1700000000.5", "after:x"], "username": "alice"}),
+        );
+        let ended = job(json!({"id": 3, "state": "INACTIVE", "exception_occurred": true}));
+        let line = |j: &Value, f: &str| {
+            format_lines(
+                f,
+                std::slice::from_ref(j),
+                &Hostnames::default(),
+                &Users::default(),
+                0.0,
+                false,
+            )
+            .unwrap()
+            .join("")
+        };
+        // Nothing before the job ends, as job-list gives it.
+        assert_eq!(line(&pending, "{exception.occurred}"), "");
+        assert_eq!(line(&ended, "{exception.occurred}"), "True");
+        // begin-time as begin@…, the others as they are.
+        let deps = line(&pending, "{dependencies}");
+        assert!(
+            deps.starts_with("begin@") && deps.ends_with(",after:x"),
+            "{deps}"
+        );
+        // The name Flux's side sent, whatever this host's accounts say.
+        assert_eq!(line(&pending, "{username}"), "alice");
     }
 
     #[test]

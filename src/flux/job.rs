@@ -889,6 +889,7 @@ impl Job {
     /// The `flux jobs --json` view of the job.
     pub fn summary(&self) -> JobSummary {
         let v = self.summary_view();
+        let ended = v.exception.filter(|_| v.state == JobState::Inactive);
         JobSummary {
             userid: v.userid,
             username: v.spec.and_then(|s| s.username.as_deref().map(String::from)),
@@ -899,10 +900,11 @@ impl Job {
             success: v.success,
             waitstatus: v.waitstatus,
             returncode: v.returncode,
-            exception_occurred: v.exception.is_some(),
-            exception_type: v.exception.map(|e| e.kind.clone()),
-            exception_severity: v.exception.map(|e| e.severity),
-            exception_note: v.exception.map(|e| e.note.clone()),
+            // As job-list gives them: of an inactive job only.
+            exception_occurred: ended.is_some(),
+            exception_type: ended.map(|e| e.kind.clone()),
+            exception_severity: ended.map(|e| e.severity),
+            exception_note: ended.map(|e| e.note.clone()),
             t_submit: v.t_submit,
             t_depend: v.t_depend,
             t_run: v.t_run,
