@@ -705,10 +705,15 @@ address = "127.0.0.1:{api_port}"
     });
     // node_offline's `for` passes with nothing under it.
     std::thread::sleep(Duration::from_secs(3));
+    // The instance comes back with its nodes (a restart alone would
+    // leave them offline, and node_offline would rightly fire a second
+    // later, however long the rest of the test takes).
+    let back = now();
     post(format!(
-        "{}\n",
-        json!({"events": [{"timestamp": now(), "name": "restart",
-            "context": {"ranks": "0-1", "online": "", "nodelist": "n[0-1]"}}]})
+        "{}\n{}\n",
+        json!({"events": [{"timestamp": back, "name": "restart",
+            "context": {"ranks": "0-1", "online": "", "nodelist": "n[0-1]"}}]}),
+        json!({"events": [{"timestamp": back + 0.1, "name": "online", "context": {"idset": "0-1"}}]}),
     ));
     let alerts_of = || read_records(&records);
     wait_for("instance_down resolved", 15, || {
