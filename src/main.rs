@@ -89,6 +89,16 @@ drains, undrains and outages; --transitions for job state changes. Examples: \
 `fluxpipe history --db postgres://fluxpipe@db/fluxpipe --result failed,timeout -q batch --since 7d`."
     )]
     History(cli::history::HistoryArgs),
+    /// Report usage from the job archive, grouped as `sreport` groups it.
+    #[command(
+        after_help = "Reads the archive a `database` sink writes (--db, its `url`). `report jobs`: \
+one row per group (--by cluster, queue, user, day, week, month) of the jobs that finished in \
+the window: jobs by result, core-, GPU- and node-hours, waits (mean, p50, p90, max) and mean \
+run time; --format table, json or csv. Examples: \
+`fluxpipe report jobs --db sqlite:///var/lib/fluxpipe/jobs.db --since 30d --by cluster,user --sort core_hours`, \
+`fluxpipe report jobs --db postgres://fluxpipe@db/fluxpipe --since 7d --by queue,day --format csv`."
+    )]
+    Report(cli::report::ReportArgs),
     /// Write synthetic Flux traffic (journal JSON Lines or a KVS dump tree).
     Generate(cli::generate::GenerateArgs),
     /// Measure throughput, memory and latency on a generated workload.
@@ -141,6 +151,7 @@ fn main() -> ExitCode {
         Some(Command::Tap(a)) => cli::tap::run(a),
         Some(Command::Top(a)) => cli::top::run(a),
         Some(Command::History(a)) => cli::history::run(a),
+        Some(Command::Report(a)) => cli::report::run(a),
         Some(Command::Generate(a)) => cli::generate::run(a),
         Some(Command::Bench(a)) => cli::bench::run(a),
         Some(Command::Completions { shell }) => {

@@ -738,8 +738,9 @@ fn jobs_with_a_bad_jobspec_still_get_a_row() {
 }
 
 /// A job's whole life as the forwarder sends it: `username` beside its
-/// `submit` when `name` is given.
-fn job_lines(id: u64, uid: i64, name: Option<&str>, t: f64) -> String {
+/// `submit` when `name` is given; its events `step` seconds apart, 4
+/// cores on one node in its R.
+fn job_lines_every(id: u64, uid: i64, name: Option<&str>, t: f64, step: f64) -> String {
     let events = [
         (
             "submit",
@@ -757,17 +758,169 @@ fn job_lines(id: u64, uid: i64, name: Option<&str>, t: f64) -> String {
     ];
     let mut out = String::new();
     for (i, (event, context)) in events.iter().enumerate() {
-        let user = match (i, name) {
-            (0, Some(n)) => format!(r#","username":"{n}""#),
+        let extra = match (*event, name) {
+            ("submit", Some(n)) => format!(r#","username":"{n}""#),
+            ("alloc", _) => r#","R":{"version":1,"execution":{"R_lite":[{"rank":"0","children":{"core":"0-3"}}],"nodelist":["n0"]}}"#.to_string(),
             _ => String::new(),
         };
         out += &format!(
-            r#"{{"id":{id},"events":[{{"timestamp":{},"name":"{event}","context":{context}}}]{user}}}"#,
-            t + i as f64 * 0.1
+            r#"{{"id":{id},"events":[{{"timestamp":{},"name":"{event}","context":{context}}}]{extra}}}"#,
+            t + i as f64 * step
         );
         out.push('\n');
     }
     out
+}
+
+fn job_lines(id: u64, uid: i64, name: Option<&str>, t: f64) -> String {
+    job_lines_every(id, uid, name, t, 0.1)
+}
+
+/// `fluxpipe report jobs` over what the sink stored: per user, the hours
+/// and waits of known jobs; JSON, CSV and the table.
+fn report_from_the_archive(dir: &Path, url: &str) {
+    let journal = dir.join("report.jsonl");
+    // 2026-11-02 00:00 UTC; events an hour apart: each job waits 4 h
+    // (submit to alloc) and runs 2 h (alloc to finish) on 4 cores.
+    let d = 1_793_577_600.0;
+    let lines = job_lines_every(21, 4242, Some("alice-flux"), d, 3600.0)
+        + &job_lines_every(22, 4242, Some("alice-flux"), d + 86400.0, 3600.0)
+        + &job_lines_every(23, 4243, Some("bob-flux"), d, 3600.0);
+    std::fs::write(&journal, lines).expect("journal");
+    // Rank 1 drained by a failed epilog for 300 s; rank 0 offline 300 s.
+    let resource = dir.join("resource.jsonl");
+    let ev = |t: f64, name: &str, context: &str| {
+        format!(
+            r#"{{"events":[{{"timestamp":{},"name":"{name}","context":{context}}}]}}"#,
+            d + t
+        ) + "\n"
+    };
+    let text = ev(
+        1.0,
+        "restart",
+        r#"{"ranks":"0-1","online":"0-1","nodelist":"n[0-1]"}"#,
+    ) + &ev(
+        100.0,
+        "drain",
+        r#"{"idset":"1","nodelist":"n1","reason":"epilog failed for job f1","overwrite":0}"#,
+    ) + &ev(400.0, "undrain", r#"{"idset":"1","nodelist":"n1"}"#)
+        + &ev(500.0, "offline", r#"{"idset":"0"}"#)
+        + &ev(800.0, "online", r#"{"idset":"0"}"#);
+    std::fs::write(&resource, text).expect("resource journal");
+    let cfg = config(
+        dir,
+        "report",
+        url,
+        &[journal.clone(), resource],
+        free_port(),
+    );
+    run_to_the_end(&cfg, &dir.join("report.log"), url, 3);
+    let report = |args: &[&str]| -> String {
+        let out = fluxpipe()
+            .args(["report", "jobs", "--db", url])
+            .args(args)
+            .output()
+            .expect("report");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let rows: serde_json::Value =
+        serde_json::from_str(&report(&["--by", "user", "--format", "json"])).expect("json");
+    let alice = &rows[0];
+    assert_eq!(alice["user"], "alice-flux", "{rows}");
+    assert_eq!(alice["userid"], 4242);
+    assert_eq!(alice["jobs"], 2);
+    assert_eq!(alice["completed"], 2);
+    assert_eq!(alice["core_hours"], 16.0, "{rows}");
+    assert_eq!(alice["node_hours"], 4.0);
+    assert_eq!(alice["wait_p50_s"], 14400.0);
+    assert_eq!(alice["run_mean_s"], 7200.0);
+    assert_eq!(rows[1]["user"], "bob-flux");
+    // A window and days: alice's second job ended on the 3rd.
+    let rows: serde_json::Value = serde_json::from_str(&report(&[
+        "--by",
+        "day",
+        "--since",
+        "2026-11-03T00:00:00Z",
+        "--format",
+        "json",
+    ]))
+    .expect("json");
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    assert_eq!(rows[0]["day"], "2026-11-03");
+    assert_eq!(rows[0]["jobs"], 1);
+    let csv = report(&["--by", "cluster", "--format", "csv"]);
+    let mut lines = csv.lines();
+    assert!(
+        lines
+            .next()
+            .is_some_and(|h| h.starts_with("cluster,jobs,completed")),
+        "{csv}"
+    );
+    assert!(
+        lines.next().is_some_and(|l| l.starts_with("gen,3,3,")),
+        "{csv}"
+    );
+    let table = report(&["--by", "cluster,user", "--sort", "core_hours"]);
+    assert!(table.starts_with("CLUSTER USER"), "{table}");
+    assert!(
+        table
+            .lines()
+            .nth(2)
+            .is_some_and(|l| l.contains("alice-flux")),
+        "{table}"
+    );
+
+    // The drain report over the first 1000 s.
+    let (since, until) = (d.to_string(), (d + 1000.0).to_string());
+    let out = fluxpipe()
+        .args([
+            "report", "nodes", "--db", url, "--since", &since, "--until", &until,
+        ])
+        .args(["--format", "json"])
+        .output()
+        .expect("report nodes");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let (n1, n0) = (&rows[0], &rows[1]);
+    assert_eq!(
+        (&n1["node"], &n1["rank"]),
+        (&serde_json::json!("n1"), &serde_json::json!(1)),
+        "{rows}"
+    );
+    assert_eq!(n1["drains"], 1, "{rows}");
+    assert_eq!(n1["drained_s"], 300.0, "{rows}");
+    assert_eq!(n1["drains_after_epilog"], 1);
+    assert_eq!(n1["last_drain_reason"], "epilog failed for job f1");
+    assert_eq!(n0["node"], "n0", "{rows}");
+    assert_eq!(n0["drains"], 0);
+    assert_eq!(n0["offline_episodes"], 1, "{rows}");
+    assert_eq!(n0["offline_s"], 300.0, "{rows}");
+}
+
+#[test]
+fn sqlite_report_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/report.db", dir.path().display());
+    report_from_the_archive(dir.path(), &url);
+}
+
+#[test]
+fn postgres_report_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(pg) = Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    let url = pg.database("report");
+    report_from_the_archive(dir.path(), &url);
 }
 
 /// User names as Flux's side sent them: stored, asked for by `-u NAME`

@@ -7,6 +7,7 @@
 //! Writes are idempotent by key: a record written again after a restart
 //! changes nothing. One batch is one transaction.
 
+pub mod report;
 pub mod rows;
 pub mod schema;
 
@@ -249,23 +250,8 @@ impl Archive {
     pub async fn jobs(&self, q: &JobQuery) -> Result<Vec<String>, ArchiveError> {
         let mut w = Where::default();
         w.equal("j.cluster", q.cluster.clone().map(|c| Cell::Text(Some(c))));
-        match &q.user {
-            Some(UserMatch::Id(uid)) => w.equal("j.userid", Some(Cell::Int(Some(*uid)))),
-            Some(UserMatch::Name { name, fallback_uid }) => {
-                let n = w.bind(Cell::Text(Some(name.to_string())));
-                match fallback_uid {
-                    // Rows without a name from Flux's side match by the
-                    // name's uid in this host's accounts.
-                    Some(uid) => {
-                        let u = w.bind(Cell::Int(Some(*uid)));
-                        w.clause(format!(
-                            "(j.username = {n} OR (j.username IS NULL AND j.userid = {u}))"
-                        ));
-                    }
-                    None => w.clause(format!("j.username = {n}")),
-                }
-            }
-            None => {}
+        if let Some(u) = &q.user {
+            user_clause(&mut w, u);
         }
         w.equal("j.queue", q.queue.clone().map(|c| Cell::Text(Some(c))));
         let results = q.results.iter().map(|r| Cell::Text(Some(r.clone())));
@@ -302,6 +288,109 @@ impl Archive {
             .iter()
             .map(|row| row.try_get::<String, _>(0))
             .collect::<Result<_, _>>()?)
+    }
+
+    /// The jobs that ended in `q`'s window, one by one to `each` (a
+    /// report keeps its groups, not the rows); how many there were.
+    pub async fn finished_jobs(
+        &self,
+        q: &ReportQuery,
+        mut each: impl FnMut(report::FinishedJob),
+    ) -> Result<u64, ArchiveError> {
+        use futures_util::TryStreamExt;
+        let mut w = Where::default();
+        w.clause("j.t_inactive IS NOT NULL".into());
+        w.equal("j.cluster", q.cluster.clone().map(|c| Cell::Text(Some(c))));
+        w.equal("j.queue", q.queue.clone().map(|c| Cell::Text(Some(c))));
+        if let Some(u) = &q.user {
+            user_clause(&mut w, u);
+        }
+        if let Some(since) = q.since {
+            let p = w.bind(Cell::Float(Some(since)));
+            w.clause(format!("j.t_inactive >= {p}"));
+        }
+        if let Some(until) = q.until {
+            let p = w.bind(Cell::Float(Some(until)));
+            w.clause(format!("j.t_inactive < {p}"));
+        }
+        let sql = format!(
+            "SELECT j.cluster, j.queue, j.userid, j.username, j.result, j.t_submit, j.t_run, \
+             j.t_cleanup, j.t_inactive, j.ncores, j.ngpus, j.nnodes FROM jobs j{}",
+            w.text()
+        );
+        let query = w.query(&sql);
+        let mut rows = query.fetch(&self.pool);
+        let mut n = 0;
+        while let Some(row) = rows.try_next().await? {
+            let text = |i: usize| row.try_get::<Option<String>, _>(i);
+            let int = |i: usize| row.try_get::<Option<i64>, _>(i);
+            let float = |i: usize| row.try_get::<Option<f64>, _>(i);
+            each(report::FinishedJob {
+                cluster: text(0)?.unwrap_or_default(),
+                queue: text(1)?,
+                userid: int(2)?,
+                username: text(3)?,
+                result: text(4)?,
+                t_submit: float(5)?,
+                t_run: float(6)?,
+                t_cleanup: float(7)?,
+                t_inactive: float(8)?.unwrap_or(0.0),
+                ncores: int(9)?,
+                ngpus: int(10)?,
+                nnodes: int(11)?,
+            });
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The node changes before `until` (of `cluster`, if given), in time
+    /// order per node, one by one to `each`; how many there were.
+    pub async fn node_changes(
+        &self,
+        cluster: Option<&str>,
+        until: f64,
+        mut each: impl FnMut(report::NodeChange),
+    ) -> Result<u64, ArchiveError> {
+        use futures_util::TryStreamExt;
+        let mut w = Where::default();
+        w.clause("e.timestamp IS NOT NULL".into());
+        w.equal(
+            "e.cluster",
+            cluster.map(|c| Cell::Text(Some(c.to_string()))),
+        );
+        let p = w.bind(Cell::Float(Some(until)));
+        w.clause(format!("e.timestamp < {p}"));
+        // Booleans as integers: SQLite keeps them so, and sqlx's `Any`
+        // reads an integer from both.
+        let flag =
+            |c: &str| format!("CAST(CASE WHEN e.{c} THEN 1 WHEN NOT e.{c} THEN 0 END AS BIGINT)");
+        let sql = format!(
+            "SELECT e.cluster, e.rank, e.hostname, e.timestamp, {}, {}, e.drain_reason \
+             FROM node_events e{} ORDER BY e.cluster, e.rank, e.timestamp, e.record_id",
+            flag("drained"),
+            flag("online"),
+            w.text()
+        );
+        let query = w.query(&sql);
+        let mut rows = query.fetch(&self.pool);
+        let mut n = 0;
+        while let Some(row) = rows.try_next().await? {
+            let flag = |i: usize| -> Result<Option<bool>, sqlx::Error> {
+                Ok(row.try_get::<Option<i64>, _>(i)?.map(|v| v != 0))
+            };
+            each(report::NodeChange {
+                cluster: row.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
+                rank: row.try_get::<Option<i64>, _>(1)?.unwrap_or(-1),
+                hostname: row.try_get(2)?,
+                timestamp: row.try_get::<Option<f64>, _>(3)?.unwrap_or(0.0),
+                drained: flag(4)?,
+                online: flag(5)?,
+                drain_reason: row.try_get(6)?,
+            });
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// The records of the node state changes `q` asks for: the newest,
@@ -370,6 +459,39 @@ impl Archive {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// `-u`'s clause over the jobs table `j`.
+fn user_clause(w: &mut Where, user: &UserMatch) {
+    match user {
+        UserMatch::Id(uid) => w.equal("j.userid", Some(Cell::Int(Some(*uid)))),
+        UserMatch::Name { name, fallback_uid } => {
+            let n = w.bind(Cell::Text(Some(name.to_string())));
+            match fallback_uid {
+                // Rows without a name from Flux's side match by the name's
+                // uid in this host's accounts.
+                Some(uid) => {
+                    let u = w.bind(Cell::Int(Some(*uid)));
+                    w.clause(format!(
+                        "(j.username = {n} OR (j.username IS NULL AND j.userid = {u}))"
+                    ));
+                }
+                None => w.clause(format!("j.username = {n}")),
+            }
+        }
+    }
+}
+
+/// The finished jobs a report reads.
+#[derive(Debug, Clone, Default)]
+pub struct ReportQuery {
+    pub cluster: Option<String>,
+    pub queue: Option<String>,
+    pub user: Option<UserMatch>,
+    /// Jobs that ended at or after this time.
+    pub since: Option<f64>,
+    /// Jobs that ended before this time.
+    pub until: Option<f64>,
 }
 
 /// The jobs `fluxpipe history` asks for.

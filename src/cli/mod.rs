@@ -10,6 +10,7 @@ pub mod id;
 pub mod jobs;
 mod listing;
 pub mod replay;
+pub mod report;
 pub mod resource;
 pub mod run;
 pub mod tap;
