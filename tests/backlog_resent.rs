@@ -10,8 +10,7 @@
 
 mod common;
 use common::{
-    Reaper, fluxpipe, free_port, http_get, read_records, scrape as metrics, sigterm, total,
-    wait_until,
+    Reaper, fluxpipe, free_port, read_records, scrape as metrics, sigterm, total, wait_until,
 };
 
 use std::io::Write;
@@ -233,70 +232,4 @@ fn far_future_and_far_past_times_are_anomalies_that_harm_no_clock() {
         0,
         "no alert storm"
     );
-}
-
-/// Restarts do not renew an ended job's grace (issue 45: every job was
-/// still held after a run restarted more often than its grace): restored,
-/// a job keeps what was left of its grace since its end.
-#[test]
-fn restarts_do_not_renew_an_ended_jobs_grace() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (tcp, api) = (free_port(), free_port());
-    let config = dir.path().join("grace.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nworkers = 1\n[operators]\ninactive_grace_secs = 3\n\
-             [checkpoint]\ninterval_secs = 0.1\n\
-             [sources.tcp]\ntype = \"socket\"\naddress = \"127.0.0.1:{tcp}\"\ncluster = \"A\"\n\
-             [sinks.out]\ntype = \"blackhole\"\ninputs = [\"jobs\"]\n\
-             [api]\naddress = \"127.0.0.1:{api}\"\n",
-            dir.path().join("state")
-        ),
-    )
-    .expect("config");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs_f64();
-    let mut lines = String::new();
-    let cancel = r#"{"type":"cancel","severity":0,"userid":1,"note":""}"#;
-    for (i, (name, context)) in [
-        (
-            "submit",
-            r#"{"userid":1,"urgency":16,"flags":0,"version":1}"#,
-        ),
-        ("validate", "{}"),
-        ("exception", cancel),
-        ("clean", "{}"),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let t = now - 1.0 + i as f64 * 0.1;
-        lines += &format!(
-            r#"{{"id":77,"events":[{{"timestamp":{t},"name":"{name}","context":{context}}}]}}"#
-        );
-        lines.push('\n');
-    }
-    let ended = std::time::Instant::now();
-    let held = || {
-        http_get(api, "/api/v1/jobs?state=inactive")
-            .filter(|(s, _)| *s == 200)
-            .map(|(_, body)| body.contains(r#""id":77"#))
-    };
-    let mut run = start(&config);
-    send(tcp, lines.as_bytes());
-    wait_until("the job held, inactive", 20, || held() == Some(true));
-    // Restart more often than the grace, past the grace since its end.
-    while ended.elapsed() < Duration::from_secs(4) {
-        std::thread::sleep(Duration::from_millis(700));
-        sigterm(&run.0);
-        assert!(run.0.wait().expect("wait").success());
-        run = start(&config);
-        wait_until("the API after a restart", 20, || held().is_some());
-    }
-    // Dropped at the restore (before: held another 3 s after each).
-    wait_until("the ended job dropped", 1, || held() == Some(false));
-    sigterm(&run.0);
 }

@@ -8,9 +8,7 @@
 //! appears; the driver says when to look ([`crate::keyed::processor::Processor::expire`]).
 //! `fluxpipe replay` holds everything to the end of its input: it sets
 //! none. Both queues are in deadline order (one duration each), so looking
-//! costs only what is due. A job restored from a checkpoint keeps what was
-//! left of its grace ([`Expiry::ended_earlier`]), so that restarts do not
-//! renew it; its place in the queue is set by [`Expiry::settle`].
+//! costs only what is due.
 
 use super::key::JobKey;
 use std::collections::VecDeque;
@@ -49,8 +47,6 @@ pub struct Expiry {
     ttl: StateTtl,
     inactive: VecDeque<(Instant, JobKey)>,
     unsubmitted: VecDeque<(Instant, JobKey)>,
-    /// Restored deadlines came in out of order since the last settle.
-    unsorted: bool,
 }
 
 impl Expiry {
@@ -59,7 +55,6 @@ impl Expiry {
             ttl,
             inactive: VecDeque::new(),
             unsubmitted: VecDeque::new(),
-            unsorted: false,
         }
     }
 
@@ -67,22 +62,6 @@ impl Expiry {
     pub fn ended(&mut self, key: JobKey, now: Instant) {
         self.inactive
             .push_back((now + self.ttl.inactive_grace, key));
-    }
-
-    /// A job that ended `ago` before `now` (restored from a checkpoint):
-    /// what is left of its grace. Out of order until [`Expiry::settle`].
-    pub fn ended_earlier(&mut self, key: JobKey, now: Instant, ago: Duration) {
-        let left = self.ttl.inactive_grace.saturating_sub(ago);
-        self.inactive.push_back((now + left, key));
-        self.unsorted = true;
-    }
-
-    /// Put the queues back in deadline order after jobs came in out of it
-    /// (a restore): once per restore, not per job.
-    pub fn settle(&mut self) {
-        if std::mem::take(&mut self.unsorted) {
-            self.inactive.make_contiguous().sort_by_key(|(at, _)| *at);
-        }
     }
 
     /// A job was first seen at `now` without its submit.
@@ -151,30 +130,6 @@ mod tests {
             e.pop_due(t0 + Duration::from_secs(600)),
             Some((key(1), Eviction::Orphan))
         );
-        assert!(e.is_empty());
-    }
-
-    #[test]
-    fn a_restored_job_keeps_what_was_left_of_its_grace() {
-        let mut e = Expiry::new(StateTtl {
-            inactive_grace: Duration::from_secs(60),
-            orphan_ttl: Duration::from_secs(600),
-        });
-        let t0 = Instant::now();
-        let s = Duration::from_secs;
-        e.ended(key(1), t0);
-        // Restored: ended 50 s ago (10 s left), 10 s ago (50 s left), and
-        // long ago (due at once).
-        e.ended_earlier(key(2), t0, s(50));
-        e.ended_earlier(key(3), t0, s(10));
-        e.ended_earlier(key(4), t0, s(3600));
-        e.settle();
-        assert_eq!(e.pop_due(t0), Some((key(4), Eviction::Inactive)));
-        assert_eq!(e.pop_due(t0 + s(9)), None);
-        assert_eq!(e.pop_due(t0 + s(10)), Some((key(2), Eviction::Inactive)));
-        assert_eq!(e.pop_due(t0 + s(50)), Some((key(3), Eviction::Inactive)));
-        assert_eq!(e.pop_due(t0 + s(59)), None);
-        assert_eq!(e.pop_due(t0 + s(60)), Some((key(1), Eviction::Inactive)));
         assert!(e.is_empty());
     }
 }

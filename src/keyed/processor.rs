@@ -17,7 +17,7 @@ use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::flux::resource::RankChange;
 use smallvec::SmallVec;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What became of one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -481,29 +481,17 @@ impl Processor {
         out
     }
 
-    /// A job taken over from a checkpoint. An ended job keeps what is
-    /// left of its grace since its end (`t_inactive`, on the wall clock),
-    /// so a pipeline restarted more often than the grace still drops it;
-    /// a job never submitted starts its time to live now (nothing dates
-    /// when it was first seen). Call [`Processor::restored`] after the last.
+    /// A job taken over from a checkpoint: its time to live starts now, as
+    /// if it had just ended or appeared.
     pub fn track_restored(&mut self, key: &JobKey, job: &crate::flux::job::Job) {
         let Some(expiry) = &mut self.expiry else {
             return;
         };
         let now = (self.monotonic)();
         if job.state == JobState::Inactive {
-            let ago = job.t_inactive.get().map_or(0.0, |end| (self.wall)() - end);
-            let ago = Duration::try_from_secs_f64(ago).unwrap_or(Duration::ZERO);
-            expiry.ended_earlier(key.clone(), now, ago);
+            expiry.ended(key.clone(), now);
         } else if !job.submitted {
             expiry.unsubmitted(key.clone(), now);
-        }
-    }
-
-    /// After a restore's jobs were tracked: their deadlines in order.
-    pub fn restored(&mut self) {
-        if let Some(expiry) = &mut self.expiry {
-            expiry.settle();
         }
     }
 
@@ -847,56 +835,6 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(replay.state.jobs.len(), 1);
-    }
-
-    /// Restarts do not renew an ended job's grace: restored, it keeps what
-    /// was left since its end (issue: all jobs held after 13 restarts).
-    #[test]
-    fn a_restored_ended_job_keeps_what_was_left_of_its_grace() {
-        use crate::keyed::expiry::{Eviction, StateTtl};
-        let ttl = StateTtl {
-            inactive_grace: Duration::from_secs(60),
-            orphan_ttl: Duration::from_secs(600),
-        };
-        let mut first = Processor::new(Vec::new(), Clock::Event);
-        let mut out = Vec::new();
-        // Job 1 ended at 103 (57 s before the wall clock's 160), job 2 at
-        // 153 (7 s before).
-        for (id, t) in [(1, 100.0), (2, 150.0)] {
-            first.process("c", record(id, submit(t)), &mut out);
-            let cancel = json!({"type": "cancel", "severity": 0, "userid": 1, "note": ""});
-            for ev in [
-                Event::new(t + 1.0, "validate"),
-                Event::new(t + 2.0, "exception").with_context(cancel),
-                Event::new(t + 3.0, "clean"),
-            ] {
-                first.process("c", record(id, ev), &mut out);
-            }
-        }
-        let mut p = Processor::new(Vec::new(), Clock::Event).with_state_ttl(ttl);
-        p.wall = || 160.0;
-        let t0 = Instant::now();
-        for (key, entry) in &first.state.jobs {
-            p.track_restored(key, &entry.job);
-        }
-        for (key, entry) in first.state.jobs.drain() {
-            p.state.insert_job(key, entry);
-        }
-        p.restored();
-        let ids = |e: &Expired| -> Vec<(u64, Eviction)> {
-            e.dropped.iter().map(|(k, _, why)| (k.id.0, *why)).collect()
-        };
-        // Job 1 has 3 s left, job 2 has 53 s: not 60 s each, as before.
-        assert!(p.expire(t0 + Duration::from_secs(2)).dropped.is_empty());
-        assert_eq!(
-            ids(&p.expire(t0 + Duration::from_secs(4))),
-            [(1, Eviction::Inactive)]
-        );
-        assert!(p.expire(t0 + Duration::from_secs(52)).dropped.is_empty());
-        assert_eq!(
-            ids(&p.expire(t0 + Duration::from_secs(54))),
-            [(2, Eviction::Inactive)]
-        );
     }
 
     #[test]

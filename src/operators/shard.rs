@@ -496,7 +496,6 @@ impl Shard {
             }
             self.processor.state.insert_job(key, entry);
         }
-        self.processor.restored();
         // Draining as the jobs held now say (the shards restore side by
         // side: holds of other shards' jobs come in as they do, and the
         // next refresh looks at them), then the nodes as restored.
