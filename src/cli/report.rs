@@ -28,19 +28,22 @@ pub enum ReportWhat {
     Nodes(NodesReportArgs),
 }
 
+/// What every report reads, over which window, and how it prints.
 #[derive(Args, Debug)]
-pub struct NodesReportArgs {
-    /// The archive (as `report jobs --db`).
+pub struct Window {
+    /// The archive: `sqlite://PATH` or `postgres://USER@HOST/DATABASE`
+    /// (a `database` sink's `url`).
     #[arg(long, value_name = "URL")]
     pub db: String,
-    /// Only this cluster's nodes.
+    /// Only this cluster's.
     #[arg(long)]
     pub cluster: Option<String>,
-    /// The window's start (as `history --since`); without it, all the
-    /// archive holds.
+    /// From this time (the forms `history --since` takes: `7d`,
+    /// `yesterday`, a date, epoch seconds); all the archive holds
+    /// without it.
     #[arg(long, value_name = "TIME")]
     pub since: Option<String>,
-    /// The window's end (as --since); now without it.
+    /// Until this time (as --since); now without it.
     #[arg(long, value_name = "TIME")]
     pub until: Option<String>,
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -48,27 +51,22 @@ pub struct NodesReportArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct NodesReportArgs {
+    #[command(flatten)]
+    pub window: Window,
+}
+
+#[derive(Args, Debug)]
 pub struct JobsReportArgs {
-    /// The archive: `sqlite://PATH` or `postgres://USER@HOST/DATABASE`
-    /// (a `database` sink's `url`).
-    #[arg(long, value_name = "URL")]
-    pub db: String,
-    /// Only this cluster's jobs.
-    #[arg(long)]
-    pub cluster: Option<String>,
+    /// Jobs that finished in the window.
+    #[command(flatten)]
+    pub window: Window,
     /// Only jobs of this queue.
     #[arg(short = 'q', long)]
     pub queue: Option<String>,
     /// Only this user's jobs (a name or a uid, as `history -u`).
     #[arg(short = 'u', long, value_name = "USER")]
     pub user: Option<String>,
-    /// Jobs that finished at or after this time (the forms `history
-    /// --since` takes: `7d`, `yesterday`, a date, epoch seconds).
-    #[arg(long, value_name = "TIME")]
-    pub since: Option<String>,
-    /// Jobs that finished before this time (as --since).
-    #[arg(long, value_name = "TIME")]
-    pub until: Option<String>,
     /// Group by any of cluster, queue, user, day, week, month,
     /// comma-separated (`""`: one row for every job).
     #[arg(long, value_name = "KEYS", default_value = "cluster")]
@@ -81,8 +79,6 @@ pub struct JobsReportArgs {
     /// (`America/Los_Angeles`) or `local`; UTC without it.
     #[arg(long, value_name = "ZONE")]
     pub tz: Option<String>,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -110,88 +106,93 @@ fn time_zone(name: Option<&str>) -> Result<jiff::tz::TimeZone> {
     })
 }
 
+impl Window {
+    /// The window's ends, in seconds since the epoch.
+    fn times(&self, now: f64) -> Result<(Option<f64>, Option<f64>)> {
+        let at = |t: &Option<String>| t.as_deref().map(|t| when(t, now)).transpose();
+        Ok((at(&self.since)?, at(&self.until)?))
+    }
+
+    /// Run `read` over the archive.
+    fn read<T>(
+        &self,
+        read: impl AsyncFnOnce(&Archive) -> Result<T, crate::archive::ArchiveError>,
+    ) -> Result<T> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let archive = Archive::connect(&self.db, Access::Read)
+                .await
+                .with_context(|| format!("cannot open the archive {}", self.db))?;
+            let done = read(&archive).await;
+            archive.close().await;
+            done.context("cannot read the archive (has a `database` sink written it?)")
+        })
+    }
+
+    /// Print `rows` in the chosen format; in a table, the `left` columns
+    /// (text) to the left, figures to the right.
+    fn print(
+        &self,
+        rows: Vec<Map<String, Value>>,
+        cols: &[String],
+        left: impl Fn(&str) -> bool,
+    ) -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        match self.format {
+            Format::Json => writeln!(
+                out,
+                "{}",
+                Value::Array(rows.into_iter().map(Value::Object).collect())
+            )?,
+            Format::Csv => write_csv(&mut out, &rows, cols)?,
+            Format::Table => write_table(&mut out, &rows, cols, left)?,
+        }
+        Ok(())
+    }
+}
+
 fn jobs(args: JobsReportArgs) -> Result<ExitCode> {
-    let now = wall_now();
     let by = GroupBy::parse_list(&args.by)?;
+    let (since, until) = args.window.times(wall_now())?;
     let query = ReportQuery {
-        cluster: args.cluster.clone(),
+        cluster: args.window.cluster.clone(),
         queue: args.queue.clone(),
         user: args.user.as_deref().map(super::jobs::user_match),
-        since: args.since.as_deref().map(|t| when(t, now)).transpose()?,
-        until: args.until.as_deref().map(|t| when(t, now)).transpose()?,
+        since,
+        until,
     };
     let mut report = Report::new(by, time_zone(args.tz.as_deref())?);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let archive = Archive::connect(&args.db, Access::Read)
-            .await
-            .with_context(|| format!("cannot open the archive {}", args.db))?;
-        let read = archive.finished_jobs(&query, |j| report.add(&j)).await;
-        archive.close().await;
-        read.context("cannot read the archive (has a `database` sink written it?)")
-    })?;
+    args.window
+        .read(async |archive| archive.finished_jobs(&query, |j| report.add(&j)).await)?;
     let mut rows = report.rows(crate::accounts::name_of_uid);
     if let Some(field) = &args.sort {
         sort_rows(&mut rows, field)?;
     }
-    let mut out = std::io::stdout().lock();
-    match args.format {
-        Format::Json => writeln!(
-            out,
-            "{}",
-            Value::Array(rows.into_iter().map(Value::Object).collect())
-        )?,
-        Format::Csv => write_csv(&mut out, &rows, &columns(&args.by))?,
-        Format::Table => {
-            let cols = columns(&args.by);
-            let keys = cols.len() - FIELDS.len();
-            let left: Vec<String> = cols[..keys].to_vec();
-            write_table(&mut out, &rows, &cols, |c| left.iter().any(|k| k == c))?
-        }
-    }
+    let cols = columns(&args.by);
+    let keys = &cols[..cols.len() - FIELDS.len()];
+    args.window
+        .print(rows, &cols, |c| keys.iter().any(|k| k == c))?;
     Ok(ExitCode::SUCCESS)
 }
 
 fn nodes(args: NodesReportArgs) -> Result<ExitCode> {
     let now = wall_now();
-    let since = args.since.as_deref().map(|t| when(t, now)).transpose()?;
-    let until = args
-        .until
-        .as_deref()
-        .map(|t| when(t, now))
-        .transpose()?
-        .unwrap_or(now);
+    let (since, until) = args.window.times(now)?;
+    let until = until.unwrap_or(now);
     let mut report = NodeReport::new(since, until);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let archive = Archive::connect(&args.db, Access::Read)
+    let cluster = args.window.cluster.as_deref();
+    args.window.read(async |archive| {
+        archive
+            .node_changes(cluster, until, |c| report.add(&c))
             .await
-            .with_context(|| format!("cannot open the archive {}", args.db))?;
-        let read = archive
-            .node_changes(args.cluster.as_deref(), until, |c| report.add(&c))
-            .await;
-        archive.close().await;
-        read.context("cannot read the archive (has a `database` sink written it?)")
     })?;
-    let rows = report.rows();
     let cols: Vec<String> = NODE_COLUMNS.iter().map(|c| c.to_string()).collect();
-    let mut out = std::io::stdout().lock();
-    match args.format {
-        Format::Json => writeln!(
-            out,
-            "{}",
-            Value::Array(rows.into_iter().map(Value::Object).collect())
-        )?,
-        Format::Csv => write_csv(&mut out, &rows, &cols)?,
-        // Keys and the reason to the left, figures to the right.
-        Format::Table => write_table(&mut out, &rows, &cols, |c| {
-            matches!(c, "cluster" | "node" | "last_drain_reason")
-        })?,
-    }
+    // Keys and the reason to the left, figures to the right.
+    args.window.print(report.rows(), &cols, |c| {
+        matches!(c, "cluster" | "node" | "last_drain_reason")
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

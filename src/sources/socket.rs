@@ -472,19 +472,10 @@ async fn connection<S: AsyncRead + Unpin>(
         };
         let line = match next {
             Ok(Some(line)) => line,
-            Ok(None) => {
-                closed_mid_line(
-                    &mut reader,
-                    &ctx,
-                    &label,
-                    lineno + 1,
-                    "connection closed mid-line",
-                )
-                .await;
-                break;
-            }
-            Err(e) => {
-                tracing::debug!(source = %ctx.name, peer = %label, "read failed: {e}");
+            end => {
+                if let Err(e) = end {
+                    tracing::debug!(source = %ctx.name, peer = %label, "read failed: {e}");
+                }
                 closed_mid_line(
                     &mut reader,
                     &ctx,
