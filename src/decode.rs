@@ -436,11 +436,8 @@ mod fast {
         let r = j.r.and_then(|r| JsonObject::from_raw(r).ok());
         // A name refused is the general path's to report.
         let user = match j.username {
-            Some(name) => match crate::flux::user::parse_name(&name) {
-                Ok(_) => Some(name),
-                Err(_) => return false,
-            },
-            None => None,
+            Some(name) if crate::flux::user::check_name(&name).is_err() => return false,
+            user => user,
         };
         match (j.id, format) {
             (Some(id), Format::Auto | Format::JobJournal) => {

@@ -345,9 +345,8 @@ impl JobRecord {
         let t = job.last_timestamp().unwrap_or(0.0).to_bits().to_le_bytes();
         let spec = s.spec;
         let text = |f: fn(&JobSpec) -> &Option<CompactString>| spec.and_then(|s| f(s).clone());
-        let inactive = s.state == JobState::Inactive;
         // job-list gives a job's exception once it is inactive.
-        let ended = s.exception.filter(|_| inactive);
+        let ended = s.ended_exception();
         JobRecord {
             bank: text(|s| &s.bank),
             cluster: key.cluster.as_ref().into(),
@@ -355,11 +354,14 @@ impl JobRecord {
             duration: spec.and_then(|s| s.duration),
             exception_note: ended.map(|e| e.note.clone()),
             exception_occurred: ended.is_some(),
-            exception_raised: s.exception.filter(|_| !inactive).map(|e| RaisedException {
-                kind: e.kind.clone(),
-                severity: e.severity,
-                note: e.note.clone(),
-            }),
+            exception_raised: s
+                .exception
+                .filter(|_| ended.is_none())
+                .map(|e| RaisedException {
+                    kind: e.kind.clone(),
+                    severity: e.severity,
+                    note: e.note.clone(),
+                }),
             exception_severity: ended.map(|e| e.severity),
             exception_type: ended.map(|e| e.kind.clone()),
             expiration: s.expiration,

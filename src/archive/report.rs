@@ -375,18 +375,13 @@ impl NodeReport {
         }
     }
 
-    /// The part of `[from, to)` inside the window.
-    fn overlap(&self, from: f64, to: f64) -> f64 {
-        (to.min(self.until) - from.max(self.since)).max(0.0)
-    }
-
     pub fn add(&mut self, c: &NodeChange) {
         if c.timestamp >= self.until {
             return;
         }
         let in_window = c.timestamp >= self.since;
         let (since, until) = (self.since, self.until);
-        let overlap = |from: f64, to: f64| (to.min(until) - from.max(since)).max(0.0);
+        let overlap = |from, to| overlap(since, until, from, to);
         let n = self.nodes.entry((c.cluster.clone(), c.rank)).or_default();
         if c.hostname.is_some() {
             n.hostname.clone_from(&c.hostname);
@@ -431,16 +426,16 @@ impl NodeReport {
 
     /// The rows, the longest drained first (then by cluster and rank):
     /// nodes with nothing in the window are left out.
-    pub fn rows(mut self) -> Vec<Map<String, Value>> {
-        let until = self.until;
+    pub fn rows(self) -> Vec<Map<String, Value>> {
+        let (since, until) = (self.since, self.until);
         let mut rows: Vec<(f64, Map<String, Value>)> = Vec::new();
-        for ((cluster, rank), mut n) in std::mem::take(&mut self.nodes) {
+        for ((cluster, rank), mut n) in self.nodes {
             // What is still open runs to the end of the window.
             if let Some(at) = n.drained_at {
-                n.drained_s += self.overlap(at, until);
+                n.drained_s += overlap(since, until, at, until);
             }
             if let Some(at) = n.offline_at {
-                n.offline_s += self.overlap(at, until);
+                n.offline_s += overlap(since, until, at, until);
             }
             if n.drains == 0 && n.drained_s == 0.0 && n.offline_episodes == 0 && n.offline_s == 0.0
             {
@@ -468,6 +463,11 @@ impl NodeReport {
         rows.sort_by(|a, b| b.0.total_cmp(&a.0));
         rows.into_iter().map(|(_, r)| r).collect()
     }
+}
+
+/// The part of `[from, to)` inside the window `[since, until)`.
+fn overlap(since: f64, until: f64, from: f64, to: f64) -> f64 {
+    (to.min(until) - from.max(since)).max(0.0)
 }
 
 /// The columns of a node report, in order.

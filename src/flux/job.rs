@@ -889,7 +889,7 @@ impl Job {
     /// The `flux jobs --json` view of the job.
     pub fn summary(&self) -> JobSummary {
         let v = self.summary_view();
-        let ended = v.exception.filter(|_| v.state == JobState::Inactive);
+        let ended = v.ended_exception();
         JobSummary {
             userid: v.userid,
             username: v.spec.and_then(|s| s.username.as_deref().map(String::from)),
@@ -976,7 +976,12 @@ pub struct SummaryView<'a> {
     pub ranks: &'a [(u32, u32)],
 }
 
-impl SummaryView<'_> {
+impl<'a> SummaryView<'a> {
+    /// The exception as job-list gives it: of an inactive job only.
+    pub fn ended_exception(&self) -> Option<&'a JobException> {
+        self.exception.filter(|_| self.state == JobState::Inactive)
+    }
+
     /// The ranks R allocated as an idset (`0-3,7`), once it has R.
     pub fn ranks_text(&self) -> Option<String> {
         (!self.ranks.is_empty()).then(|| {

@@ -25,6 +25,11 @@ pub enum UserNameError {
 /// bytes, no white space or control characters (nothing a table, a
 /// label or a log line would split on).
 pub fn parse_name(text: &str) -> Result<CompactString, UserNameError> {
+    check_name(text).map(|()| CompactString::from(text))
+}
+
+/// Whether [`parse_name`] takes `text`, without making a copy of it.
+pub fn check_name(text: &str) -> Result<(), UserNameError> {
     if text.is_empty() {
         return Err(UserNameError::Empty);
     }
@@ -34,7 +39,7 @@ pub fn parse_name(text: &str) -> Result<CompactString, UserNameError> {
     if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(UserNameError::BadCharacter);
     }
-    Ok(CompactString::from(text))
+    Ok(())
 }
 
 /// Which user's jobs a question asks for (`-u`, the API's `user`).
