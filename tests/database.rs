@@ -331,17 +331,18 @@ fn postgres_killed_runs_store_every_job_once_as_replay_says() {
     };
     let (clean, killed) = (pg.database("clean"), pg.database("killed"));
     killed_runs_store_every_job_once(dir.path(), &clean, &killed);
-    grafana_panels_of_the_readme_answer(&killed);
+    grafana_panels_of_the_manual_answer(&killed);
 }
 
-/// The README's Grafana queries, their macros expanded as Grafana does for
-/// the whole of time, run on an archive: each answers with rows.
-fn grafana_panels_of_the_readme_answer(url: &str) {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
-    let at = readme
+/// The Grafana queries of the manual (docs/history.md), their macros
+/// expanded as Grafana does for the whole of time, run on an archive: each
+/// answers with rows.
+fn grafana_panels_of_the_manual_answer(url: &str) {
+    let page = std::fs::read_to_string(repo().join("docs/history.md")).expect("docs/history.md");
+    let at = page
         .find("**Grafana.**")
-        .expect("the README's Grafana part");
-    let block = &readme[at..];
+        .expect("the Grafana part of docs/history.md");
+    let block = &page[at..];
     let block = &block[block.find("```sql").expect("a SQL block") + 6..];
     let block = &block[..block.find("```").expect("the block's end")];
     let queries: Vec<String> = block

@@ -1,6 +1,7 @@
-//! Every TOML example in README.md is a config `fluxpipe validate` accepts:
-//! a snippet without sources gets a stdin source, one without sinks a stdout
-//! sink, so a misspelt key in any example fails here.
+//! Every TOML example of the manual (README.md and docs/*.md) is a config
+//! `fluxpipe validate` accepts: a snippet without sources gets a stdin
+//! source, one without sinks a stdout sink, so a misspelt key in any
+//! example fails here.
 
 use std::path::Path;
 mod common;
@@ -15,15 +16,28 @@ fn toml_blocks(text: &str) -> Vec<String> {
 }
 
 #[test]
-fn every_toml_example_in_the_readme_validates() {
+fn every_toml_example_of_the_manual_validates() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let blocks = toml_blocks(&readme);
+    // The README and every page of docs/, in name order so block numbers
+    // stay put between runs.
+    let mut pages = vec![root.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|entry| entry.expect("docs/ entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    let mut blocks = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("a page of the manual");
+        blocks.extend(toml_blocks(&text));
+    }
     assert!(blocks.len() >= 5, "only {} TOML blocks", blocks.len());
     let dir = tempfile::tempdir().expect("tempdir");
     for (i, block) in blocks.iter().enumerate() {
         let mut value: toml::Table = toml::from_str(block)
-            .unwrap_or_else(|e| panic!("README TOML block {i} is not TOML: {e}\n{block}"));
+            .unwrap_or_else(|e| panic!("TOML block {i} of the manual is not TOML: {e}\n{block}"));
         // Paths of the examples point at system folders: keep them inside
         // the test's folder.
         value.insert(
@@ -57,7 +71,7 @@ fn every_toml_example_in_the_readme_validates() {
             .expect("run fluxpipe validate");
         assert!(
             out.status.success(),
-            "README TOML block {i} does not validate: {}\n{block}",
+            "TOML block {i} of the manual does not validate: {}\n{block}",
             String::from_utf8_lossy(&out.stderr)
         );
     }

@@ -12,8 +12,8 @@ and `promtool test rules` when promtool is installed), parses the pipeline
 config in the ConfigMap as TOML and compares it with the values. Values
 files under helm/ci/bad/ must be refused. The Grafana dashboard and
 helm/README.md are checked too, and every metric the alerts and the
-dashboard query must be one fluxpipe exports (the README's table and, when
-target/release/fluxpipe exists, a name found in the binary).
+dashboard query must be one fluxpipe exports (the table of docs/metrics.md
+and, when target/release/fluxpipe exists, a name found in the binary).
 
 Exits non-zero after printing every problem found.
 """
@@ -56,7 +56,7 @@ CRD_SCHEMAS = {
     "ServiceMonitor": CI / "crd-schemas/servicemonitor.json",
     "PrometheusRule": CI / "crd-schemas/prometheusrule.json",
 }
-# Metrics the README's table does not list yet but the chart relies on.
+# Metrics the table of docs/metrics.md does not list yet but the chart relies on.
 EXTRA_METRICS = {"flux_jobs_stuck", "fluxpipe_socket_connections",
                  "fluxpipe_socket_connections_total", "fluxpipe_source_errors_total"}
 # Label names that look like metric names.
@@ -485,36 +485,37 @@ def rule_metrics(pr_docs: list[dict]) -> set[str]:
 
 def check_metrics_exist(rules: set[str], dashboard: set[str]) -> None:
     """Every metric an alert or a panel queries is one fluxpipe exports: in
-    the README's table (or EXTRA_METRICS), and, when the binary is built,
-    its name is in the binary (histogram suffixes aside; as a substring:
-    the binary packs its strings without separators, so this catches
-    invented names, and the README table, matched exactly, the rest)."""
+    the table of docs/metrics.md (or EXTRA_METRICS), and, when the binary
+    is built, its name is in the binary (histogram suffixes aside; as a
+    substring: the binary packs its strings without separators, so this
+    catches invented names, and the table, matched exactly, the rest)."""
     before = len(problems)
     known = documented_metrics() | EXTRA_METRICS
     base = {m: re.sub(r"_(bucket|sum|count)$", "", m) for m in rules | dashboard}
     for m in sorted(rules):
         if base[m] not in known:
-            problem("metrics", f"an alert uses {m}, which no README lists")
+            problem("metrics", f"an alert uses {m}, which docs/metrics.md does not list")
     binary = Path(os.environ.get("FLUXPIPE_BIN") or REPO / "target/release/fluxpipe")
     if os.access(binary, os.X_OK):
         data = binary.read_bytes()
         for m in sorted(rules | dashboard):
             if base[m].encode() not in data:
                 problem("metrics", f"{m} is queried but {binary.name} does not export it")
-        where = f"the README and {binary}"
+        where = f"docs/metrics.md and {binary}"
     else:
         print(f"skip [metrics] no binary at {binary}: metric names checked against "
-              "the README only", flush=True)
-        where = "the README"
+              "docs/metrics.md only", flush=True)
+        where = "docs/metrics.md"
     if len(problems) == before:
         print(f"ok   [metrics] the {len(rules)} metrics of the alerts and the "
               f"{len(dashboard)} of the dashboard are all in {where}", flush=True)
 
 
 def documented_metrics() -> set[str]:
-    """The metric names of the top-level README's "## Metrics" table."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    """The metric names of the table of docs/metrics.md (the manual's page
+    on metrics; the table comes before any subsection)."""
+    text = (REPO / "docs/metrics.md").read_text()
+    section = text.split("\n## ", 1)[0]
     names: set[str] = set()
     for line in section.splitlines():
         if line.startswith("| `"):
@@ -533,7 +534,7 @@ def check_docs(alerts: list[str], dashboard_metrics: set[str]) -> None:
             problem("docs", f"helm/README.md does not list metric {m}")
     used = {re.sub(r"_(bucket|sum|count)$", "", m) for m in dashboard_metrics}
     for m in sorted(used - metrics - extra):
-        problem("docs", f"the dashboard uses {m}, which no README lists")
+        problem("docs", f"the dashboard uses {m}, which docs/metrics.md does not list")
     for a in sorted(set(alerts)):
         if a.startswith(("Flux", "Fluxpipe")) and a != "FluxSchedQueueLong" and f"`{a}`" not in readme:
             problem("docs", f"helm/README.md does not list alert {a}")
