@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 // jemalloc, as Vector runs on: millions of small, long-lived job entries
 // made and freed by different threads fragment the system allocator's
-// per-thread arenas (measured by `fluxpipe bench`, README "Benchmark").
+// per-thread arenas (measured by `fluxpipe bench`, docs/benchmarks.md).
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -11,7 +11,8 @@
 //!
 //! A figure more than `over` above its budget fails; one more than
 //! `under` below it fails too, so a change that lowers a figure lowers the
-//! budget with it (README, "Benchmarks": how to move a budget on purpose).
+//! budget with it (docs/benchmarks.md, "The cost gate": how to move a budget
+//! on purpose).
 //! `FLUXPIPE_COST_REPORT=1` prints the figures as a budgets file and
 //! fails nothing. Without valgrind the instruction figures are skipped
 //! unless FLUXPIPE_REQUIRE_VALGRIND is set (tests/run-all sets it).

@@ -70,8 +70,9 @@ fn every_example_pipeline_validates() {
     assert!(checked >= 4, "only {checked} example pipelines");
 }
 
-/// The README says any two shipped pipelines can run side by side: no two
-/// listen on one port, write one output file or keep state in one folder.
+/// docs/configuration.md says any two shipped pipelines can run side by
+/// side: no two listen on one port, write one output file or keep state in
+/// one folder.
 #[test]
 fn example_pipelines_share_no_port_file_or_data_dir() {
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
