@@ -757,12 +757,16 @@ address = "127.0.0.1:{api_port}"
 
 /// No paging for the past: a backlog two hours old (job 1 sat 30 minutes
 /// in SCHED and then ran to its end, job 2 is still in SCHED), posted as
-/// a forwarder's first start would, pages only job 2; the `alerts`
-/// stream keeps job 1's alert and its resolution for the record.
+/// a forwarder's first start would, pages only job 2, at Alertmanager
+/// and at a webhook (whose `jobs` records go as they come); the `alerts` stream
+/// keeps job 1's alert and its resolution for the record. After a
+/// restart job 2's alert is announced again (`restored`), and its late
+/// resolution still reaches the webhook that was paged.
 #[test]
 fn a_backlog_two_hours_old_pages_only_what_still_fires() {
     let dir = tempfile::tempdir().expect("tempdir");
     let receiver = common::HttpReceiver::start();
+    let hook = common::HttpReceiver::start();
     let (http_port, api_port) = (common::free_port(), common::free_port());
     let records = dir.path().join("alerts.jsonl");
     let config = dir.path().join("p.toml");
@@ -790,6 +794,13 @@ url = "http://127.0.0.1:{am}"
 inputs = ["alerts"]
 settle_secs = 2
 
+[sinks.hook]
+type = "http"
+uri = "http://127.0.0.1:{hook}/"
+inputs = ["alerts", "jobs"]
+settle_secs = 2
+batch_timeout_ms = 100
+
 [sinks.log]
 type = "file"
 path = "{records}"
@@ -797,6 +808,7 @@ inputs = ["alerts"]
 "#,
             d = dir.path().display(),
             am = receiver.port,
+            hook = hook.port,
             records = records.display(),
         ),
     )
@@ -851,9 +863,76 @@ inputs = ["alerts"]
         &["fluxpipe_alerts_not_paged_total{", "sink=\"am\""],
     );
     assert_eq!(not_paged.first().map(|s| s.1), Some(1.0), "{not_paged:?}");
+
+    // The webhook: job 2's alert only, and every job record.
+    let hooked = |kind: &str, job: &str| {
+        received_alerts(&hook)
+            .iter()
+            .filter(|r| r["kind"] == kind && (r["labels"]["jobid"] == job || r["jobid"] == job))
+            .map(|r| {
+                r["status"]
+                    .as_str()
+                    .or(r["state"].as_str())
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect::<Vec<_>>()
+    };
+    wait_for("job 2's alert at the webhook", 20, || {
+        !hooked("alert", job2).is_empty()
+    });
+    assert_eq!(hooked("alert", job2), ["firing"]);
+    assert!(
+        hooked("alert", job1).is_empty(),
+        "{:?}",
+        received_alerts(&hook)
+    );
+    // Job 1's record (written once a job is inactive) went out with them.
+    assert_eq!(
+        hooked("job", job1),
+        ["INACTIVE"],
+        "{:?}",
+        received_alerts(&hook)
+    );
+    let not_paged = series(
+        &scraped,
+        &["fluxpipe_alerts_not_paged_total{", "sink=\"hook\""],
+    );
+    assert_eq!(not_paged.first().map(|s| s.1), Some(1.0), "{not_paged:?}");
     sigterm(&fluxpipe.0);
     let status = fluxpipe.0.wait().expect("wait");
     assert!(status.success(), "{status}");
+
+    // Restarted: job 2 is announced again; it runs an hour ago, and the
+    // webhook that was paged hears of the end.
+    let mut fluxpipe = run_config(&config);
+    wait_for("the http source again", 30, || {
+        common::http_client().post(&url).send().is_ok()
+    });
+    let alloc = envelope(2, now() - 3600.0, "alloc", Value::Null);
+    let answer = common::http_client()
+        .post(&url)
+        .body(alloc)
+        .send()
+        .expect("POST job 2's alloc");
+    assert_eq!(answer.status().as_u16(), 200);
+    wait_for("job 2's resolution at the webhook", 20, || {
+        hooked("alert", job2).contains(&"resolved".to_string())
+    });
+    sigterm(&fluxpipe.0);
+    let status = fluxpipe.0.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let again = read_records(&records)
+        .into_iter()
+        .filter(|r| r["labels"]["jobid"] == job2 && r["status"] == "firing")
+        .collect::<Vec<_>>();
+    assert_eq!(again.len(), 2, "{again:?}");
+    assert_eq!(again[0].get("restored"), None);
+    assert_eq!(again[1]["restored"], true);
+    assert_eq!(
+        again[0]["record_id"], again[1]["record_id"],
+        "the same alert"
+    );
     let said: Vec<(String, String)> = read_records(&records)
         .iter()
         .map(|r| {
@@ -865,7 +944,7 @@ inputs = ["alerts"]
         .collect();
     let has = |job: &str, status: &str| said.iter().any(|(j, s)| j == job && s == status);
     assert!(has(job1, "firing") && has(job1, "resolved"), "{said:?}");
-    assert!(has(job2, "firing") && !has(job2, "resolved"), "{said:?}");
+    assert!(has(job2, "firing") && has(job2, "resolved"), "{said:?}");
 }
 
 fn rfc3339_now() -> String {

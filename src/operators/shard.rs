@@ -399,7 +399,7 @@ impl Shard {
         let jobs = saved.jobs.len();
         let alerts = self.take_over(saved);
         tracing::debug!(jobs, "adopted restored state");
-        self.emit_alerts(&alerts).await;
+        self.emit_alerts(&alerts, true).await;
     }
 
     fn take_over(&mut self, saved: ShardState) -> Vec<AlertEvent> {
@@ -589,7 +589,7 @@ impl Shard {
     /// encoded, for the checkpoint taken at shutdown.
     pub async fn run(mut self, mut rx: mpsc::Receiver<ShardMsg>) -> ShardSnapshot {
         let restored = std::mem::take(&mut self.restored_alerts);
-        self.emit_alerts(&restored).await;
+        self.emit_alerts(&restored, true).await;
         self.flush().await;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -749,7 +749,7 @@ impl Shard {
         }
         // Most records fire nothing: no future made and polled for nothing.
         if !fired.is_empty() {
-            self.emit_alerts(&fired).await;
+            self.emit_alerts(&fired, false).await;
             fired.clear();
         }
         self.fired = fired;
@@ -854,13 +854,16 @@ impl Shard {
         let mut out = std::mem::take(&mut self.fired);
         self.processor.fire_due(&mut out);
         if !out.is_empty() {
-            self.emit_alerts(&out).await;
+            self.emit_alerts(&out, false).await;
             out.clear();
         }
         self.fired = out;
     }
 
-    async fn emit_alerts(&mut self, events: &[AlertEvent]) {
+    /// Alert records for `events`; `restored` ones were firing when the
+    /// state was saved and are announced again (say so: a receiver may
+    /// have been paged for them already).
+    async fn emit_alerts(&mut self, events: &[AlertEvent], restored: bool) {
         for a in events {
             // Fired or resolved: the subject's saved conditions changed.
             match &a.subject {
@@ -878,11 +881,12 @@ impl Shard {
                 }
             }
             metrics::counter!(metric::FLUXPIPE_ALERTS_TOTAL, "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
+            let mut record = output::alert(rule, a);
+            if restored && let Some(map) = record.as_object_mut() {
+                map.insert("restored".into(), serde_json::Value::Bool(true));
+            }
             self.outputs
-                .emit(OutputRecord::new(
-                    OutputStream::Alerts,
-                    &output::alert(rule, a),
-                ))
+                .emit(OutputRecord::new(OutputStream::Alerts, &record))
                 .await;
         }
     }
@@ -913,7 +917,7 @@ impl Shard {
                 .increment(1);
         }
         self.emit_anomalies(&expired.anomalies).await;
-        self.emit_alerts(&expired.alerts).await;
+        self.emit_alerts(&expired.alerts, false).await;
         self.report_tracked();
         self.metrics.report_finished(self.processor.finished.len());
         self.refresh_draining().await;
@@ -951,7 +955,7 @@ impl Shard {
                 .await;
         }
         if !out.is_empty() {
-            self.emit_alerts(&out).await;
+            self.emit_alerts(&out, false).await;
         }
     }
 

@@ -14,18 +14,12 @@
 //!   backoff (1 s doubling up to the resend interval); a 4xx answer means
 //!   the request itself is wrong: logged, counted, not retried.
 //!
-//! It never pages for the past. An alert that began (or, resolved, ended)
-//! more than `past_after_secs` before it reached the sink comes from a
-//! backlog being caught up (a forwarder's first start, a restart that
-//! reads again): its firing is held for `settle_secs`, held longer while
-//! more such alerts of its cluster keep coming, and dropped with its
-//! resolution if that comes meanwhile (counted in
-//! `fluxpipe_alerts_not_paged_total`; the `alerts` stream keeps both).
-//! What still fires once they stop coming is sent, once. A late
-//! resolution of an alert never sent is dropped too. `page_past = true`
-//! sends everything as it comes.
+//! It never pages for the past: late alerts (a backlog being caught up)
+//! are held and left out as [`super::pager`] says, counted in
+//! `fluxpipe_alerts_not_paged_total`; the `alerts` stream keeps them.
 
 use super::http::{client, error_chain, request_headers};
+use super::pager::{Alert, AlertError, Pager, Past, Verdict};
 use super::{SinkContext, SinkRx, count_sent};
 use crate::component::Problem;
 use crate::output::OutputStream;
@@ -55,10 +49,10 @@ crate::channels::fanout::sink_config! {
         headers: BTreeMap<String, String>,
         /// Seconds behind the wall clock from which an alert is from the
         /// past (a backlog caught up): held, not paged if it clears.
-        #[serde(deserialize_with = "crate::component::seconds", default = "default_past_after")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "super::pager::default_past_after")]
         past_after_secs: f64,
         /// Seconds a late alert is held for its resolution to come.
-        #[serde(deserialize_with = "crate::component::seconds", default = "default_settle")]
+        #[serde(deserialize_with = "crate::component::seconds", default = "super::pager::default_settle")]
         settle_secs: f64,
         /// Send alerts from the past too.
         #[serde(default)]
@@ -69,14 +63,6 @@ crate::channels::fanout::sink_config! {
         #[serde(default)]
         external_url: Option<String>,
     }
-}
-
-fn default_past_after() -> f64 {
-    300.0
-}
-
-fn default_settle() -> f64 {
-    30.0
 }
 
 fn default_resend_interval() -> f64 {
@@ -110,17 +96,10 @@ impl super::SinkSpec for AlertmanagerSinkConfig {
         if !self.resend_interval_secs.is_finite() || self.resend_interval_secs < 1.0 {
             out.push(Problem::new("resend_interval_secs", ": must be at least 1"));
         }
-        for (key, value) in [
-            ("past_after_secs", self.past_after_secs),
-            ("settle_secs", self.settle_secs),
-        ] {
-            if !value.is_finite() || value < 0.0 {
-                out.push(Problem::new(
-                    key,
-                    ": must be a number of seconds, at least 0",
-                ));
-            }
-        }
+        out.extend(super::pager::problems(
+            self.past_after_secs,
+            self.settle_secs,
+        ));
         out
     }
 }
@@ -138,10 +117,6 @@ struct Tracked {
     /// Set once resolved: the time it ended, and when we learned it.
     resolved: Option<(String, Instant)>,
     delivered: bool,
-    /// Some version of it went out (its resolution must then too).
-    sent: bool,
-    /// Its cluster, for holding late alerts together.
-    cluster: String,
     /// A late firing held until its cluster settles (its resolution may
     /// yet come).
     held: bool,
@@ -191,43 +166,12 @@ impl Tracked {
     }
 }
 
-/// Why an alert record could not be taken.
-#[derive(Debug, thiserror::Error)]
-enum RecordError {
-    #[error("not JSON: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("not an alert record (no `labels` object or no `status`)")]
-    NotAlert,
-}
-
-/// When an alert is from the past, and what becomes of it.
-#[derive(Debug, Clone, Copy)]
-struct Past {
-    /// Seconds behind the wall clock from which an alert is late.
-    after: f64,
-    /// How long a late firing waits for its resolution.
-    settle: Duration,
-    /// Send late alerts as they come.
-    page: bool,
-}
-
-impl Default for Past {
-    fn default() -> Self {
-        Past {
-            after: default_past_after(),
-            settle: Duration::from_secs_f64(default_settle()),
-            page: false,
-        }
-    }
-}
-
 /// What taking a record did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Taken {
     /// Kept, to be sent (or held, if late).
     Kept,
-    /// A late alert that fired and cleared, or a late resolution of one
-    /// never sent: not to be paged.
+    /// From the past: not to be paged.
     NotPaged,
 }
 
@@ -235,86 +179,46 @@ enum Taken {
 #[derive(Debug, Default)]
 struct Book {
     alerts: HashMap<String, Tracked>,
-    /// Clusters whose late alerts are held, and until when: pushed on by
-    /// each late alert of the cluster (one entry a cluster, not a walk
-    /// over its alerts per record).
-    settling: HashMap<String, Instant>,
-    past: Past,
+    /// What is paged, held, left out.
+    pager: Pager,
     /// The base of `generatorURL`s (none: empty ones).
     api_url: Option<String>,
-}
-
-/// An RFC 3339 time as seconds since the epoch.
-fn seconds(text: &str) -> Option<f64> {
-    let t: jiff::Timestamp = text.parse().ok()?;
-    Some(t.as_millisecond() as f64 / 1000.0)
 }
 
 impl Book {
     /// Take one alert record from the `alerts` stream, at `now` (wall
     /// clock, seconds) and `at` (the sink's clock).
-    fn take(&mut self, line: &str, now: f64, at: Instant) -> Result<Taken, RecordError> {
-        let v: Value = serde_json::from_str(line)?;
-        let labels = v.get("labels").filter(|l| l.is_object());
-        let status = v.get("status").and_then(Value::as_str);
-        let (Some(labels), Some(status)) = (labels, status) else {
-            return Err(RecordError::NotAlert);
-        };
-        // serde_json's map is sorted, so equal label sets print equal.
-        let identity = labels.to_string();
-        let starts_at = v
-            .get("starts_at")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| rfc3339(now));
-        let resolved = match (status, v.get("ends_at").and_then(Value::as_str)) {
-            ("resolved", Some(ends)) => Some((ends.to_string(), at)),
-            ("resolved", None) => Some((rfc3339(now), at)),
-            _ => None,
-        };
-        // When it began (firing) or ended (resolved), against the clock.
-        let when = match &resolved {
-            Some((ends, _)) => seconds(ends),
-            None => seconds(&starts_at),
-        };
-        let late = !self.past.page && when.is_some_and(|t| t < now - self.past.after);
-        let cluster = labels
-            .get("flux_cluster")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        if late {
-            // A backlog is still coming for this cluster: what it holds
-            // waits for the rest.
-            self.settling.insert(cluster.clone(), at + self.past.settle);
-        }
-        let sent = self.alerts.get(&identity).is_some_and(|a| a.sent);
-        if resolved.is_some() && late && !sent {
-            // Fired and cleared in the past (or its firing was never
-            // seen): for the record only.
-            self.alerts.remove(&identity);
+    fn take(&mut self, line: &str, now: f64, at: Instant) -> Result<Taken, AlertError> {
+        let alert = Alert::parse(line)?;
+        let verdict = self.pager.take(&alert, now, at);
+        if verdict == Verdict::NotPaged {
+            self.alerts.remove(&alert.identity);
             return Ok(Taken::NotPaged);
         }
-        let held = resolved.is_none() && late && !sent;
+        let v = &alert.value;
+        let labels = v.get("labels").cloned().unwrap_or_default();
+        let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+        let resolved = alert
+            .resolved
+            .then(|| (text("ends_at").unwrap_or_else(|| rfc3339(now)), at));
+        let generator_url = self
+            .api_url
+            .as_deref()
+            .map(|base| generator_url(base, &labels))
+            .unwrap_or_default();
         self.alerts.insert(
-            identity,
+            alert.identity,
             Tracked {
-                labels: labels.clone(),
                 annotations: v
                     .get("annotations")
                     .cloned()
                     .unwrap_or(Value::Object(Map::new())),
-                starts_at,
+                labels,
+                starts_at: text("starts_at").unwrap_or_else(|| rfc3339(now)),
                 resolved,
                 delivered: false,
-                sent,
-                cluster,
-                held,
-                generator_url: self
-                    .api_url
-                    .as_deref()
-                    .map(|base| generator_url(base, labels))
-                    .unwrap_or_default(),
+                held: verdict == Verdict::Hold,
+                generator_url,
             },
         );
         Ok(Taken::Kept)
@@ -322,20 +226,8 @@ impl Book {
 
     /// Let go of late alerts held long enough: still firing, they are sent.
     fn release(&mut self, at: Instant) {
-        let settled: Vec<String> = self
-            .settling
-            .iter()
-            .filter(|(_, until)| at >= **until)
-            .map(|(c, _)| c.clone())
-            .collect();
-        if settled.is_empty() {
-            return;
-        }
-        for c in &settled {
-            self.settling.remove(c);
-        }
-        for a in self.alerts.values_mut() {
-            if a.held && settled.contains(&a.cluster) {
+        for id in self.pager.release(at) {
+            if let Some(a) = self.alerts.get_mut(&id) {
                 a.held = false;
             }
         }
@@ -343,7 +235,7 @@ impl Book {
 
     /// When the next held alert is let go.
     fn next_release(&self) -> Option<Instant> {
-        self.settling.values().min().copied()
+        self.pager.next_release()
     }
 
     /// Forget resolved alerts re-sent long enough.
@@ -381,7 +273,6 @@ impl Book {
     fn mark_delivered(&mut self) {
         for a in self.alerts.values_mut().filter(|a| !a.held) {
             a.delivered = true;
-            a.sent = true;
         }
     }
 }
@@ -456,11 +347,11 @@ pub async fn run(
     let keep_resolved = Duration::from_secs_f64(config.resolved_resend_secs.clamp(0.0, 1e7));
     let ahead = resend * 4;
     let mut book = Book {
-        past: Past {
-            after: config.past_after_secs.max(0.0),
-            settle: Duration::from_secs_f64(config.settle_secs.clamp(0.0, 1e7)),
-            page: config.page_past,
-        },
+        pager: Pager::new(Past::new(
+            config.past_after_secs,
+            config.settle_secs,
+            config.page_past,
+        )),
         api_url: config.external_url.clone().or_else(|| ctx.api_url.clone()),
         ..Book::default()
     };
@@ -549,10 +440,10 @@ mod tests {
     #[test]
     fn alerts_are_known_by_their_labels() {
         let mut book = Book {
-            past: Past {
+            pager: Pager::new(Past {
                 page: true,
                 ..Past::default()
-            },
+            }),
             ..Book::default()
         };
         let take = |book: &mut Book, line: &str| book.take(line, 1.8e9, Instant::now()).map(|_| ());
@@ -576,8 +467,8 @@ mod tests {
         book.expire(Duration::ZERO);
         assert!(book.alerts.is_empty());
         assert_eq!(v[0]["generatorURL"], "", "no API, no link");
-        assert!(matches!(take(&mut book, "{}"), Err(RecordError::NotAlert)));
-        assert!(matches!(take(&mut book, "nope"), Err(RecordError::Json(_))));
+        assert!(matches!(take(&mut book, "{}"), Err(AlertError::NotAlert)));
+        assert!(matches!(take(&mut book, "nope"), Err(AlertError::Json(_))));
     }
 
     #[test]

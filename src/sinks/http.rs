@@ -18,14 +18,24 @@
 //!
 //! At shutdown the batch being built is sent at once; retries of a batch
 //! in hand are cut to [`SHUTDOWN_GRACE`] after the channel closed.
+//!
+//! A webhook pages people, so records of the `alerts` stream go as
+//! [`super::pager`] says: late ones (a backlog being caught up) are held
+//! out of the batches and left out if they clear meanwhile; what still
+//! fires once the backlog is read goes in a later batch. Held records
+//! are done with for checkpoints at once: a restart announces what still
+//! fires again. `page_past = true` sends every record as it comes.
 
+use super::pager::{Alert, Pager, Past, Verdict};
 use super::{SinkContext, SinkRx};
 use crate::component::Problem;
+use crate::output::{OutputRecord, OutputStream};
 use crate::telemetry::metric;
 use anyhow::Context;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -45,6 +55,17 @@ crate::channels::fanout::sink_config! {
         /// Seconds to keep retrying one batch before it is dropped and counted.
         #[serde(deserialize_with = "crate::component::seconds", default = "default_retry_max")]
         retry_max_secs: f64,
+        /// Seconds behind the wall clock from which an alert record is
+        /// from the past (a backlog caught up): held, not paged if it
+        /// clears.
+        #[serde(deserialize_with = "crate::component::seconds", default = "super::pager::default_past_after")]
+        past_after_secs: f64,
+        /// Seconds a late alert is held for its resolution to come.
+        #[serde(deserialize_with = "crate::component::seconds", default = "super::pager::default_settle")]
+        settle_secs: f64,
+        /// Send alert records from the past too.
+        #[serde(default)]
+        page_past: bool,
     }
 }
 
@@ -73,6 +94,10 @@ impl super::SinkSpec for HttpSinkConfig {
         if self.batch_max_records == 0 {
             out.push(Problem::new("batch_max_records", ": must be at least 1"));
         }
+        out.extend(super::pager::problems(
+            self.past_after_secs,
+            self.settle_secs,
+        ));
         out
     }
 }
@@ -166,8 +191,10 @@ impl Sender {
     }
 
     /// Deliver one batch, retrying as configured; a batch that cannot be
-    /// delivered is dropped and counted.
-    async fn deliver(&self, records: usize, body: &[u8], rx: &SinkRx) {
+    /// delivered is dropped and counted. `records` came from the channel
+    /// now; `released` were held (the pager's) and are done with already.
+    async fn deliver(&self, records: usize, released: usize, body: &[u8], rx: &SinkRx) {
+        let all = records + released;
         let mut deadline = Instant::now() + self.retry_max;
         let mut shortened = false;
         let mut backoff = BACKOFF_START;
@@ -179,7 +206,7 @@ impl Sender {
             }
             if shortened && Instant::now() >= deadline {
                 // The stop's one grace is over: what is left is not tried.
-                self.drop_batch(records, tries, "the stop's grace is over", "stopping");
+                self.drop_batch(all, tries, "the stop's grace is over", "stopping");
                 rx.given_up(records as u64);
                 return;
             }
@@ -196,10 +223,11 @@ impl Sender {
             let (error, asked) = match attempt {
                 Attempt::Delivered => {
                     rx.delivered(records as u64);
+                    super::count_sent(&self.name, released as u64);
                     return;
                 }
                 Attempt::Rejected(e) => {
-                    self.drop_batch(records, tries, &e, "rejected");
+                    self.drop_batch(all, tries, &e, "rejected");
                     rx.given_up(records as u64);
                     return;
                 }
@@ -211,7 +239,7 @@ impl Sender {
             }
             let now = Instant::now();
             if now >= deadline {
-                self.drop_batch(records, tries, &error, "retries exhausted");
+                self.drop_batch(all, tries, &error, "retries exhausted");
                 rx.given_up(records as u64);
                 return;
             }
@@ -287,6 +315,66 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// The records of a batch to send: those the pager lets through, in
+/// order, and the late firings it lets go now.
+struct Paging {
+    pager: Pager,
+    /// Late firings held, by identity.
+    held: HashMap<String, Arc<OutputRecord>>,
+    not_paged: metrics::Counter,
+}
+
+impl Paging {
+    /// Sort `batch` (from the channel) into `out`; returns how many of it
+    /// were held or left out (done with here).
+    fn sort(
+        &mut self,
+        batch: &mut Vec<Arc<OutputRecord>>,
+        out: &mut Vec<Arc<OutputRecord>>,
+    ) -> u64 {
+        let (wall, at) = (crate::keyed::alerts::wall_now(), Instant::now());
+        let mut aside = 0;
+        for rec in batch.drain(..) {
+            if rec.stream != OutputStream::Alerts {
+                out.push(rec);
+                continue;
+            }
+            // A record that is no alert is not ours to judge: it goes.
+            let Ok(alert) = Alert::parse(rec.line()) else {
+                out.push(rec);
+                continue;
+            };
+            let verdict = self.pager.take(&alert, wall, at);
+            if alert.resolved {
+                // Its firing never went out: left out with it, or
+                // replaced by this resolution.
+                self.held.remove(&alert.identity);
+            }
+            match verdict {
+                Verdict::Send => out.push(rec),
+                Verdict::Hold => {
+                    self.held.insert(alert.identity, rec);
+                    aside += 1;
+                }
+                Verdict::NotPaged => {
+                    self.not_paged.increment(1);
+                    aside += 1;
+                }
+            }
+        }
+        aside
+    }
+
+    /// The held firings let go as of now, onto `out`.
+    fn release(&mut self, out: &mut Vec<Arc<OutputRecord>>) -> usize {
+        let before = out.len();
+        for id in self.pager.release(Instant::now()) {
+            out.extend(self.held.remove(&id));
+        }
+        out.len() - before
+    }
+}
+
 pub async fn run(
     name: &str,
     config: HttpSinkConfig,
@@ -296,22 +384,74 @@ pub async fn run(
     let sender = Sender::new(name, &config, ctx.shutdown.clone())?;
     let max = config.batch_max_records.max(1);
     let timeout = Duration::from_millis(config.batch_timeout_ms);
+    let not_paged =
+        metrics::counter!(metric::FLUXPIPE_ALERTS_NOT_PAGED_TOTAL, "sink" => name.to_string());
+    let takes_alerts = config
+        .inputs
+        .iter()
+        .any(|i| i == OutputStream::Alerts.as_str());
+    let mut paging = (takes_alerts && !config.page_past).then(|| {
+        not_paged.increment(0);
+        Paging {
+            pager: Pager::new(Past::new(config.past_after_secs, config.settle_secs, false)),
+            held: HashMap::new(),
+            not_paged,
+        }
+    });
     let mut batch = Vec::with_capacity(max.min(4096));
+    let mut out = Vec::with_capacity(max.min(4096));
     let mut body: Vec<u8> = Vec::new();
     loop {
-        if rx.recv_batch(&mut batch, max, timeout).await == 0 {
-            return Ok(());
+        let release = paging.as_ref().and_then(|p| p.pager.next_release());
+        let mut fresh = 0;
+        tokio::select! {
+            n = rx.recv_batch(&mut batch, max, timeout) => {
+                if n == 0 {
+                    // Late firings still held are left: a restart would
+                    // announce what still fires again.
+                    return Ok(());
+                }
+                fresh = n;
+            }
+            _ = sleep_until_some(release) => {}
+        }
+        // Woken to let held firings go, `batch` may hold the start of the
+        // next batch (recv_batch is cancel-safe): it waits for the rest.
+        if fresh > 0 {
+            match paging.as_mut() {
+                Some(p) => {
+                    let aside = p.sort(&mut batch, &mut out);
+                    rx.done_with(aside);
+                    fresh -= aside as usize;
+                }
+                None => out.append(&mut batch),
+            }
+        }
+        let released = paging.as_mut().map_or(0, |p| p.release(&mut out));
+        if let Some(p) = &paging {
+            rx.set_held(p.held.len() as u64);
+        }
+        if out.is_empty() {
+            continue;
         }
         body.clear();
         body.push(b'[');
-        for (i, rec) in batch.iter().enumerate() {
+        for (i, rec) in out.iter().enumerate() {
             if i > 0 {
                 body.push(b',');
             }
             body.extend_from_slice(rec.line().as_bytes());
         }
         body.push(b']');
-        sender.deliver(batch.len(), &body, &rx).await;
-        batch.clear();
+        sender.deliver(fresh, released, &body, &rx).await;
+        out.clear();
+    }
+}
+
+/// Sleep until `at`; for ever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

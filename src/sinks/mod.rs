@@ -10,6 +10,7 @@
 
 pub mod lines;
 pub mod offsets;
+pub mod pager;
 pub mod retry;
 
 // The sink types: a module each, and a line in `sink_types!` below.
