@@ -667,6 +667,45 @@ address = "127.0.0.1:{api_port}"
     assert_eq!(alert["labels"]["flux_cluster"], "picl", "{alert}");
     assert_eq!(alert["labels"]["source"], "flux", "{alert}");
     assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
+    // The API and the status page list it with every other alert.
+    let api_alerts = |query: &str| -> Vec<Value> {
+        let (code, body) =
+            common::http_get(api_port, &format!("/api/v1/alerts{query}")).expect("/api/v1/alerts");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        v["alerts"].as_array().cloned().unwrap_or_default()
+    };
+    let listed = api_alerts("?cluster=picl");
+    assert!(
+        listed
+            .iter()
+            .any(|a| feed_silent(a) && a["labels"]["source"] == "flux"),
+        "{listed:?}"
+    );
+    assert!(api_alerts("?cluster=elsewhere").is_empty());
+    let (_, page) = common::http_get(api_port, "/").expect("the status page");
+    assert!(page.contains("feed_silent"), "{page}");
+
+    // A restart keeps it fired, from the same start: announced again as
+    // restored, listed at once, and not fired anew.
+    let since = listed.iter().find(|a| feed_silent(a)).expect("listed")["since"].clone();
+    sigterm(&fluxpipe.0);
+    assert!(fluxpipe.0.wait().expect("wait").success());
+    fluxpipe = run_config(&config);
+    wait_for("the API again", 30, || {
+        common::http_get(api_port, "/api/v1/alerts").is_some_and(|(code, _)| code == 200)
+    });
+    let listed = api_alerts("");
+    let again = listed
+        .iter()
+        .find(|a| feed_silent(a))
+        .expect("still firing");
+    assert_eq!(again["since"], since, "{again}");
+    wait_for("the restored announcement", 10, || {
+        read_records(&records)
+            .iter()
+            .any(|r| r["alertname"] == "feed_silent" && r["restored"] == true)
+    });
 
     // The instance speaks, then goes down: feed_silent resolves, one
     // instance_down fires, and no node goes offline under it.
@@ -703,6 +742,10 @@ address = "127.0.0.1:{api_port}"
     wait_for("instance_down at the receiver", 15, || {
         received_alerts(&receiver).iter().any(instance_down)
     });
+    wait_for("instance_down listed, feed_silent not", 5, || {
+        let listed = api_alerts("");
+        listed.iter().any(instance_down) && !listed.iter().any(feed_silent)
+    });
     // node_offline's `for` passes with nothing under it.
     std::thread::sleep(Duration::from_secs(3));
     // The instance comes back with its nodes (a restart alone would
@@ -721,6 +764,9 @@ address = "127.0.0.1:{api_port}"
             .iter()
             .any(|r| r["alertname"] == "instance_down" && r["status"] == "resolved")
     });
+    wait_for("instance_down no longer listed", 5, || {
+        !api_alerts("").iter().any(instance_down)
+    });
     stop_beats.store(true, std::sync::atomic::Ordering::Relaxed);
     beats.join().expect("heartbeats");
     sigterm(&fluxpipe.0);
@@ -729,6 +775,23 @@ address = "127.0.0.1:{api_port}"
     let said: Vec<(String, String)> = alerts_of()
         .iter()
         .filter(|r| r["alertname"] != "feed_silent" || r["source"] == "flux")
+        .map(|r| {
+            (
+                r["alertname"].as_str().unwrap_or("").to_string(),
+                r["status"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let count = |name: &str, status: &str| {
+        said.iter()
+            .filter(|(n, s)| n == name && s == status)
+            .count()
+    };
+    // Once besides the restart's announcement.
+    assert_eq!(count("feed_silent", "firing"), 2, "{said:?}");
+    let said: Vec<(String, String)> = alerts_of()
+        .iter()
+        .filter(|r| r["restored"] != true)
         .map(|r| {
             (
                 r["alertname"].as_str().unwrap_or("").to_string(),

@@ -79,6 +79,9 @@ async fn page(State(page): State<Page>) -> Response {
                 }
             }
         }
+        for name in q.watch_clusters() {
+            by_cluster.entry(name).or_default();
+        }
         // Each cluster's oldest few: only those are rendered.
         for (name, c) in by_cluster.iter_mut() {
             let query = Query::Alerts {
@@ -535,12 +538,14 @@ async fn alerts_page(
     Html(page_of(&format!("alerts of {name}"), body).into_string()).into_response()
 }
 
-/// A job's F58 id or a node's name, from an alert record.
+/// A job's F58 id, a node's name or a silent feed's source, from an
+/// alert record.
 fn about(alert: &Value) -> String {
     let labels = &alert["labels"];
     labels["jobid"]
         .as_str()
         .or_else(|| labels["node"].as_str())
+        .or_else(|| labels["source"].as_str())
         .unwrap_or("")
         .to_string()
 }

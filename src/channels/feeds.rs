@@ -100,6 +100,19 @@ impl Feeds {
         self.tick(wall_millis());
     }
 
+    /// Feed `source` of `cluster` was last heard at `at` (seconds since
+    /// the epoch): what a restart restores of a feed that had gone silent.
+    pub fn heard_last_at(&self, source: &str, cluster: &str, at: f64) {
+        let list = self.0.list.lock().unwrap_or_else(|e| e.into_inner());
+        for r in list
+            .iter()
+            .filter(|r| &*r.source == source && &*r.cluster == cluster)
+        {
+            r.last
+                .store((at.max(0.0) * 1000.0) as u64, Ordering::Relaxed);
+        }
+    }
+
     /// Every feed, as it stands.
     pub fn readings(&self) -> Vec<FeedReading> {
         let list = self.0.list.lock().unwrap_or_else(|e| e.into_inner());

@@ -8,6 +8,7 @@
 
 use super::router::ShardMsg;
 use crate::flux::resource::RankState;
+use crate::keyed::alerts::watch::SavedWatchAlert;
 use crate::keyed::query::{AlertPosition, ClusterCounts, JobFilter, Position};
 use crate::output::JobRecord;
 use std::collections::{BTreeMap, BTreeSet};
@@ -136,23 +137,103 @@ impl Ownership {
     }
 }
 
-/// The asker's end: every shard's queue, held weakly; and which
-/// partitions the answers cover.
+/// The alerts of the feed watch firing now (`feed_silent`,
+/// `instance_down`): no shard holds them, so they are answered beside
+/// the shards' answers, from what the watch last said.
+#[derive(Debug, Clone, Default)]
+pub struct WatchFiring(Arc<Mutex<Told>>);
+
+/// What the watch last told.
+#[derive(Debug, Default)]
+struct Told {
+    /// Alert records with their places, in order.
+    firing: Vec<(AlertPosition, serde_json::Value)>,
+    /// The same, as a checkpoint keeps them.
+    saved: Vec<SavedWatchAlert>,
+}
+
+impl WatchFiring {
+    /// What fires now, in any order, and as a checkpoint keeps it.
+    pub fn set(
+        &self,
+        mut firing: Vec<(AlertPosition, serde_json::Value)>,
+        saved: Vec<SavedWatchAlert>,
+    ) {
+        firing.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Ok(mut told) = self.0.lock() {
+            *told = Told { firing, saved };
+        }
+    }
+
+    /// What fires now, for a checkpoint.
+    pub fn saved(&self) -> Vec<SavedWatchAlert> {
+        self.0
+            .lock()
+            .map_or_else(|_| Vec::new(), |told| told.saved.clone())
+    }
+
+    /// The clusters with a watch alert firing.
+    fn clusters(&self) -> BTreeSet<String> {
+        self.0.lock().map_or_else(
+            |_| BTreeSet::new(),
+            |told| {
+                told.firing
+                    .iter()
+                    .map(|(p, _)| p.cluster.to_string())
+                    .collect()
+            },
+        )
+    }
+
+    /// The part of an alerts question the watch answers.
+    fn answer(&self, cluster: Option<&str>, after: Option<&AlertPosition>, limit: usize) -> Answer {
+        let Ok(told) = self.0.lock() else {
+            return Answer::Alerts(Vec::new(), 0);
+        };
+        let mine = told
+            .firing
+            .iter()
+            .filter(|(p, _)| cluster.is_none_or(|c| *p.cluster == *c));
+        let total = mine.clone().count();
+        let page = mine
+            .filter(|(p, _)| after.is_none_or(|a| p > a))
+            .take(limit)
+            .cloned()
+            .collect();
+        Answer::Alerts(page, total)
+    }
+}
+
+/// The asker's end: every shard's queue, held weakly; which partitions
+/// the answers cover; and the watch's alerts.
 #[derive(Debug, Clone, Default)]
 pub struct Questions {
     shards: Vec<mpsc::WeakSender<ShardMsg>>,
     pub ownership: Ownership,
+    watch: WatchFiring,
 }
 
 impl Questions {
-    pub fn new(shards: &[mpsc::Sender<ShardMsg>], ownership: Ownership) -> Self {
+    pub fn new(
+        shards: &[mpsc::Sender<ShardMsg>],
+        ownership: Ownership,
+        watch: WatchFiring,
+    ) -> Self {
         Questions {
             shards: shards.iter().map(mpsc::Sender::downgrade).collect(),
             ownership,
+            watch,
         }
     }
 
-    /// Ask every shard; their answers, in shard order.
+    /// Clusters the watch has an alert for (a feed silent from the
+    /// start has no job nor node to show its cluster by).
+    pub fn watch_clusters(&self) -> BTreeSet<String> {
+        self.watch.clusters()
+    }
+
+    /// Ask every shard; their answers, in shard order (and the watch's
+    /// part of an alerts question last).
     pub async fn ask(&self, query: &Query) -> Result<Vec<Answer>, Unavailable> {
         let mut replies = Vec::with_capacity(self.shards.len());
         for shard in &self.shards {
@@ -167,9 +248,20 @@ impl Questions {
                 .map_err(|_| Unavailable)?;
             replies.push(answer);
         }
-        let mut answers = Vec::with_capacity(replies.len());
+        let mut answers = Vec::with_capacity(replies.len() + 1);
         for answer in replies {
             answers.push(answer.await.map_err(|_| Unavailable)?);
+        }
+        if let Query::Alerts {
+            cluster,
+            after,
+            limit,
+        } = query
+        {
+            answers.push(
+                self.watch
+                    .answer(cluster.as_deref(), after.as_ref(), *limit),
+            );
         }
         Ok(answers)
     }

@@ -2,12 +2,16 @@
 //! once a second serves when each feed was last heard, and asks the watch rules
 //! ([`crate::keyed::alerts::watch`]) what fires and resolves for the
 //! feeds and the instances the shards say are down; its alerts go to the
-//! `alerts` stream like every other.
+//! `alerts` stream like every other, and what fires is told to the query
+//! API ([`WatchFiring`]).
 
 use crate::channels::fanout::Outputs;
 use crate::channels::feeds::Feeds;
+use crate::channels::query::WatchFiring;
 use crate::keyed::alerts::event::Status;
+use crate::keyed::alerts::watch::WatchAlert;
 use crate::keyed::alerts::watch::{FeedState, Watch};
+use crate::keyed::query::AlertPosition;
 use crate::output::{self, OutputRecord, OutputStream};
 use crate::telemetry::{NodeBoard, metric};
 use std::time::Duration;
@@ -23,11 +27,26 @@ const TICKS_PER_LOOK: u32 = 10;
 /// sinks finish once every holder has let go).
 pub async fn run(
     mut watch: Watch,
+    announce: Vec<WatchAlert>,
     feeds: Feeds,
     nodes: NodeBoard,
     outputs: Outputs,
+    firing: WatchFiring,
     stop: CancellationToken,
 ) {
+    // What had fired before a restart, announced again as such.
+    for a in &announce {
+        if let Some(rule) = watch.rules().get(a.rule) {
+            let mut record = output::watch_alert(rule, a);
+            if let Some(map) = record.as_object_mut() {
+                map.insert("restored".into(), serde_json::Value::Bool(true));
+            }
+            outputs
+                .emit(OutputRecord::new(OutputStream::Alerts, &record))
+                .await;
+        }
+    }
+    tell(&watch, &firing);
     let mut ticks = tokio::time::interval(CLOCK_TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut n: u32 = 0;
@@ -92,5 +111,34 @@ pub async fn run(
                 ))
                 .await;
         }
+        if !alerts.is_empty() {
+            tell(&watch, &firing);
+        }
+    }
+}
+
+/// Tell the query API and the checkpoints what fires now.
+fn tell(watch: &Watch, firing: &WatchFiring) {
+    let records = watch
+        .firing()
+        .filter_map(|a| {
+            let rule = watch.rules().get(a.rule)?;
+            Some((position(&a), output::watch_alert(rule, &a)))
+        })
+        .collect();
+    firing.set(records, watch.saved());
+}
+
+/// Where a watch alert stands among every alert that fires: by when its
+/// condition began, like the others, and after a job's or a node's of
+/// the same start and rule.
+fn position(a: &WatchAlert) -> AlertPosition {
+    let source = a.subject.source.as_deref().unwrap_or("");
+    AlertPosition {
+        since: a.since,
+        rule: a.rule,
+        kind: 2,
+        id: xxhash_rust::xxh3::xxh3_64(source.as_bytes()),
+        cluster: a.subject.cluster.as_str().into(),
     }
 }

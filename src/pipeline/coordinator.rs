@@ -36,6 +36,7 @@
 
 use crate::channels::checkpoint::{ChangelogBatch, CheckpointLink, SourceReport};
 use crate::channels::fanout::SinkCounters;
+use crate::channels::query::WatchFiring;
 use crate::channels::router::Router;
 use crate::sinks::offsets::SinkOffsets;
 use crate::snapshot::changelog::Change;
@@ -83,6 +84,8 @@ pub struct Coordinator {
     /// Changes not yet in a changelog (a round failed after the shards
     /// handed them over): they go with the next round.
     carry: HashMap<Arc<str>, Vec<Change>>,
+    /// What the feed watch has fired, kept in each checkpoint.
+    watch: WatchFiring,
 }
 
 /// Why a round was abandoned.
@@ -142,7 +145,14 @@ impl Coordinator {
             carry: HashMap::new(),
             hurried: false,
             identities: BTreeMap::new(),
+            watch: WatchFiring::default(),
         }
+    }
+
+    /// Checkpoints keep what the feed watch has fired.
+    pub fn with_watch(mut self, watch: WatchFiring) -> Self {
+        self.watch = watch;
+        self
     }
 
     /// Checkpoints name what the sources read (see [`Head::identities`]).
@@ -358,6 +368,7 @@ impl Coordinator {
             sources: self.positions.clone(),
             sinks: sink_cuts,
             identities: self.identities.clone(),
+            watch: self.watch.saved(),
         };
         write(self.dir.clone(), head, shards)
             .await

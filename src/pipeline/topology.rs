@@ -17,7 +17,7 @@ use super::coordinator::{self, Coordinator, Schedule};
 use crate::api::{Server, Views};
 use crate::channels::fanout::Outputs;
 use crate::channels::feeds::Feeds;
-use crate::channels::query::Questions;
+use crate::channels::query::{Questions, WatchFiring};
 use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::keyed::alerts::watch::Watch;
 use crate::operators::feed_watch;
@@ -318,7 +318,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         shard_tasks.spawn(on_own_thread(index, shard, rx)?);
     }
     let ownership = crate::channels::query::Ownership::default();
-    let questions = Questions::new(&shard_txs, ownership.clone());
+    let watch_firing = WatchFiring::default();
+    let questions = Questions::new(&shard_txs, ownership.clone(), watch_firing.clone());
     let router = Router::new(shard_txs);
     let mut coordinator = Coordinator::new(
         config.data_dir.clone(),
@@ -354,13 +355,25 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             (name, result)
         });
     }
-    let coordinator = tokio::spawn(coordinator.run());
+    // What the watch had fired stays fired; a silent feed has not been
+    // heard since its silence began.
+    let mut watch = Watch::new(watch_rules);
+    let saved_watch = head.as_ref().map(|h| h.watch.clone()).unwrap_or_default();
+    let announce = watch.restore(&saved_watch);
+    for s in &saved_watch {
+        if let Some(source) = &s.source {
+            feeds.heard_last_at(source, &s.cluster, s.since);
+        }
+    }
+    let coordinator = tokio::spawn(coordinator.with_watch(watch_firing.clone()).run());
     let stop_watch = CancellationToken::new();
     let watch = tokio::spawn(feed_watch::run(
-        Watch::new(watch_rules),
+        watch,
+        announce,
         feeds,
         views.nodes.clone(),
         outputs.clone(),
+        watch_firing.clone(),
         stop_watch.clone(),
     ));
     // Only the sources and the coordinator hold the router, and only the
@@ -452,6 +465,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             sources: positions,
             sinks: sink_ctx.offsets.ends(),
             identities: config.source_identities(),
+            watch: watch_firing.saved(),
         };
         match coordinator::write(config.data_dir.clone(), head, states).await {
             Ok(bytes) => tracing::info!(bytes, "final checkpoint written"),

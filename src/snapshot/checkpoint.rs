@@ -94,6 +94,11 @@ pub struct Head {
     /// default: older checkpoints have none and are not checked.
     #[serde(default)]
     pub identities: BTreeMap<String, String>,
+    /// The feed watch's alerts that had fired (`feed_silent`,
+    /// `instance_down`): they stay fired across the restart. Last, with a
+    /// default, as the keys above.
+    #[serde(default)]
+    pub watch: Vec<crate::keyed::alerts::watch::SavedWatchAlert>,
 }
 
 /// Why a checkpoint whose sources read `saved` does not belong to a
@@ -1057,6 +1062,12 @@ mod tests {
                 "file include [\"*.jsonl\"]".to_string(),
             )]
             .into(),
+            watch: vec![crate::keyed::alerts::watch::SavedWatchAlert {
+                rule: "feed_silent".into(),
+                cluster: "picl".into(),
+                source: Some("files".into()),
+                since: 1.7e9,
+            }],
         };
         let bytes = encoded(&st, &head);
         let back = decode(&bytes, Path::new("x")).unwrap();

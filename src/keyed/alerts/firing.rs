@@ -161,9 +161,11 @@ pub struct BadPosition(pub String);
 pub struct AlertPosition {
     pub since: f64,
     pub rule: usize,
-    /// 0 a job, 1 a node.
+    /// 0 a job, 1 a node, 2 a cluster (the feed watch's alerts: `rule`
+    /// is then among the watch's rules).
     pub kind: u8,
-    /// The job's id or the node's rank.
+    /// The job's id or the node's rank (a watch alert's: its source's
+    /// name, hashed).
     pub id: u64,
     pub cluster: Arc<str>,
 }

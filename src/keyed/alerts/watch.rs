@@ -48,6 +48,17 @@ pub struct FeedState<'a> {
     pub watched: bool,
 }
 
+/// A watch alert that had fired, as a checkpoint keeps it: by its rule's
+/// name (a new config may number its rules otherwise).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SavedWatchAlert {
+    pub rule: String,
+    pub cluster: String,
+    pub source: Option<String>,
+    /// When its condition began (wall clock).
+    pub since: f64,
+}
+
 #[derive(Debug, Clone)]
 struct Held {
     since: f64,
@@ -180,12 +191,59 @@ impl Watch {
         out
     }
 
-    /// The alerts firing now.
-    pub fn firing(&self) -> impl Iterator<Item = (&Rule, &WatchSubject, f64)> {
+    /// What has fired, for a checkpoint.
+    pub fn saved(&self) -> Vec<SavedWatchAlert> {
+        self.firing()
+            .map(|a| SavedWatchAlert {
+                rule: self.rules[a.rule].name.clone(),
+                cluster: a.subject.cluster,
+                source: a.subject.source,
+                since: a.since,
+            })
+            .collect()
+    }
+
+    /// Take over what had fired before a restart (before the first
+    /// look): it stays fired, from the same start, until its condition
+    /// clears; a rule no longer in the config is dropped. Returns the
+    /// alerts to announce again. The caller sets a silent feed's last
+    /// word back to `since`: it has not been heard since.
+    pub fn restore(&mut self, saved: &[SavedWatchAlert]) -> Vec<WatchAlert> {
+        for s in saved {
+            let Some(i) = self.rules.iter().position(|r| r.name == s.rule) else {
+                continue;
+            };
+            if self.rules[i].kind == RuleKind::InstanceDown {
+                self.down_since.insert(s.cluster.clone(), s.since);
+            }
+            let subject = WatchSubject {
+                cluster: s.cluster.clone(),
+                source: s.source.clone(),
+            };
+            self.holding.insert(
+                (i, subject),
+                Held {
+                    since: s.since,
+                    fired: true,
+                },
+            );
+        }
+        self.firing().collect()
+    }
+
+    /// The alerts firing now, as they fired.
+    pub fn firing(&self) -> impl Iterator<Item = WatchAlert> + '_ {
         self.holding
             .iter()
             .filter(|(_, h)| h.fired)
-            .map(|((rule, subject), h)| (&self.rules[*rule], subject, h.since))
+            .map(|((rule, subject), h)| WatchAlert {
+                rule: *rule,
+                subject: subject.clone(),
+                status: Status::Firing,
+                since: h.since,
+                starts_at: h.since + self.rules[*rule].hold_secs,
+                ends_at: None,
+            })
     }
 }
 
@@ -209,6 +267,35 @@ mod tests {
             .iter()
             .map(|a| (w.rules()[a.rule].name.clone(), a.status.as_str()))
             .collect()
+    }
+
+    #[test]
+    fn what_fired_stays_fired_across_a_restart() {
+        let mut w = Watch::new(default_cluster_rules());
+        let hold = 600.0;
+        w.evaluate(1000.0, &[feed("http", 1000.0)], ["picl"]);
+        let fired = w.evaluate(1000.0 + hold + 60.0, &[feed("http", 1000.0)], ["picl"]);
+        assert_eq!(fired.len(), 2, "{fired:?}");
+        let saved = w.saved();
+        assert_eq!(saved.len(), 2);
+        // A new run: what fired is announced again, as it was.
+        let mut again = Watch::new(default_cluster_rules());
+        let announced = again.restore(&saved);
+        assert_eq!(announced, fired);
+        // Nothing changed: nothing new fires or resolves.
+        let t = 1000.0 + hold + 120.0;
+        assert!(
+            again
+                .evaluate(t, &[feed("http", 1000.0)], ["picl"])
+                .is_empty()
+        );
+        // The instance is up again and the feed speaks: both resolve.
+        let done = again.evaluate(t + 1.0, &[feed("http", t)], []);
+        assert!(done.iter().all(|a| a.status == Status::Resolved));
+        assert_eq!(done.len(), 2);
+        // A rule gone from the config is not restored.
+        let mut other = Watch::new(Vec::new());
+        assert!(other.restore(&saved).is_empty());
     }
 
     #[test]
