@@ -1013,3 +1013,78 @@ inputs = ["alerts"]
 fn rfc3339_now() -> String {
     jiff::Timestamp::now().to_string()
 }
+
+/// A cluster named in the records (here `t`, beside the source's own
+/// `picl`) is a feed of its own: its last word is served, its silence
+/// fires `feed_silent` for it, and a heartbeat, which names no cluster,
+/// keeps every cluster of the source quiet.
+#[test]
+fn a_cluster_named_in_records_is_watched_as_a_feed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (http_port, api_port) = (common::free_port(), common::free_port());
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+data_dir = "{d}/data"
+
+[alerts.rules.feed_silent]
+kind = "feed_silent"
+for = "2s"
+
+[sources.flux]
+type = "http"
+address = "127.0.0.1:{http_port}"
+cluster = "picl"
+
+[sinks.none]
+type = "blackhole"
+inputs = ["alerts"]
+
+[api]
+address = "127.0.0.1:{api_port}"
+"#,
+            d = dir.path().display(),
+        ),
+    )
+    .expect("config");
+    let _fluxpipe = run_config(&config);
+    let client = common::http_client();
+    let url = format!("http://127.0.0.1:{http_port}/");
+    wait_for("the http source", 30, || client.post(&url).send().is_ok());
+    let answer = client
+        .post(&url)
+        .body(to_sched(1, now()))
+        .send()
+        .expect("POST");
+    assert_eq!(answer.status().as_u16(), 200);
+    let seen = |cluster: &str| {
+        series(
+            &common::scrape(api_port),
+            &[
+                "fluxpipe_feed_last_seen_timestamp_seconds{",
+                "source=\"flux\"",
+                &format!("flux_cluster=\"{cluster}\""),
+            ],
+        )
+        .len()
+    };
+    wait_for("t's last word", 10, || seen("t") == 1);
+    let silent = |cluster: &str| {
+        let (_, body) =
+            common::http_get(api_port, &format!("/api/v1/alerts?cluster={cluster}")).expect("API");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        v["alerts"].as_array().is_some_and(|list| {
+            list.iter().any(|a| {
+                a["labels"]["alertname"] == "feed_silent" && a["labels"]["source"] == "flux"
+            })
+        })
+    };
+    wait_for("feed_silent for t", 15, || silent("t"));
+    // Heartbeats: every cluster of the source is heard.
+    wait_for("quiet again", 15, || {
+        let _ = client.post(&url).send();
+        !silent("t") && !silent("picl")
+    });
+}

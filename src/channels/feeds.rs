@@ -8,6 +8,7 @@
 //! second) that the notes copy, so no source reads the system clock per
 //! line.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -47,12 +48,18 @@ pub struct FeedReading {
     pub watched: bool,
 }
 
-/// A source's handle on its feed: note that it was heard.
+/// A source's handle on its feed: note that it was heard. Records that
+/// name a cluster other than the source's are that cluster's feed of the
+/// source, made when first heard ([`Feed::heard_for`]).
 #[derive(Debug, Clone)]
 pub struct Feed {
     feeds: Feeds,
+    source: Arc<str>,
+    heartbeats: bool,
     last: Arc<AtomicU64>,
     watched: Arc<AtomicBool>,
+    /// The feeds of the clusters its records named, by name.
+    named: Arc<Mutex<HashMap<Box<str>, Arc<AtomicU64>>>>,
 }
 
 fn wall_millis() -> u64 {
@@ -73,21 +80,37 @@ impl Default for Feeds {
 impl Feeds {
     /// A feed of `source` for `cluster`, heard as of now.
     pub fn register(&self, source: &str, cluster: &str, heartbeats: bool) -> Feed {
-        let last = Arc::new(AtomicU64::new(self.0.now.load(Ordering::Relaxed)));
         let watched = Arc::new(AtomicBool::new(true));
+        let source: Arc<str> = source.into();
+        let last = self.add(&source, cluster, heartbeats, &watched);
+        Feed {
+            feeds: self.clone(),
+            source,
+            heartbeats,
+            last,
+            watched,
+            named: Arc::default(),
+        }
+    }
+
+    /// A feed in the list, heard as of now; its last word.
+    fn add(
+        &self,
+        source: &Arc<str>,
+        cluster: &str,
+        heartbeats: bool,
+        watched: &Arc<AtomicBool>,
+    ) -> Arc<AtomicU64> {
+        let last = Arc::new(AtomicU64::new(self.0.now.load(Ordering::Relaxed)));
         let mut list = self.0.list.lock().unwrap_or_else(|e| e.into_inner());
         list.push(Registered {
-            source: source.into(),
+            source: source.clone(),
             cluster: cluster.into(),
             heartbeats,
             last: last.clone(),
             watched: watched.clone(),
         });
-        Feed {
-            feeds: self.clone(),
-            last,
-            watched,
-        }
+        last
     }
 
     /// Move the coarse clock to `now` (milliseconds since the epoch).
@@ -98,19 +121,6 @@ impl Feeds {
     /// Move the coarse clock to the wall clock.
     pub fn tick_wall(&self) {
         self.tick(wall_millis());
-    }
-
-    /// Feed `source` of `cluster` was last heard at `at` (seconds since
-    /// the epoch): what a restart restores of a feed that had gone silent.
-    pub fn heard_last_at(&self, source: &str, cluster: &str, at: f64) {
-        let list = self.0.list.lock().unwrap_or_else(|e| e.into_inner());
-        for r in list
-            .iter()
-            .filter(|r| &*r.source == source && &*r.cluster == cluster)
-        {
-            r.last
-                .store((at.max(0.0) * 1000.0) as u64, Ordering::Relaxed);
-        }
     }
 
     /// Every feed, as it stands.
@@ -141,17 +151,72 @@ impl Feed {
         self.watched.store(watched, Ordering::Relaxed);
     }
 
-    /// The feed was heard (a line, a heartbeat).
+    /// The feed was heard (a line).
     #[inline]
     pub fn heard(&self) {
+        self.note(&self.last);
+    }
+
+    #[inline]
+    fn note(&self, last: &AtomicU64) {
         let now = self.feeds.0.now.load(Ordering::Relaxed);
         // A store only once a tick: the line path does not write a
         // shared cache line per line.
-        if self.last.load(Ordering::Relaxed) < now {
-            self.last.store(now, Ordering::Relaxed);
+        if last.load(Ordering::Relaxed) < now {
+            last.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// A heartbeat (a blank line, an empty `POST`): the feeder lives, for
+    /// every cluster it has sent (a heartbeat names none).
+    pub fn heartbeat(&self) {
+        self.heard();
+        let named = self.named.lock().unwrap_or_else(|e| e.into_inner());
+        for last in named.values() {
+            self.note(last);
+        }
+    }
+
+    /// This source's feed of `cluster` (its own, or one its records
+    /// named) was last heard at `at`, seconds since the epoch: what a
+    /// restart restores of a feed that had gone silent.
+    pub fn heard_last_at(&self, own: &str, cluster: &str, at: f64) {
+        let at = (at.max(0.0) * 1000.0) as u64;
+        if cluster == own {
+            self.last.store(at, Ordering::Relaxed);
+            return;
+        }
+        let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
+        if !named.contains_key(cluster) && named.len() < NAMED_MAX {
+            let last = self
+                .feeds
+                .add(&self.source, cluster, self.heartbeats, &self.watched);
+            named.insert(cluster.into(), last);
+        }
+        if let Some(last) = named.get(cluster) {
+            last.store(at, Ordering::Relaxed);
+        }
+    }
+
+    /// A record named `cluster`: that cluster's feed of this source was
+    /// heard (made, and watched from now, the first time).
+    pub fn heard_for(&self, cluster: &str) {
+        let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(last) = named.get(cluster) {
+            self.note(last);
+        } else if named.len() < NAMED_MAX {
+            let last = self
+                .feeds
+                .add(&self.source, cluster, self.heartbeats, &self.watched);
+            named.insert(cluster.into(), last);
         }
     }
 }
+
+/// Clusters a source's records may name that get a feed of their own:
+/// what a feed that names a new cluster in every line can make the watch
+/// hold.
+pub const NAMED_MAX: usize = 1000;
 
 #[cfg(test)]
 mod tests {
@@ -179,5 +244,50 @@ mod tests {
         );
         feed.set_watched(false);
         assert!(!feeds.readings()[0].watched);
+    }
+
+    #[test]
+    fn clusters_named_in_records_are_feeds_of_their_own() {
+        let feeds = Feeds::default();
+        let feed = feeds.register("kafka", "picl", true);
+        let start = feeds.readings()[0].last_heard;
+        let t = (start * 1000.0) as u64;
+        feeds.tick(t + 1_000);
+        feed.heard_for("other");
+        feeds.tick(t + 2_000);
+        feed.heard_for("other");
+        let r = feeds.readings();
+        assert_eq!(r.len(), 2);
+        assert_eq!((&*r[1].source, &*r[1].cluster), ("kafka", "other"));
+        assert_eq!(r[1].last_heard, (t + 2_000) as f64 / 1000.0);
+        assert_eq!(r[0].last_heard, start, "the source's own not heard");
+        // A heartbeat is every cluster's; being watched too.
+        feeds.tick(t + 3_000);
+        feed.heartbeat();
+        assert!(
+            feeds
+                .readings()
+                .iter()
+                .all(|r| r.last_heard == (t + 3_000) as f64 / 1000.0)
+        );
+        feed.set_watched(false);
+        assert!(feeds.readings().iter().all(|r| !r.watched));
+        // Restored: the source's own, and a named one made if need be
+        // (once: its records find it).
+        feed.heard_last_at("picl", "picl", 1.5);
+        feed.heard_last_at("picl", "far", 2.5);
+        feed.heard_for("far");
+        let r = feeds.readings();
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].last_heard, 1.5);
+        assert_eq!(
+            (&*r[2].cluster, r[2].last_heard),
+            ("far", (t + 3_000) as f64 / 1000.0)
+        );
+        // Capped.
+        for i in 0..NAMED_MAX + 5 {
+            feed.heard_for(&format!("c{i}"));
+        }
+        assert_eq!(feeds.readings().len(), 1 + NAMED_MAX);
     }
 }

@@ -331,6 +331,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     )
     .with_identities(config.source_identities());
 
+    // What the watch had fired stays fired; a silent feed has not been
+    // heard since its silence began.
+    let mut watch = Watch::new(watch_rules);
+    let saved_watch = head.as_ref().map(|h| h.watch.clone()).unwrap_or_default();
+    let announce = watch.restore(&saved_watch);
     let feeds = Feeds::default();
     let mut source_tasks = JoinSet::new();
     for (index, (name, source)) in config.sources.iter().enumerate() {
@@ -346,7 +351,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         )
         .with_ownership(ownership.clone())
         .with_readiness(views.ready.clone())
-        .with_feed(feeds.register(name, &source.decode().cluster, source.heartbeats()));
+        .with_feed({
+            let own = &source.decode().cluster;
+            let feed = feeds.register(name, own, source.heartbeats());
+            for s in saved_watch
+                .iter()
+                .filter(|s| s.source.as_ref() == Some(name))
+            {
+                feed.heard_last_at(own, &s.cluster, s.since);
+            }
+            feed
+        });
         let (name, source) = (name.clone(), source.clone());
         source_tasks.spawn(async move {
             let result = sources::run(source, ctx).await;
@@ -354,16 +369,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
             link.finish(&Arc::from(name.as_str()), positions).await;
             (name, result)
         });
-    }
-    // What the watch had fired stays fired; a silent feed has not been
-    // heard since its silence began.
-    let mut watch = Watch::new(watch_rules);
-    let saved_watch = head.as_ref().map(|h| h.watch.clone()).unwrap_or_default();
-    let announce = watch.restore(&saved_watch);
-    for s in &saved_watch {
-        if let Some(source) = &s.source {
-            feeds.heard_last_at(source, &s.cluster, s.since);
-        }
     }
     let coordinator = tokio::spawn(coordinator.with_watch(watch_firing.clone()).run());
     let stop_watch = CancellationToken::new();

@@ -120,7 +120,7 @@ impl SourceContext {
 
     /// The feed spoke without a line: a heartbeat (an empty `POST`).
     pub fn heard(&self) {
-        self.feed.heard();
+        self.feed.heartbeat();
     }
 
     /// Whether this source answers for its feed now (see
@@ -286,9 +286,17 @@ impl SourceContext {
             }
         };
         if bytes.iter().all(u8::is_ascii_whitespace) {
+            self.feed.heartbeat();
             return None;
         }
         let decoded = decode::decode_line(bytes, origin, self.decode.format);
+        // A cluster the line names is a feed of its own (the source's own
+        // was heard above).
+        for c in decoded.records.iter().filter_map(|r| r.cluster.as_deref()) {
+            if c != &*self.cluster {
+                self.feed.heard_for(c);
+            }
+        }
         for err in &decoded.errors {
             let error = err.to_string();
             self.dead_letter(&location(), &error, bytes).await;
