@@ -455,6 +455,23 @@ def watched(r: dict) -> bool:
     return r.get("kind") == "alert" and r.get("alertname") in WATCH_ALERTS
 
 
+def first_of_each(records: list[dict], problems: list[str], what: str) -> list[dict]:
+    """Alert records, each once: watch alerts are at least once (one
+    announced again after a restart repeats its record id), and a repeat
+    must say it is one (`restored`)."""
+    seen, out = set(), []
+    for r in records:
+        rid = r.get("record_id")
+        if rid in seen:
+            if r.get("restored") is not True:
+                problems.append(f"{what}: {r.get('alertname')} {r.get('status')} repeated "
+                                f"without `restored`: {r}")
+            continue
+        seen.add(rid)
+        out.append(r)
+    return out
+
+
 def alert_time(text: str | None) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else math.nan
 
@@ -499,7 +516,9 @@ class Watchman:
         after `down_at` (what caused it) and ended after `up_at` (what
         ended it)."""
         self.episodes += 1
-        mine = [r for r in self.pipe.alerts() if watched(r) and r.get("record_id") not in before]
+        mine = first_of_each([r for r in self.pipe.alerts()
+                              if watched(r) and r.get("record_id") not in before],
+                             self.problems, what)
         got = [(r.get("alertname"), r.get("status")) for r in mine]
         if got != [(alertname, "firing"), (alertname, "resolved")]:
             self.problems.append(f"{what}: the alerts written were {got}, not one "
@@ -533,7 +552,7 @@ class Watchman:
 
     def check_file(self, records: list[dict]) -> None:
         """The whole alerts file at the end: the episodes' records, in
-        order, exactly once (a SIGKILL cut none back, none repeated), and
+        order, each once (a SIGKILL cut none back; a repeat is a restored announcement), and
         no node_offline but one a rank's own offline interval earns
         (longer than its `for`: not a rank of an instance that was down)."""
         alerts = [r for r in self.pipe.alerts()]
@@ -541,11 +560,13 @@ class Watchman:
         if torn:
             self.problems.append(f"{len(torn)} lines of the alerts file are not alerts: "
                                  f"{torn[:3]}")
-        got = [r.get("record_id") for r in alerts if r.get("alertname") in WATCH_ALERTS]
+        ours = first_of_each([r for r in alerts if r.get("alertname") in WATCH_ALERTS],
+                             self.problems, "the alerts file")
+        got = [r.get("record_id") for r in ours]
         if got != self.expected:
             self.problems.append(f"the alerts file's watch alerts are not the "
                                  f"{self.episodes} episodes' firing and resolution: "
-                                 f"{[(r.get('alertname'), r.get('status')) for r in alerts if r.get('alertname') in WATCH_ALERTS]}")
+                                 f"{[(r.get('alertname'), r.get('status')) for r in ours]}")
         for a in alerts:
             if a.get("kind") != "alert" or a.get("alertname") in WATCH_ALERTS:
                 continue
