@@ -19,7 +19,7 @@ pub mod cli;
 pub mod component;
 pub mod decode;
 pub mod exposition;
-pub mod flux;
+pub use flux_model as flux;
 pub mod keyed;
 pub mod operators;
 pub mod output;

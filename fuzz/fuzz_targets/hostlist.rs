@@ -1,7 +1,7 @@
 //! Hostlist decoding never panics, and whatever decodes round-trips.
 #![no_main]
 
-use fluxpipe::flux::hostlist::Hostlist;
+use flux_model::hostlist::Hostlist;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

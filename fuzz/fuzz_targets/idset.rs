@@ -1,7 +1,7 @@
 //! Idset decoding never panics, and whatever decodes round-trips.
 #![no_main]
 
-use fluxpipe::flux::idset::{IdSet, Ranks};
+use flux_model::idset::{IdSet, Ranks};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

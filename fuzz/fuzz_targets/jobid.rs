@@ -1,7 +1,7 @@
 //! Job id decoding never panics, and whatever decodes re-encodes to itself.
 #![no_main]
 
-use fluxpipe::flux::jobid::{Encoding, JobId};
+use flux_model::jobid::{Encoding, JobId};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

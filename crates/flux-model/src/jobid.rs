@@ -487,7 +487,7 @@ mod tests {
     }
 
     fn read_oracle(name: &str) -> String {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus/oracles/");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/corpus/oracles/");
         std::fs::read_to_string(format!("{dir}{name}")).unwrap()
     }
 

@@ -573,7 +573,7 @@ mod tests {
 
     fn corpus(rel: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/corpus")
+            .join("../../tests/corpus")
             .join(rel)
     }
 
