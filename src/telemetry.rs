@@ -207,6 +207,51 @@ pub mod metric {
     FLUXPIPE_SOURCE_ERRORS_TOTAL = "fluxpipe_source_errors_total", Counter, None, "Source I/O errors.";
     FLUXPIPE_UDP_RECEIVE_DROPS_TOTAL = "fluxpipe_udp_receive_drops_total", Counter, None, "Datagrams the kernel dropped for a UDP socket source (its receive buffer was full).";
     }
+
+    macro_rules! rendered {
+        ($($id:ident = $name:literal, $kind:ident, $help:literal;)*) => {
+            $(pub const $id: &str = $name;)*
+            /// Name, kind and help of each.
+            pub const RENDERED: &[(&str, Kind, &str)] = &[$(($name, Kind::$kind, $help)),*];
+        };
+    }
+
+    // Series written at scrape time from views the pipeline keeps anyway
+    // (not through the recorder): their headers come from here too.
+    rendered! {
+    FLUX_INSTANCE_UP = "flux_instance_up", Gauge, "0 once the forwarder lost the instance (instance-down) until it restarts, else 1.";
+    FLUX_NODES = "flux_nodes", Gauge, "Nodes (broker ranks) known.";
+    FLUX_NODES_ONLINE = "flux_nodes_online", Gauge, "Nodes online.";
+    FLUX_NODES_OFFLINE = "flux_nodes_offline", Gauge, "Nodes offline.";
+    FLUX_NODES_LIVENESS_UNKNOWN = "flux_nodes_liveness_unknown", Gauge, "Nodes nothing said were online or offline (state read from a KVS resource eventlog alone).";
+    FLUX_NODES_DRAINED = "flux_nodes_drained", Gauge, "Nodes drained and running no job (flux resource status: drained).";
+    FLUX_NODES_DRAINING = "flux_nodes_draining", Gauge, "Nodes drained and still running a job (flux resource status: draining).";
+    FLUX_NODES_TORPID = "flux_nodes_torpid", Gauge, "Nodes torpid.";
+    FLUX_NODE_ONLINE = "flux_node_online", Gauge, "1 if the node is online.";
+    FLUX_NODE_TORPID = "flux_node_torpid", Gauge, "1 if the node is torpid.";
+    FLUX_NODE_DRAIN_INFO = "flux_node_drain_info", Gauge, "1 while the node is drained, with the reason and state (drained, or draining while a job still runs on it).";
+    FLUX_NODE_DRAIN_TIMESTAMP_SECONDS = "flux_node_drain_timestamp_seconds", Gauge, "When the node was drained (Unix time), while it is drained.";
+    FLUX_NODE_DRAINED_SECONDS_TOTAL = "flux_node_drained_seconds_total", Counter, "Seconds the node spent drained, up to the cluster's clock (alerts.clock).";
+    FLUX_NODE_OFFLINE_SECONDS_TOTAL = "flux_node_offline_seconds_total", Counter, "Seconds the node spent offline, up to the cluster's clock (alerts.clock).";
+    FLUX_JOB_STATE_OLDEST_ENTRY_TIMESTAMP_SECONDS = "flux_job_state_oldest_entry_timestamp_seconds", Gauge, "When the job that has been longest in the state entered it (Unix time).";
+    FLUX_JOBS_BY_USER = "flux_jobs_by_user", Gauge, "Active jobs per user and state (per_user_jobs).";
+    FLUXPIPE_SINK_BUFFERED_RECORDS = "fluxpipe_sink_buffered_records", Gauge, "Records queued for or held by a sink and not yet delivered or given up on.";
+    }
+
+    /// The `# HELP` and `# TYPE` lines of a series of [`RENDERED`].
+    pub fn header(out: &mut String, name: &str) {
+        use std::fmt::Write;
+        let Some(&(_, kind, help)) = RENDERED.iter().find(|(n, _, _)| *n == name) else {
+            return;
+        };
+        let kind = match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+    }
 }
 
 fn describe() {
@@ -378,15 +423,7 @@ impl NodeBoard {
             return String::new();
         };
         let mut out = String::new();
-        let header = |out: &mut String, name: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-        };
-        header(
-            &mut out,
-            "flux_instance_up",
-            "0 once the forwarder lost the instance (instance-down) until it restarts, else 1.",
-        );
+        metric::header(&mut out, metric::FLUX_INSTANCE_UP);
         for (cluster, c) in board.iter() {
             let _ = writeln!(
                 out,
@@ -396,41 +433,20 @@ impl NodeBoard {
             );
         }
         use crate::flux::resource::NodeCount;
-        let totals: [(&str, &str, Option<NodeCount>); 7] = [
-            ("flux_nodes", "Nodes (broker ranks) known.", None),
+        let totals: [(&str, Option<NodeCount>); 7] = [
+            (metric::FLUX_NODES, None),
+            (metric::FLUX_NODES_ONLINE, Some(NodeCount::Online)),
+            (metric::FLUX_NODES_OFFLINE, Some(NodeCount::Offline)),
             (
-                "flux_nodes_online",
-                "Nodes online.",
-                Some(NodeCount::Online),
-            ),
-            (
-                "flux_nodes_offline",
-                "Nodes offline.",
-                Some(NodeCount::Offline),
-            ),
-            (
-                "flux_nodes_liveness_unknown",
-                "Nodes nothing said were online or offline (state read from a KVS resource eventlog alone).",
+                metric::FLUX_NODES_LIVENESS_UNKNOWN,
                 Some(NodeCount::Unknown),
             ),
-            (
-                "flux_nodes_drained",
-                "Nodes drained and running no job (flux resource status: drained).",
-                Some(NodeCount::Drained),
-            ),
-            (
-                "flux_nodes_draining",
-                "Nodes drained and still running a job (flux resource status: draining).",
-                Some(NodeCount::Draining),
-            ),
-            (
-                "flux_nodes_torpid",
-                "Nodes torpid.",
-                Some(NodeCount::Torpid),
-            ),
+            (metric::FLUX_NODES_DRAINED, Some(NodeCount::Drained)),
+            (metric::FLUX_NODES_DRAINING, Some(NodeCount::Draining)),
+            (metric::FLUX_NODES_TORPID, Some(NodeCount::Torpid)),
         ];
-        for (name, help, count) in totals {
-            header(&mut out, name, help);
+        for (name, count) in totals {
+            metric::header(&mut out, name);
             for (cluster, c) in board.iter() {
                 let n = c
                     .ranks
@@ -443,12 +459,9 @@ impl NodeBoard {
         if !per_node {
             return out;
         }
-        let per_node: [(&str, &str); 2] = [
-            ("flux_node_online", "1 if the node is online."),
-            ("flux_node_torpid", "1 if the node is torpid."),
-        ];
-        for (i, (name, help)) in per_node.iter().enumerate() {
-            header(&mut out, name, help);
+        let per_node = [metric::FLUX_NODE_ONLINE, metric::FLUX_NODE_TORPID];
+        for (i, name) in per_node.iter().enumerate() {
+            metric::header(&mut out, name);
             for (cluster, c) in board.iter() {
                 for r in c.ranks.values().map(|n| &n.state) {
                     // No series for a node whose liveness is unknown.
@@ -459,11 +472,7 @@ impl NodeBoard {
                 }
             }
         }
-        header(
-            &mut out,
-            "flux_node_drain_info",
-            "1 while the node is drained, with the reason and state (drained, or draining while a job still runs on it).",
-        );
+        metric::header(&mut out, metric::FLUX_NODE_DRAIN_INFO);
         for (cluster, c) in board.iter() {
             for r in c.ranks.values().map(|n| &n.state).filter(|r| r.drained) {
                 let _ = writeln!(
@@ -475,11 +484,7 @@ impl NodeBoard {
                 );
             }
         }
-        header(
-            &mut out,
-            "flux_node_drain_timestamp_seconds",
-            "When the node was drained (Unix time), while it is drained.",
-        );
+        metric::header(&mut out, metric::FLUX_NODE_DRAIN_TIMESTAMP_SECONDS);
         for (cluster, c) in board.iter() {
             for r in c.ranks.values().map(|n| &n.state).filter(|r| r.drained) {
                 if let Some(ts) = r.drain_timestamp {
@@ -491,22 +496,13 @@ impl NodeBoard {
                 }
             }
         }
-        type LostSeries = (&'static str, &'static str, fn(&Node) -> Lost);
+        type LostSeries = (&'static str, fn(&Node) -> Lost);
         let lost: [LostSeries; 2] = [
-            (
-                "flux_node_drained_seconds_total",
-                "Seconds the node spent drained, up to the cluster's clock (alerts.clock).",
-                |n| n.drained,
-            ),
-            (
-                "flux_node_offline_seconds_total",
-                "Seconds the node spent offline, up to the cluster's clock (alerts.clock).",
-                |n| n.offline,
-            ),
+            (metric::FLUX_NODE_DRAINED_SECONDS_TOTAL, |n| n.drained),
+            (metric::FLUX_NODE_OFFLINE_SECONDS_TOTAL, |n| n.offline),
         ];
-        for (name, help, get) in lost {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
+        for (name, get) in lost {
+            metric::header(&mut out, name);
             for (cluster, c) in board.iter() {
                 let now = self.now(cluster, c.latest);
                 for n in c.ranks.values() {
@@ -594,13 +590,9 @@ impl StateAges {
             let e = min.entry((cluster.as_str(), state)).or_insert(*t);
             *e = e.min(*t);
         }
-        let name = "flux_job_state_oldest_entry_timestamp_seconds";
+        let name = metric::FLUX_JOB_STATE_OLDEST_ENTRY_TIMESTAMP_SECONDS;
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP {name} When the job that has been longest in the state entered it (Unix time)."
-        );
-        let _ = writeln!(out, "# TYPE {name} gauge");
+        metric::header(&mut out, name);
         for ((cluster, state), t) in min {
             let _ = writeln!(
                 out,
@@ -650,13 +642,9 @@ impl UserJobs {
         let Ok(counts) = counts.lock() else {
             return String::new();
         };
-        let name = "flux_jobs_by_user";
+        let name = metric::FLUX_JOBS_BY_USER;
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP {name} Active jobs per user and state (per_user_jobs)."
-        );
-        let _ = writeln!(out, "# TYPE {name} gauge");
+        metric::header(&mut out, name);
         for ((cluster, userid, state), n) in counts.iter() {
             let _ = writeln!(
                 out,
@@ -739,6 +727,32 @@ mod tests {
             );
             assert!(help.ends_with('.'), "{name}: {help}");
         }
+    }
+
+    /// Every series fluxpipe serves is in the manual (docs/metrics.md).
+    #[test]
+    fn every_metric_is_in_the_manual() {
+        let manual = include_str!("../docs/metrics.md");
+        let names = metric::ALL
+            .iter()
+            .map(|m| m.0)
+            .chain(metric::RENDERED.iter().map(|m| m.0));
+        let missing: Vec<&str> = names
+            .filter(|n| !manual.contains(&format!("`{n}")))
+            .collect();
+        assert!(missing.is_empty(), "not in docs/metrics.md: {missing:?}");
+        let mut seen = std::collections::HashSet::new();
+        for &(name, _, help) in metric::RENDERED {
+            assert!(seen.insert(name), "{name} twice");
+            assert!(metric::ALL.iter().all(|m| m.0 != name), "{name} in both");
+            assert!(help.ends_with('.'), "{name}: {help}");
+        }
+        let mut out = String::new();
+        metric::header(&mut out, metric::FLUX_NODE_OFFLINE_SECONDS_TOTAL);
+        assert!(
+            out.ends_with("# TYPE flux_node_offline_seconds_total counter\n"),
+            "{out}"
+        );
     }
 
     /// Metrics are recorded by the catalog's names, never a literal (whose

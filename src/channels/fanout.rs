@@ -289,13 +289,9 @@ impl SinkCounters {
     /// at scrape time from the counters the pipeline keeps anyway).
     pub fn render(&self) -> String {
         use std::fmt::Write;
-        let name = "fluxpipe_sink_buffered_records";
+        let name = crate::telemetry::metric::FLUXPIPE_SINK_BUFFERED_RECORDS;
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP {name} Records queued for or held by a sink and not yet delivered or given up on."
-        );
-        let _ = writeln!(out, "# TYPE {name} gauge");
+        crate::telemetry::metric::header(&mut out, name);
         for c in self.0.iter() {
             let buffered = c
                 .queued

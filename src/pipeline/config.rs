@@ -1119,3 +1119,185 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
         );
     }
 }
+
+/// The manual's key tables (docs/configuration.md) held to the config
+/// types: every key of every source and sink type is documented, under
+/// its type or among the keys every source or sink has, and nothing is
+/// documented that the code does not take.
+#[cfg(test)]
+mod manual {
+    use crate::sinks::SinkConfig;
+    use crate::sources::SourceConfig;
+    use std::collections::BTreeSet;
+
+    const MANUAL: &str = include_str!("../../docs/configuration.md");
+
+    /// The keys a config type takes, as serde lists them when refusing
+    /// an unknown one.
+    fn keys_of(error: &str) -> BTreeSet<String> {
+        let listed = error
+            .split("expected one of ")
+            .nth(1)
+            .or_else(|| error.split("expected ").nth(1))
+            .unwrap_or("");
+        // serde: "expected `a`", "expected `a` or `b`", "expected one
+        // of `a`, `b`, `c`".
+        let listed = listed
+            .split('\n')
+            .next()
+            .unwrap_or("")
+            .replace(" or ", ", ");
+        listed
+            .split(", ")
+            .filter_map(|k| k.trim().strip_prefix('`')?.split('`').next())
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn code_keys(section: &str, kind: &str) -> BTreeSet<String> {
+        let text = format!("type = \"{kind}\"\nzz_probe = 1\n");
+        let error = match section {
+            "sources" => toml::from_str::<SourceConfig>(&text).err(),
+            _ => toml::from_str::<SinkConfig>(&text).err(),
+        };
+        let error = error.map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("zz_probe"), "{section} {kind}: {error}");
+        keys_of(&error)
+    }
+
+    /// The first-column keys of the key tables of `part`.
+    fn table_keys(part: &str) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        // Only tables headed `| key |` (not the list of example files).
+        let mut in_keys = false;
+        for line in part.lines() {
+            if line.starts_with("| key |") {
+                in_keys = true;
+            } else if !line.starts_with('|') {
+                in_keys = false;
+            }
+            if !in_keys {
+                continue;
+            }
+            if let Some(key) = line
+                .strip_prefix("| `")
+                .and_then(|rest| rest.split('`').next())
+            {
+                // `tls.crt_file` is a key of the `tls` table.
+                out.insert(key.split('.').next().unwrap_or(key).to_string());
+            }
+        }
+        out
+    }
+
+    /// The manual's part about sources or sinks, cut at each type.
+    fn documented(section: &str) -> (BTreeSet<String>, Vec<(String, BTreeSet<String>)>) {
+        let (start, end) = match section {
+            "sources" => ("**Sources.**", "**Sinks.**"),
+            _ => ("**Sinks.**", "\n## "),
+        };
+        let part = MANUAL.split(start).nth(1).expect("the part");
+        let part = part.split(end).next().expect("its end");
+        let mut pieces = part.split("\n`type = \"");
+        let common = table_keys(pieces.next().unwrap_or(""));
+        let typed = pieces
+            .map(|p| {
+                let kind = p.split('"').next().unwrap_or("").to_string();
+                (kind, table_keys(p))
+            })
+            .collect();
+        (common, typed)
+    }
+
+    /// The global keys and those of its tables (`log.level`), in the
+    /// manual's first key table, and the code's.
+    #[test]
+    fn every_global_key_is_in_the_manual() {
+        let part = MANUAL
+            .split("## Every config key")
+            .nth(1)
+            .and_then(|p| p.split("**Sources.**").next())
+            .expect("the global keys");
+        let documented: BTreeSet<String> = part
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+            .map(str::to_string)
+            .collect();
+        let probe = |table: &str| {
+            let text = if table.is_empty() {
+                "zz_probe = 1\n".to_string()
+            } else {
+                format!("[{table}]\nzz_probe = 1\n")
+            };
+            let error = toml::from_str::<super::Config>(&text)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains("zz_probe"), "[{table}]: {error}");
+            keys_of(&error)
+        };
+        let mut code = BTreeSet::new();
+        for key in probe("") {
+            let nested = ["log", "operators", "checkpoint", "api"].contains(&key.as_str());
+            if nested {
+                code.extend(probe(&key).into_iter().map(|k| format!("{key}.{k}")));
+            } else if key == "alerts" {
+                code.extend(probe("alerts").into_iter().map(|k| match k.as_str() {
+                    "rules" => "alerts.rules.NAME".to_string(),
+                    _ => format!("alerts.{k}"),
+                }));
+            } else if key == "sources" || key == "sinks" {
+                code.insert(format!("{key}.NAME"));
+            } else {
+                code.insert(key);
+            }
+        }
+        let missing: Vec<&String> = code.difference(&documented).collect();
+        assert!(
+            missing.is_empty(),
+            "not in docs/configuration.md: {missing:?}"
+        );
+        let unknown: Vec<&String> = documented.difference(&code).collect();
+        assert!(unknown.is_empty(), "documented, not taken: {unknown:?}");
+    }
+
+    #[test]
+    fn every_key_of_every_component_is_in_the_manual() {
+        for (section, types) in [
+            ("sources", SourceConfig::TYPES),
+            ("sinks", SinkConfig::TYPES),
+        ] {
+            let (common, typed) = documented(section);
+            assert!(common.contains("type"), "{section}: {common:?}");
+            for kind in types {
+                let code = code_keys(section, kind);
+                let own: BTreeSet<String> = typed
+                    .iter()
+                    .filter(|(k, _)| k == kind)
+                    .flat_map(|(_, keys)| keys.iter().cloned())
+                    .collect();
+                let missing: Vec<&String> = code
+                    .iter()
+                    .filter(|k| !own.contains(*k) && !common.contains(*k))
+                    .collect();
+                assert!(
+                    missing.is_empty(),
+                    "{section} type {kind}: keys not in docs/configuration.md: {missing:?}"
+                );
+                let unknown: Vec<&String> = own.iter().filter(|k| !code.contains(*k)).collect();
+                assert!(
+                    unknown.is_empty(),
+                    "{section} type {kind}: docs/configuration.md documents keys it does not take: {unknown:?}"
+                );
+            }
+            for c in common.iter().filter(|c| *c != "type") {
+                for kind in types {
+                    assert!(
+                        code_keys(section, kind).contains(c),
+                        "{section}: `{c}` is said to be every type's, but {kind} does not take it"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -51,6 +51,9 @@ macro_rules! sink_types {
         }
 
         impl SinkConfig {
+            /// Every `type = "NAME"`.
+            pub const TYPES: &[&str] = &[$(stringify!($module)),*];
+
             /// The keys every sink has.
             pub fn common(&self) -> SinkCommon<'_> {
                 match self {

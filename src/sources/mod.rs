@@ -450,6 +450,9 @@ macro_rules! source_types {
         }
 
         impl SourceConfig {
+            /// Every `type = "NAME"`.
+            pub const TYPES: &[&str] = &[$(stringify!($module)),*];
+
             fn spec(&self) -> &dyn SourceSpec {
                 match self {
                     $(SourceConfig::$variant(c) => c,)*
