@@ -1157,6 +1157,20 @@ mod tests {
         ]
     }
 
+    /// RFC 47 (rfc #547): `sched.queue` is no scheduler annotation any
+    /// more; a job's queue comes from its jobspec alone, never from
+    /// `alloc` or `annotations` annotations.
+    #[test]
+    fn the_queue_never_comes_from_annotations() {
+        let sched = json!({"annotations": {"sched": {"queue": "debug", "resource_summary": "rank0/core0"}}});
+        let mut job = Job::new();
+        let mut events = happy_path();
+        events[4] = ev(5.0, "alloc", sched.clone());
+        events.insert(5, ev(5.5, "annotations", sched));
+        assert!(run(&mut job, &events).is_empty());
+        assert_eq!(job.queue(), None);
+    }
+
     #[test]
     fn happy_path_completes() {
         let mut job = Job::new();
