@@ -55,10 +55,22 @@ pub struct ExecLog {
     /// Each event applied, as a 64-bit digest of its timestamp and name,
     /// sorted: repeats are recognized without keeping names per job.
     seen: Vec<u64>,
+    /// `recoverable` was seen: the shells can be reattached after a
+    /// restart (RFC 50). Last, with a default: state saved before it
+    /// reads as before.
+    #[serde(default)]
+    recoverable: bool,
 }
 
 /// Events whose context RFC 50 says SHALL be empty.
-const EMPTY_CONTEXT: [&str; 5] = ["init", "reattach", "starting", "re-starting", "done"];
+const EMPTY_CONTEXT: [&str; 6] = [
+    "init",
+    "reattach",
+    "starting",
+    "re-starting",
+    "recoverable",
+    "done",
+];
 
 impl ExecLog {
     pub fn new() -> Self {
@@ -84,7 +96,15 @@ impl ExecLog {
         self.reattach_count
     }
 
-    /// `re-starting` was seen (shells of a recovered job re-attached).
+    /// `recoverable` was seen: the exec system can reattach to the job's
+    /// shells after a restart (a job of flux-core's `bgexec` or
+    /// `sdexec`).
+    pub fn recoverable(&self) -> bool {
+        self.recoverable
+    }
+
+    /// `re-starting` was seen (shells of a recovered job re-attached; an
+    /// older flux-core's event, gone from RFC 50).
     pub fn restarted(&self) -> bool {
         self.restarted
     }
@@ -199,6 +219,20 @@ impl ExecLog {
                     flag(AnomalyKind::Repeated, "second `starting` event".into());
                 }
                 self.starting = true;
+            }
+            "recoverable" => {
+                if self.recoverable {
+                    flag(
+                        AnomalyKind::Repeated,
+                        "`recoverable` SHALL be posted at most once".into(),
+                    );
+                } else if !self.starting {
+                    flag(
+                        AnomalyKind::UnexpectedEvent,
+                        "`recoverable` before `starting`".into(),
+                    );
+                }
+                self.recoverable = true;
             }
             "re-starting" => {
                 if self.reattach_count == 0 {
@@ -751,6 +785,39 @@ mod tests {
         assert_eq!(kinds(&a), [AnomalyKind::UnexpectedEvent]);
     }
 
+    /// A job of flux-core's bgexec that outlived a job-exec reload, as
+    /// the corpus has it: `recoverable` after `starting`, then a
+    /// `reattach` and its end, with no anomaly.
+    #[test]
+    fn recoverable_then_reattached() {
+        let (log, a) = run(&[
+            ev(1.0, "init"),
+            ev(1.1, "starting"),
+            ev(1.2, "recoverable"),
+            ev(5.0, "reattach"),
+            evc(6.0, "complete", json!({"status": 0})),
+            ev(6.1, "done"),
+        ]);
+        assert_eq!(a, []);
+        assert!(log.recoverable() && log.reattached() && !log.restarted());
+        let (_, a) = run(&[
+            ev(1.0, "init"),
+            ev(1.1, "starting"),
+            ev(1.2, "recoverable"),
+            ev(1.3, "recoverable"),
+        ]);
+        assert_eq!(kinds(&a), [AnomalyKind::Repeated]);
+        let (log, a) = run(&[ev(1.0, "init"), ev(1.1, "recoverable")]);
+        assert_eq!(kinds(&a), [AnomalyKind::UnexpectedEvent]);
+        assert!(log.recoverable());
+        let (_, a) = run(&[
+            ev(1.0, "init"),
+            ev(1.1, "starting"),
+            evc(1.2, "recoverable", json!({"x": 1})),
+        ]);
+        assert_eq!(kinds(&a), [AnomalyKind::InvalidContext]);
+    }
+
     #[test]
     fn starting_twice() {
         let (_, a) = run(&[ev(1.0, "init"), ev(1.1, "starting"), ev(1.2, "starting")]);
@@ -775,7 +842,7 @@ mod tests {
         let (_, a) = run(&[
             ev(1.0, "init"),
             evc(1.1, "log", json!({"data": "x", "rank": "3"})),
-            ev(1.2, "recoverable"),
+            ev(1.2, "checkpoint-taken"),
             evc(1.3, "something-new", json!({"any": [1]})),
         ]);
         assert_eq!(a, []);
