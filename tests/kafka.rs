@@ -502,7 +502,12 @@ fn settled_alerts(paths: &[PathBuf]) -> BTreeMap<String, (Value, Value)> {
     let mut firing: BTreeMap<String, Value> = BTreeMap::new();
     let mut resolved: BTreeMap<String, Value> = BTreeMap::new();
     for p in paths {
-        for a in common::read_records(p) {
+        for mut a in common::read_records(p) {
+            // An alert announced again where a partition was taken over
+            // says so (`restored`); it is the same record (same id).
+            if let Some(map) = a.as_object_mut() {
+                map.remove("restored");
+            }
             let book = match a["status"].as_str() {
                 Some("firing") => &mut firing,
                 Some("resolved") => &mut resolved,
