@@ -764,6 +764,15 @@ pub fn alert(rule: &Rule, a: &AlertEvent) -> Value {
     Value::Object(map)
 }
 
+/// Mark an alert record as announced again from restored state (after a
+/// restart or a takeover): a receiver may have been paged for it already
+/// (see [`crate::sinks::pager`]).
+pub fn mark_restored(record: &mut Value) {
+    if let Some(map) = record.as_object_mut() {
+        map.insert("restored".into(), Value::Bool(true));
+    }
+}
+
 /// An alert of the feed watch (`feed_silent`, `instance_down`), in the
 /// form of every other alert record: a cluster's, with the source of a
 /// silent feed as a label.

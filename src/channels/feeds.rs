@@ -187,13 +187,7 @@ impl Feed {
             return;
         }
         let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
-        if !named.contains_key(cluster) && named.len() < NAMED_MAX {
-            let last = self
-                .feeds
-                .add(&self.source, cluster, self.heartbeats, &self.watched);
-            named.insert(cluster.into(), last);
-        }
-        if let Some(last) = named.get(cluster) {
+        if let Some(last) = self.named_feed(&mut named, cluster) {
             last.store(at, Ordering::Relaxed);
         }
     }
@@ -202,14 +196,25 @@ impl Feed {
     /// heard (made, and watched from now, the first time).
     pub fn heard_for(&self, cluster: &str) {
         let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(last) = named.get(cluster) {
+        if let Some(last) = self.named_feed(&mut named, cluster) {
             self.note(last);
-        } else if named.len() < NAMED_MAX {
+        }
+    }
+
+    /// The last word of this source's feed of `cluster`, made (heard as
+    /// of now) the first time; none past [`NAMED_MAX`].
+    fn named_feed<'m>(
+        &self,
+        named: &'m mut HashMap<Box<str>, Arc<AtomicU64>>,
+        cluster: &str,
+    ) -> Option<&'m Arc<AtomicU64>> {
+        if !named.contains_key(cluster) && named.len() < NAMED_MAX {
             let last = self
                 .feeds
                 .add(&self.source, cluster, self.heartbeats, &self.watched);
             named.insert(cluster.into(), last);
         }
+        named.get(cluster)
     }
 }
 

@@ -38,9 +38,7 @@ pub async fn run(
     for a in &announce {
         if let Some(rule) = watch.rules().get(a.rule) {
             let mut record = output::watch_alert(rule, a);
-            if let Some(map) = record.as_object_mut() {
-                map.insert("restored".into(), serde_json::Value::Bool(true));
-            }
+            output::mark_restored(&mut record);
             outputs
                 .emit(OutputRecord::new(OutputStream::Alerts, &record))
                 .await;

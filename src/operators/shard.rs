@@ -882,8 +882,8 @@ impl Shard {
             }
             metrics::counter!(metric::FLUXPIPE_ALERTS_TOTAL, "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
             let mut record = output::alert(rule, a);
-            if restored && let Some(map) = record.as_object_mut() {
-                map.insert("restored".into(), serde_json::Value::Bool(true));
+            if restored {
+                output::mark_restored(&mut record);
             }
             self.outputs
                 .emit(OutputRecord::new(OutputStream::Alerts, &record))
