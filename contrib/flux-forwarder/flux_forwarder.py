@@ -13,6 +13,13 @@ sources read:
     {"events": [<event>], "R"?: {...}}                   resource journal
     {"events": []}                                       its sentinel
 
+and, after the resource journal's backlog and whenever it changes, the
+instance's queue configuration (the `[queues]` table of its config, which
+no eventlog carries) in a resource line of fluxpipe's own:
+
+    {"events": [{"timestamp": <now>, "name": "queue-config",
+                 "context": {"queues": {<name>: {"requires"?: [...], "parent"?: "..."}}}}]}
+
 and, with --exec-eventlogs, each started job's exec eventlog
 (guest.exec.eventlog, through flux.job.event_watch_async) as envelopes:
 
@@ -26,9 +33,9 @@ job the newest exec event) is kept in a state file and advances only when
 fluxpipe has acknowledged the lines: a restart of either side loses
 nothing, and what is sent twice fluxpipe skips as repeats.
 
-Everything that touches Flux is in run_flux(), Liveness and ExecWatches;
-the framing, the resume logic and the senders are plain functions and
-classes, tested in test_forwarder.py.
+Everything that touches Flux is in run_flux(), Liveness, ExecWatches and
+QueueConfigWatch; the framing, the resume logic and the senders are plain
+functions and classes, tested in test_forwarder.py.
 """
 
 from __future__ import annotations
@@ -157,6 +164,25 @@ def event_dict(event: Any) -> dict:
     if event.context:
         out["context"] = dict(event.context)
     return out
+
+
+# What fluxpipe reads of a queue's entry in the `[queues]` table (RFC 33:
+# the properties that select its nodes, the queue a virtual queue is part of).
+QUEUE_KEPT = ("requires", "parent")
+
+
+def queues_kept(config: Any) -> dict:
+    """The `[queues]` table of a broker's config (what `config.get`
+    answers), each queue cut to what fluxpipe reads of it: policies can be
+    large, and fluxpipe does not read them. A queue's name stays even when
+    nothing is left of its entry (it is still a queue). No table: `{}`, so
+    that fluxpipe learns of its removal."""
+    queues = config.get("queues") if isinstance(config, dict) else None
+    if not isinstance(queues, dict):
+        return {}
+    return {str(name): {k: entry[k] for k in QUEUE_KEPT if k in entry}
+            if isinstance(entry, dict) else {}
+            for name, entry in queues.items()}
 
 
 def exec_message(jobid: int, event: dict) -> dict:
@@ -300,7 +326,9 @@ class Forwarder:
     (HttpSender). `clock` gives seconds for the state interval. The state is
     written to `state_path` at most every `interval` seconds, and by
     `checkpoint()`. `on_start`, when given, is called with the job id when
-    a job's `start` event is sent (to watch its exec eventlog).
+    a job's `start` event is sent (to watch its exec eventlog);
+    `on_backlog_end`, with the stream once a journal's sentinel is sent
+    (the queue configuration goes after the resource backlog).
     """
 
     def __init__(self, output: Any, state: dict,
@@ -321,6 +349,7 @@ class Forwarder:
         self.dirty = False
         self.sent = {JOB: 0, RESOURCE: 0, EXEC: 0}
         self.on_start = on_start
+        self.on_backlog_end: Optional[Callable[[str], None]] = None
         self.output.on_ack = self.acknowledged
         # Left over from the last stop: first in line.
         for line in state.get(PENDING, []):
@@ -405,10 +434,23 @@ class Forwarder:
                                 "context": {"reason": why}})
         self.output.send(encode(msg), None)
 
+    def queue_config(self, queues: dict, now: float) -> None:
+        """Tell fluxpipe the instance's queue configuration (`queues_kept`):
+        the eventlogs do not carry the `[queues]` table, and fluxpipe needs
+        it to follow RFC 33 virtual queues and count each queue's nodes.
+        One resource line of fluxpipe's own (`queue-config`, not a Flux
+        event), stamped `now`; like `instance-down`, it moves no resume
+        point (a restart asks the config again rather than the journal)."""
+        msg = resource_message({"timestamp": now, "name": "queue-config",
+                                "context": {"queues": queues}})
+        self.output.send(encode(msg), None)
+
     def end_of_backlog(self, stream: str) -> None:
         # A sentinel's timestamp (if any) is no event's: the state keeps
         # the newest real event.
         self.output.send(encode(sentinel(stream)), None)
+        if self.on_backlog_end is not None:
+            self.on_backlog_end(stream)
 
     def _send(self, stream: str, msg: dict, event: dict) -> None:
         ts = event.get("timestamp")
@@ -1174,6 +1216,78 @@ class ExecWatches:
         self.futures.clear()
 
 
+class QueueConfigWatch:
+    """Sends the instance's queue configuration (the `[queues]` table of
+    the broker's config, `config.get`) to the forwarder: once the resource
+    journal's backlog has ended (the line is stamped now: sent earlier it
+    would come before older backlog events), and then whenever it changes,
+    as read every `interval` seconds by a reactor timer (a `flux config
+    reload` posts no event). One per connection: after a reconnect the
+    backlog ends again and the table is sent again.
+
+    The RPC is asynchronous (a broker slow to answer never holds up the
+    journals or the pings), one at a time. A failure is logged once per
+    streak of failures and the table asked again at the next tick: it never
+    stops the forwarder (a lost instance is Liveness's to notice)."""
+
+    def __init__(self, handle: Any, forwarder: Forwarder, log: Callable[[str], None],
+                 interval: float, clock: Callable[[], float] = time.time) -> None:
+        self.handle = handle
+        self.forwarder = forwarder
+        self.log = log
+        self.clock = clock
+        self.sent: Optional[dict] = None
+        self.asking = False
+        self.failing = False
+        self.timer = handle.timer_watcher_create(interval, self._tick, repeat=interval)
+
+    def backlog_ended(self, stream: str) -> None:
+        """A journal's sentinel was sent: after the resource one, the first
+        table goes, and the ticks begin."""
+        if stream == RESOURCE:
+            self._ask()
+            self.timer.start()
+
+    def stop(self) -> None:
+        self.timer.stop()
+
+    def _tick(self, *_args: Any) -> None:
+        self._ask()
+
+    def _ask(self) -> None:
+        if self.asking:
+            return
+        try:
+            future = self.handle.rpc("config.get")
+            # Before then(): a future already answered calls back at once.
+            self.asking = True
+            future.then(self._answered)
+        except OSError as e:
+            self.asking = False
+            self._failed(e)
+
+    def _answered(self, future: Any, *_args: Any) -> None:
+        self.asking = False
+        try:
+            config = future.get()
+        except OSError as e:
+            self._failed(e)
+            return
+        if self.failing:
+            self.failing = False
+            self.log("the queue configuration can be read again (config.get)")
+        queues = queues_kept(config)
+        if queues != self.sent:
+            self.sent = queues
+            self.forwarder.queue_config(queues, self.clock())
+
+    def _failed(self, error: OSError) -> None:
+        if not self.failing:
+            self.failing = True
+            self.log(f"cannot read the queue configuration (config.get): {error}; "
+                     "trying again at each check")
+
+
 def import_flux() -> Any:
     """flux-core's Python bindings, or a one-line error naming the way out."""
     try:
@@ -1216,6 +1330,10 @@ def run_once(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str]
         res_c = flux_module.resource.journal.ResourceJournalConsumer(
             handle, since=resume[RESOURCE], include_sentinel=True)
     outcome: list[str] = []
+    queues = None
+    if res_c is not None and getattr(args, "queues_interval", 0.0) > 0:
+        queues = QueueConfigWatch(handle, forwarder, log, args.queues_interval)
+    forwarder.on_backlog_end = queues.backlog_ended if queues is not None else None
 
     def on_end(stream: str) -> None:
         outcome.append(ENDED)
@@ -1260,6 +1378,9 @@ def run_once(args: argparse.Namespace, forwarder: Forwarder, log: Callable[[str]
     finally:
         liveness.stop()
         timer.stop()
+        forwarder.on_backlog_end = None
+        if queues is not None:
+            queues.stop()
         for w in watchers:
             w.stop()
         if watches is not None:
@@ -1460,6 +1581,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(http: an empty POST; socket: a blank line; kafka: a blank message "
                         "to each partition); also while waiting for the instance with "
                         "--reconnect; none to stdout; 0: never (default 30)")
+    p.add_argument("--queues-interval", type=float, default=30.0, metavar="SECONDS",
+                   help="send the instance's queue configuration (its [queues] table, "
+                        "which no eventlog carries) after the resource journal's backlog, "
+                        "then again when a check this often finds it changed; 0: never "
+                        "(default 30)")
     p.add_argument("--drain-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="at exit, how long unacknowledged lines may take to be delivered "
                         "(the rest stays in the state file) (default 10)")
@@ -1484,6 +1610,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 "--max-pending >= 1")
     if not (args.heartbeat >= 0 and math.isfinite(args.heartbeat)):
         p.error("--heartbeat must be >= 0 (0: no heartbeats)")
+    if not (args.queues_interval >= 0 and math.isfinite(args.queues_interval)):
+        p.error("--queues-interval must be >= 0 (0: no queue configuration)")
     try:
         args.output = parse_address(args.connect)
     except ValueError as e:

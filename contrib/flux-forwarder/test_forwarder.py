@@ -36,6 +36,16 @@ RESOURCE_JOURNAL1 = "incarnation1.resource.journal.jsonl"
 sys.path.insert(0, str(HERE))
 import flux_forwarder as ff  # noqa: E402
 
+# A `[queues]` table as config.get gives it (RFC 33: `debug` is a virtual
+# queue of `batch`), and what the queue-config line keeps of it.
+QUEUES = {
+    "batch": {"requires": ["batch"], "policy": {"limits": {"duration": "8h"}}},
+    "debug": {"parent": "batch", "policy": {"jobspec": {"defaults": {"system": {
+        "duration": "10m"}}}}},
+    "all": {"policy": {"access": {"allow-user": ["alice"]}}},
+}
+QUEUES_KEPT = {"batch": {"requires": ["batch"]}, "debug": {"parent": "batch"}, "all": {}}
+
 
 def read_journal(name: str) -> list[dict]:
     with open(JOURNALS / name, encoding="utf-8") as f:
@@ -300,6 +310,32 @@ class FramingTest(unittest.TestCase):
                                     "context": {"status": 0}}})
         self.assertEqual(ff.event_dict({"timestamp": 1.0, "name": "init", "context": {}}),
                          {"timestamp": 1.0, "name": "init", "context": {}})
+
+    def test_queue_config_line_keeps_requires_and_parent_of_each_queue(self):
+        config = {"queues": QUEUES, "policy": {"limits": {"duration": "8h"}},
+                  "resource": {"noverify": True}}
+        self.assertEqual(ff.queues_kept(config), QUEUES_KEPT)
+        # No [queues] table (or not a table): {}, so fluxpipe hears a removal.
+        self.assertEqual(ff.queues_kept({"policy": {}}), {})
+        self.assertEqual(ff.queues_kept({}), {})
+        self.assertEqual(ff.queues_kept({"queues": ["batch"]}), {})
+        self.assertEqual(ff.queues_kept({"queues": {"odd": "x"}}), {"odd": {}})
+        out = Lines()
+        fw = ff.Forwarder(out, ff.empty_state())
+        fw.queue_config(ff.queues_kept(config), 1795321900.25)
+        fw.queue_config(ff.queues_kept({}), 1795321901.5)
+        self.assertEqual(out.decoded(), [
+            {"events": [{"timestamp": 1795321900.25, "name": "queue-config",
+                         "context": {"queues": QUEUES_KEPT}}]},
+            {"events": [{"timestamp": 1795321901.5, "name": "queue-config",
+                         "context": {"queues": {}}}]},
+        ])
+        self.assertEqual(out.lines[1],
+                         b'{"events":[{"timestamp":1795321901.5,"name":"queue-config",'
+                         b'"context":{"queues":{}}}]}\n')
+        # Not a Flux event: it moves no resume point.
+        self.assertEqual(fw.state[ff.RESOURCE], 0.0)
+        self.assertEqual(fw.sent[ff.RESOURCE], 0)
 
     def test_clean_event_does_not_change_its_input(self):
         e = {"timestamp": 1.0, "name": "clean", "context": {}}
@@ -791,7 +827,9 @@ class ExecEventlogTest(unittest.TestCase):
         if binary is None:
             self.skipTest("no fluxpipe binary")
         fake = FakeFlux(self.job, self.res, journals_end=False)
-        _, lines, _ = self.run_forwarder(fake)
+        # Only what the journals and exec eventlogs hold, to compare with
+        # them (the queue-config line has its own test).
+        _, lines, _ = self.run_forwarder(fake, "--queues-interval", "0")
         tmp = Path(self.tmp.name)
 
         def replay(*paths, config=None):
@@ -1040,8 +1078,8 @@ class HttpSenderTest(unittest.TestCase):
 
 
 class FakeFuture:
-    def __init__(self, error=None, answer=True):
-        self.error, self.answer = error, answer
+    def __init__(self, error=None, answer=True, value=None):
+        self.error, self.answer, self.value = error, answer, value
         self.cb = None
 
     def then(self, cb, *args):
@@ -1053,7 +1091,7 @@ class FakeFuture:
     def get(self):
         if self.error:
             raise OSError(self.error, os.strerror(self.error))
-        return {}
+        return {} if self.value is None else self.value
 
 
 class LivenessTest(unittest.TestCase):
@@ -1256,6 +1294,217 @@ class BrokerCrashTest(unittest.TestCase):
         self.assertEqual(self.instance_down(lines), [])
 
 
+QUEUES_INTERVAL = 7.0
+
+
+def queue_flux(config, crashes=(), script=lambda handle: None, budget=None) -> FakeFlux:
+    """A crashing_flux (see there: `crashes`, else a SIGTERM at the end)
+    whose broker answers config.get with `fake.config`: a dict (the
+    broker's config), an errno (the RPC fails with it) or an OSError (the
+    rpc() call itself raises it). At idle, `script(handle)` runs first:
+    it may change `fake.config` and fire the queue timer (`handle.tick()`,
+    which only a started timer answers, as in a reactor)."""
+    fake = crashing_flux(list(crashes))
+    fake.budget = budget
+    fake.config = config
+    fake.asked = 0
+    handle_cls = fake.Flux
+
+    class Handle(handle_cls):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.timers: list = []
+
+        def rpc(self, topic, payload=None):
+            if topic != "config.get":
+                return super().rpc(topic, payload)
+            fake.asked += 1
+            if isinstance(fake.config, OSError):
+                raise fake.config
+            if isinstance(fake.config, int):
+                return FakeFuture(fake.config)
+            return FakeFuture(value=json.loads(json.dumps(fake.config)))
+
+        def timer_watcher_create(self, after, cb, repeat=0.0):
+            w = super().timer_watcher_create(after, cb, repeat)
+            w.cb, w.after = cb, after
+            self.timers.append(w)
+            return w
+
+        def tick(self):
+            for w in self.timers:
+                if w.after == QUEUES_INTERVAL and w.started:
+                    w.cb(self, w, 0, None)
+
+        def idle(self):
+            script(self)
+            return super().idle()
+
+    fake.Flux = Handle
+    return fake
+
+
+def queue_configs(lines: list[dict]) -> list[tuple[int, dict]]:
+    """(line number, queues) of the queue-config lines."""
+    return [(i, m["events"][0]["context"]["queues"]) for i, m in enumerate(lines)
+            if "id" not in m and m.get("events")
+            and m["events"][0]["name"] == "queue-config"]
+
+
+class QueueConfigTest(unittest.TestCase):
+    """The instance's `[queues]` table (config.get), which no eventlog
+    carries: a resource line of fluxpipe's own after the resource
+    journal's backlog, again when a check finds it changed, again after a
+    reconnect; none with --queues-interval 0 or without the resource
+    stream; a failing RPC logged, never fatal."""
+
+    def run_forwarder(self, fake, *argv):
+        out, logs = Lines(), []
+        args = ff.parse_args(["--queues-interval", str(QUEUES_INTERVAL), *argv])
+        status = ff.run_flux(args, ff.Forwarder(out, ff.empty_state()), logs.append,
+                             flux_module=fake, sleep=lambda s: None)
+        return status, out.decoded(), logs
+
+    def test_sent_once_right_after_the_resource_sentinel(self):
+        before = time.time()
+        fake = queue_flux({"queues": QUEUES, "policy": {"limits": {"duration": "1h"}}},
+                          script=lambda h: [h.tick() for _ in range(3)])
+        status, lines, logs = self.run_forwarder(fake)
+        self.assertEqual(status, 0)
+        sent = queue_configs(lines)
+        # Asked at the end of the backlog and at each tick; sent once (no change).
+        self.assertEqual(fake.asked, 4)
+        self.assertEqual([q for _, q in sent], [QUEUES_KEPT])
+        at = sent[0][0]
+        self.assertEqual(lines[at - 1], {"events": []})
+        self.assertEqual(lines.index({"events": []}), at - 1)
+        event = lines[at]["events"][0]
+        self.assertTrue(before <= event["timestamp"] <= time.time())
+        self.assertEqual(list(lines[at]), ["events"])
+        # Every resource event of the backlog went before it.
+        res = [m for m in read_journal(RESOURCE_JOURNAL1) if m["events"]]
+        self.assertEqual(corpus_events([m for m in lines[:at] if "id" not in m and m["events"]]),
+                         corpus_events(res))
+        self.assertFalse(any("queue" in m for m in logs), logs)
+
+    def test_not_sent_before_the_resource_backlog_ends(self):
+        # Stopped (SIGTERM) after a few events, the resource backlog unfinished:
+        # the ticks that come then find the timer not started.
+        fake = queue_flux({"queues": QUEUES}, script=lambda h: h.tick(), budget=6)
+        status, lines, _ = self.run_forwarder(fake)
+        self.assertEqual(status, 0)
+        self.assertNotIn({"events": []}, lines)
+        self.assertEqual(queue_configs(lines), [])
+        self.assertEqual(fake.asked, 0)
+
+    def test_sent_again_only_when_the_table_changes(self):
+        changed = {"batch": {"requires": ["batch", "gpu"]}, "debug": {"parent": "batch"}}
+
+        def script(h):
+            h.tick()
+            # A policy is not sent: no change in what the line keeps.
+            fake.config = {"queues": {**QUEUES, "all": {"policy": {"limits": {}}}}}
+            h.tick()
+            fake.config = {"queues": changed}
+            h.tick()
+            h.tick()
+            # The table removed: `{}`.
+            fake.config = {"policy": {}}
+            h.tick()
+            h.tick()
+
+        fake = queue_flux({"queues": QUEUES}, script=script)
+        status, lines, _ = self.run_forwarder(fake)
+        self.assertEqual(status, 0)
+        self.assertEqual([q for _, q in queue_configs(lines)], [QUEUES_KEPT, changed, {}])
+        self.assertEqual(fake.asked, 7)
+
+    def test_an_instance_without_queues_sends_an_empty_table(self):
+        fake = queue_flux({"resource": {"noverify": True}})
+        _, lines, _ = self.run_forwarder(fake)
+        self.assertEqual([q for _, q in queue_configs(lines)], [{}])
+
+    def test_none_with_queues_interval_0_or_without_the_resource_stream(self):
+        for argv in (["--queues-interval", "0"], ["--streams", "job"]):
+            fake = queue_flux({"queues": QUEUES}, script=lambda h: h.tick())
+            status, lines, _ = self.run_forwarder(fake, *argv)
+            self.assertEqual(status, 0, argv)
+            self.assertEqual(queue_configs(lines), [], argv)
+            self.assertEqual(fake.asked, 0, argv)
+        self.assertEqual(ff.parse_args([]).queues_interval, 30.0)
+
+    def test_a_failing_rpc_is_logged_once_per_streak_and_not_fatal(self):
+        def script(h):
+            h.tick()
+            h.tick()
+            fake.config = {"queues": QUEUES}
+            h.tick()
+            fake.config = ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+            h.tick()
+            h.tick()
+            fake.config = {"queues": {}}
+            h.tick()
+
+        fake = queue_flux(errno.EPERM, script=script)
+        status, lines, logs = self.run_forwarder(fake)
+        # The forwarder went on to its SIGTERM, the journals forwarded.
+        self.assertEqual(status, 0)
+        self.assertTrue(any("stopping (SIGTERM)" in m for m in logs), logs)
+        self.assertIn({"id": -1, "events": []}, lines)
+        failed = [m for m in logs if "cannot read the queue configuration" in m]
+        self.assertEqual(len(failed), 2, logs)
+        self.assertIn(os.strerror(errno.EPERM), failed[0])
+        self.assertIn("Connection reset", failed[1])
+        self.assertEqual(len([m for m in logs if "can be read again" in m]), 2, logs)
+        # An empty table after a full one is a change.
+        self.assertEqual([q for _, q in queue_configs(lines)], [QUEUES_KEPT, {}])
+
+    def test_sent_again_after_a_reconnect(self):
+        fake = queue_flux({"queues": QUEUES}, crashes=[-1],
+                          script=lambda h: h.tick())
+        status, lines, logs = self.run_forwarder(fake, "--reconnect", "--reconnect-delay", "0")
+        self.assertEqual(status, 0)
+        self.assertEqual(fake.opened, 2)
+        sent = queue_configs(lines)
+        # Unchanged, but each connection's backlog ends with it.
+        self.assertEqual([q for _, q in sent], [QUEUES_KEPT, QUEUES_KEPT])
+        sentinels = [i for i, m in enumerate(lines) if m == {"events": []}]
+        self.assertEqual([i + 1 for i in sentinels], [i for i, _ in sent])
+        down = [i for i, m in enumerate(lines) if "id" not in m and m["events"]
+                and m["events"][0]["name"] == "instance-down"]
+        self.assertEqual(len(down), 1)
+        self.assertLess(sent[0][0], down[0])
+        self.assertLess(down[0], sent[1][0])
+
+    def test_the_option(self):
+        self.assertEqual(ff.parse_args(["--queues-interval", "0"]).queues_interval, 0.0)
+        for bad in ("-1", "nan", "inf"):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit):
+                ff.parse_args(["--queues-interval", bad])
+            self.assertIn("--queues-interval", err.getvalue())
+
+    def test_fluxpipe_reads_the_queue_config_line(self):
+        binary = fluxpipe_binary()
+        if binary is None:
+            self.skipTest("no fluxpipe binary")
+        fake = queue_flux({"queues": QUEUES})
+        _, lines, _ = self.run_forwarder(fake)
+        self.assertEqual(len(queue_configs(lines)), 1)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp, "forwarded.jsonl")
+            path.write_text("".join(ff.encode(m).decode() for m in lines))
+            run = subprocess.run([binary, "replay", "--format", "json", "--cluster", "B",
+                                  "--input-format", "auto", str(path)],
+                                 capture_output=True, text=True, check=True)
+        anomalies = [r for r in map(json.loads, run.stdout.splitlines())
+                     if r["kind"] == "anomaly"]
+        if any(a.get("anomaly") == "unknown-event" and a.get("event") == "queue-config"
+               for a in anomalies):
+            self.skipTest(f"{binary} predates the queue-config line (rebuild it)")
+        self.assertEqual(anomalies, [])
+
+
 class ArgumentErrorsTest(unittest.TestCase):
     def test_one_line_errors(self):
         for argv, words in [
@@ -1411,11 +1660,13 @@ class HeartbeatTest(unittest.TestCase):
 
     def test_no_http_heartbeat_while_a_batch_is_in_flight_or_sent_again(self):
         # In flight: fluxpipe holds the batch.
+        # The lines are read before the sender starts: a heartbeat sent
+        # while they are read would come first.
+        events = journal_lines()[:5]
         fake = FakeFluxpipe(["hold"])
         try:
             out = ff.HttpSender(fake.url, [].append, heartbeat=0.05)
             fw = ff.Forwarder(out, ff.empty_state())
-            events = journal_lines()[:5]
             for jobid, ev in events:
                 fw.job_event(jobid, dict(ev))
             self.assertTrue(fake.holding.wait(5))
@@ -1433,12 +1684,13 @@ class HeartbeatTest(unittest.TestCase):
         finally:
             fake.close()
         # Sent again after failures, with backoffs longer than the interval.
+        first = journal_lines()[0]
         fake = FakeFluxpipe(["503"] * 8)
         try:
             out = ff.HttpSender(fake.url, [].append, heartbeat=0.01,
                                 sleep=lambda s: time.sleep(0.05))
             fw = ff.Forwarder(out, ff.empty_state())
-            fw.job_event(*journal_lines()[0])
+            fw.job_event(*first)
             self.assertTrue(out.wait_empty(10))
             out.stop()
             # The batch, 8 times refused then taken; heartbeats only after.
