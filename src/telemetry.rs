@@ -227,6 +227,7 @@ pub mod metric {
     FLUX_NODES_DRAINED = "flux_nodes_drained", Gauge, "Nodes drained and running no job (flux resource status: drained).";
     FLUX_NODES_DRAINING = "flux_nodes_draining", Gauge, "Nodes drained and still running a job (flux resource status: draining).";
     FLUX_NODES_TORPID = "flux_nodes_torpid", Gauge, "Nodes torpid.";
+    FLUX_QUEUE_NODES = "flux_queue_nodes", Gauge, "Nodes of a queue that is not virtual, by state (all, online, offline, unknown, drained, draining, torpid): the queue's requires over the instance's node properties, +NAME ones included.";
     FLUX_NODE_ONLINE = "flux_node_online", Gauge, "1 if the node is online.";
     FLUX_NODE_TORPID = "flux_node_torpid", Gauge, "1 if the node is torpid.";
     FLUX_NODE_DRAIN_INFO = "flux_node_drain_info", Gauge, "1 while the node is drained, with the reason and state (drained, or draining while a job still runs on it).";
@@ -311,6 +312,9 @@ struct ClusterNodes {
     latest: f64,
     /// The whole instance is down (`instance-down`, until a `restart`).
     down: bool,
+    /// The ranks of each queue that is not virtual (from the cluster's
+    /// `[queues]` table and its R's properties).
+    queues: Vec<(String, crate::flux::idset::IdSet)>,
 }
 
 /// Rank state per cluster, as the operator shards last saw it, for the
@@ -388,6 +392,13 @@ impl NodeBoard {
         now.max(latest)
     }
 
+    /// The ranks of each of a cluster's queues that is not virtual.
+    pub fn set_queues(&self, cluster: &str, queues: Vec<(String, crate::flux::idset::IdSet)>) {
+        if let Ok(mut board) = self.0.write() {
+            board.entry(cluster.to_string()).or_default().queues = queues;
+        }
+    }
+
     /// Whether the cluster's whole instance is down.
     pub fn set_instance_down(&self, cluster: &str, down: bool) {
         if let Ok(mut board) = self.0.write() {
@@ -454,6 +465,26 @@ impl NodeBoard {
                     .filter(|n| count.is_none_or(|k| k.holds(&n.state)))
                     .count();
                 let _ = writeln!(out, "{name}{{flux_cluster=\"{}\"}} {n}", escape(cluster));
+            }
+        }
+        metric::header(&mut out, metric::FLUX_QUEUE_NODES);
+        for (cluster, c) in board.iter() {
+            for (queue, ranks) in &c.queues {
+                let states = std::iter::once(("all", None))
+                    .chain(NodeCount::ALL.into_iter().map(|k| (k.as_str(), Some(k))));
+                for (state, count) in states {
+                    let n = ranks
+                        .iter()
+                        .filter_map(|r| c.ranks.get(&r))
+                        .filter(|n| count.is_none_or(|k| k.holds(&n.state)))
+                        .count();
+                    let _ = writeln!(
+                        out,
+                        "flux_queue_nodes{{flux_cluster=\"{}\",queue=\"{}\",state=\"{state}\"}} {n}",
+                        escape(cluster),
+                        escape(queue)
+                    );
+                }
             }
         }
         if !per_node {

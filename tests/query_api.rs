@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{fluxpipe, free_port, generate, http_get, replay, sigterm, wait_until};
+use common::{Reaper, fluxpipe, free_port, generate, http_get, replay, sigterm, wait_until};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -248,5 +248,202 @@ fn the_api_answers_what_replay_finds() {
 
     sigterm(&run);
     let status = run.wait().expect("wait");
+    assert!(status.success(), "fluxpipe run: {status}");
+}
+
+/// Ids of the jobs an API page lists.
+fn listed_ids(port: u16, path: &str) -> Vec<u64> {
+    let (status, page) = get_json(port, path);
+    assert_eq!(status, 200, "{path}: {page}");
+    let mut ids: Vec<u64> = page["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter_map(|j| j["id"].as_u64())
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Ranks an API node list names.
+fn listed_ranks(port: u16, path: &str) -> Vec<u64> {
+    let (status, page) = get_json(port, path);
+    assert_eq!(status, 200, "{path}: {page}");
+    page["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n["rank"].as_u64())
+        .collect()
+}
+
+#[test]
+fn queues_follow_the_instance_table_and_properties() {
+    // An instance whose `[queues]` table (sent by the forwarder as
+    // `queue-config`) has a virtual queue `fast` of `batch`, and whose R
+    // puts nodes in queues by instance-local (+NAME) properties. Two
+    // shards: the table is kept by one, the jobs spread over both.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let resource = |t: f64, name: &str, ctx: &str, extra: &str| {
+        format!(
+            "{{\"events\":[{{\"timestamp\":{t},\"name\":\"{name}\",\"context\":{ctx}}}]{extra}}}\n"
+        )
+    };
+    let mut journal = resource(
+        1.0,
+        "restart",
+        r#"{"ranks":"0-3","online":"0-3","nodelist":"node[0-3]"}"#,
+        "",
+    );
+    journal += &resource(
+        1.1,
+        "resource-define",
+        r#"{"method":"configuration"}"#,
+        r#","R":{"version":1,"execution":{"R_lite":[{"rank":"0-3","children":{"core":"0-1"}}],"nodelist":["node[0-3]"],"properties":{"+debug":"0","+batch":"1-3"}}}"#,
+    );
+    journal += &resource(1.2, "drain", r#"{"idset":"3","reason":"bad dimm"}"#, "");
+    journal += &resource(
+        1.3,
+        "queue-config",
+        r#"{"queues":{"batch":{"requires":["+batch"]},"debug":{"requires":["+debug"]},"fast":{"parent":"batch"}}}"#,
+        "",
+    );
+    let queues = [
+        (1, Some("batch")),
+        (2, Some("fast")),
+        (3, Some("debug")),
+        (4, Some("fast")),
+        (5, None),
+        (6, Some("batch")),
+    ];
+    for (id, queue) in queues {
+        let system = queue.map_or(String::new(), |q| format!(",\"queue\":\"{q}\""));
+        journal += &format!(
+            "{{\"id\":{id},\"events\":[{{\"timestamp\":{t},\"name\":\"submit\",\"context\":{{\"userid\":7,\"urgency\":16,\"flags\":0,\"version\":1}}}}],\
+             \"jobspec\":{{\"version\":1,\"resources\":[{{\"type\":\"slot\",\"count\":1,\"with\":[{{\"type\":\"core\",\"count\":1}}]}}],\
+             \"tasks\":[{{\"command\":[\"true\"]}}],\"attributes\":{{\"system\":{{\"duration\":0{system}}}}}}}}}\n",
+            t = 2.0 + id as f64,
+        );
+        journal += &format!(
+            "{{\"id\":{id},\"events\":[{{\"timestamp\":{t},\"name\":\"validate\"}}]}}\n",
+            t = 2.5 + id as f64,
+        );
+    }
+    let file = dir.path().join("j.jsonl");
+    std::fs::write(&file, journal).expect("journal");
+    let port = free_port();
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nworkers = 2\n\
+             [sources.journal]\ntype = \"file\"\ninclude = [{file:?}]\ncluster = \"q\"\n\
+             [api]\naddress = \"127.0.0.1:{port}\"\n",
+            dir.path().join("state"),
+        ),
+    )
+    .expect("config");
+    // Killed if an assertion fails first: no pipeline left running.
+    let mut run = Reaper(
+        fluxpipe()
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start fluxpipe run"),
+    );
+    wait_until("every job and the table held", 30, || {
+        http_get(port, "/api/v1/queues").is_some_and(|(s, body)| s == 200 && body.contains("fast"))
+            && http_get(port, "/api/v1/jobs")
+                .is_some_and(|(s, body)| s == 200 && body.matches("\"userid\"").count() == 6)
+    });
+
+    // Jobs as job-list takes them: a parent takes its virtual queues.
+    assert_eq!(listed_ids(port, "/api/v1/jobs?queue=batch"), [1, 2, 4, 6]);
+    assert_eq!(listed_ids(port, "/api/v1/jobs?queue=fast"), [2, 4]);
+    assert_eq!(listed_ids(port, "/api/v1/jobs?queue=debug,fast"), [2, 3, 4]);
+    assert_eq!(listed_ids(port, "/api/v1/jobs?queue=nosuch"), [0u64; 0]);
+    assert_eq!(
+        listed_ids(port, "/api/v1/jobs?queue=batch&cluster=other"),
+        [0u64; 0]
+    );
+
+    // Nodes by queue: the instance R's +NAME properties; a virtual queue's
+    // nodes are its parent's; a queue not configured has none.
+    assert_eq!(listed_ranks(port, "/api/v1/nodes?queue=fast"), [1, 2, 3]);
+    assert_eq!(listed_ranks(port, "/api/v1/nodes?queue=debug"), [0]);
+    assert_eq!(listed_ranks(port, "/api/v1/nodes?queue=nosuch"), [0u64; 0]);
+    let (_, table) = get_json(port, "/api/v1/queues");
+    let fast = table["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .find(|q| q["queue"] == "fast")
+        .expect("fast")
+        .clone();
+    assert_eq!(fast["parent"], "batch");
+    assert_eq!(fast["ranks"], "1-3");
+    assert_eq!(fast["nnodes"], 3);
+
+    // The per-queue node series: queues that are not virtual.
+    let (_, metrics) = http_get(port, "/metrics").expect("scrape");
+    for (queue, state, n) in [
+        ("batch", "all", 3),
+        ("batch", "online", 3),
+        ("batch", "drained", 1),
+        ("debug", "all", 1),
+        ("debug", "drained", 0),
+    ] {
+        let series = format!(
+            "flux_queue_nodes{{flux_cluster=\"q\",queue=\"{queue}\",state=\"{state}\"}} {n}\n"
+        );
+        assert!(metrics.contains(&series), "{series} in\n{metrics}");
+    }
+    assert!(
+        !metrics.contains("flux_queue_nodes{flux_cluster=\"q\",queue=\"fast\""),
+        "{metrics}"
+    );
+
+    // The commands: `fluxpipe jobs -q` and `fluxpipe resource status -q`.
+    let url = format!("127.0.0.1:{port}");
+    let out = fluxpipe()
+        .args([
+            "jobs",
+            "-a",
+            "-n",
+            "-q",
+            "batch",
+            "--url",
+            &url,
+            "-o",
+            "{id.dec} {queue}",
+        ])
+        .output()
+        .expect("fluxpipe jobs");
+    assert!(out.status.success(), "{out:?}");
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    lines.sort();
+    assert_eq!(lines, ["1 batch", "2 fast", "4 fast", "6 batch"]);
+    let out = fluxpipe()
+        .args([
+            "resource", "status", "-q", "fast", "--url", &url, "-n", "-s", "all",
+        ])
+        .output()
+        .expect("fluxpipe resource status");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("node0"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["drained", "✔", "1", "node3"])
+            && text.lines().any(|l| l.ends_with(" 2 node[1-2]")),
+        "{text}"
+    );
+
+    sigterm(&run.0);
+    let status = run.0.wait().expect("wait");
     assert!(status.success(), "fluxpipe run: {status}");
 }

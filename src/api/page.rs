@@ -72,7 +72,13 @@ async fn page(State(page): State<Page>) -> Response {
                 }
             }
         }
-        for answer in q.ask(&Query::Nodes { cluster: None }).await? {
+        for answer in q
+            .ask(&Query::Nodes {
+                cluster: None,
+                queue: None,
+            })
+            .await?
+        {
             if let Answer::Nodes(ranks) = answer {
                 for (name, r) in ranks {
                     by_cluster.entry(name).or_default().ranks.push(r);

@@ -21,11 +21,11 @@
 //!   oldest first, and how many fire in all; filter `cluster`, `limit` and
 //!   `after` as for jobs.
 
-use crate::channels::query::{Answer, JobNow, Query, Questions};
+use crate::channels::query::{Answer, ClusterQueues, JobNow, Query, Questions};
 use crate::flux::jobid::JobId;
 use crate::flux::resource::RankState;
 use crate::flux::user::UserMatch;
-use crate::keyed::query::{AlertPosition, ClusterCounts, JobFilter, Position};
+use crate::keyed::query::{AlertPosition, ClusterCounts, JobFilter, Position, QueueFilter};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query as Params, State};
@@ -49,6 +49,7 @@ pub fn routes(questions: Questions) -> axum::Router {
         .route("/api/v1/jobs/{id}", get(job))
         .route("/api/v1/nodes", get(nodes))
         .route("/api/v1/clusters", get(clusters))
+        .route("/api/v1/queues", get(queues))
         .route("/api/v1/alerts", get(alerts))
         .with_state(questions)
 }
@@ -107,6 +108,8 @@ struct JobParams {
     id: Option<String>,
     limit: Option<usize>,
     after: Option<String>,
+    /// Queue names, comma-separated (a parent takes its virtual queues).
+    queue: Option<String>,
 }
 
 fn parse_id(text: &str) -> Result<JobId, ApiError> {
@@ -185,7 +188,7 @@ async fn jobs(
         Err(e) => {
             return Err(bad_query(
                 e,
-                "cluster, state, user, userid, since, id, limit, after",
+                "cluster, state, user, userid, since, id, limit, after, queue",
             ));
         }
     };
@@ -208,16 +211,88 @@ async fn jobs(
         (Some(text), None) => Some(user_match(text).await),
         (None, uid) => uid.map(UserMatch::Id),
     };
+    let queue = match p.queue {
+        Some(asked) => Some(queue_filter(&questions, &asked, p.cluster.clone()).await?),
+        None => None,
+    };
     let filter = JobFilter {
         cluster: p.cluster,
         states,
         user,
         since: p.since,
         id,
+        queue,
     };
     let limit = p.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
     let (jobs, next) = jobs_page(&questions, filter, after, limit).await?;
     Ok(answer(&questions, json!({ "jobs": jobs, "next": next })))
+}
+
+/// Queues asked for, resolved against the `[queues]` tables the shards
+/// keep (a parent takes its virtual queues there).
+async fn queue_filter(
+    questions: &Questions,
+    asked: &str,
+    cluster: Option<String>,
+) -> Result<QueueFilter, ApiError> {
+    let tables = cluster_queues(questions, cluster).await?;
+    Ok(QueueFilter::new(
+        asked,
+        tables.iter().map(|t| (t.cluster.as_str(), &t.config)),
+    ))
+}
+
+/// Every shard's `[queues]` tables.
+async fn cluster_queues(
+    questions: &Questions,
+    cluster: Option<String>,
+) -> Result<Vec<ClusterQueues>, ApiError> {
+    let mut tables: Vec<ClusterQueues> = ask(questions, Query::Queues { cluster })
+        .await?
+        .into_iter()
+        .flat_map(|a| match a {
+            Answer::Queues(t) => t,
+            _ => Vec::new(),
+        })
+        .collect();
+    tables.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    Ok(tables)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueParams {
+    cluster: Option<String>,
+}
+
+/// Each cluster's queues as its `[queues]` table configures them, with
+/// the nodes of each queue that is not virtual.
+async fn queues(
+    State(questions): State<Questions>,
+    params: Result<Params<QueueParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let p = match params {
+        Ok(Params(p)) => p,
+        Err(e) => return Err(bad_query(e, "cluster")),
+    };
+    let mut out = Vec::new();
+    for t in cluster_queues(&questions, p.cluster).await? {
+        for (name, entry) in t.config.iter() {
+            let slice = t
+                .slices
+                .iter()
+                .find(|(n, _)| n == entry.parent.as_deref().unwrap_or(name));
+            out.push(json!({
+                "cluster": t.cluster,
+                "queue": name,
+                "parent": entry.parent,
+                "requires": entry.requires,
+                "ranks": slice.map(|(_, r)| r.to_string()),
+                "nnodes": slice.map_or(0, |(_, r)| r.len()),
+            }));
+        }
+    }
+    Ok(answer(&questions, json!({ "queues": out })))
 }
 
 /// A `user` asked for: a name's uid in this host's accounts is the
@@ -280,6 +355,8 @@ async fn job(
 struct NodeParams {
     cluster: Option<String>,
     state: Option<String>,
+    /// Only the nodes of this queue (a virtual queue's are its parent's).
+    queue: Option<String>,
 }
 
 /// The states a rank is in, as `flux resource status` names them.
@@ -313,7 +390,7 @@ async fn nodes(
 ) -> Result<Response, ApiError> {
     let p = match params {
         Ok(Params(p)) => p,
-        Err(e) => return Err(bad_query(e, "cluster, state")),
+        Err(e) => return Err(bad_query(e, "cluster, state, queue")),
     };
     let wanted: Option<Vec<String>> = p.state.map(|s| {
         s.split(',')
@@ -334,7 +411,11 @@ async fn nodes(
             ),
         ));
     }
-    let answers = ask(&questions, Query::Nodes { cluster: p.cluster }).await?;
+    let query = Query::Nodes {
+        cluster: p.cluster,
+        queue: p.queue,
+    };
+    let answers = ask(&questions, query).await?;
     let mut ranks: Vec<(String, RankState)> = answers
         .into_iter()
         .flat_map(|a| match a {

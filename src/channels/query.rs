@@ -24,8 +24,15 @@ pub enum Query {
         after: Option<Position>,
         limit: usize,
     },
-    /// The ranks of every cluster (or one) this shard keeps.
-    Nodes { cluster: Option<String> },
+    /// The ranks of every cluster (or one) this shard keeps; with a
+    /// queue, only the ranks of that queue where it is configured.
+    Nodes {
+        cluster: Option<String>,
+        queue: Option<String>,
+    },
+    /// The `[queues]` tables of the clusters (or one) whose resource
+    /// state this shard keeps.
+    Queues { cluster: Option<String> },
     /// Each cluster's counts.
     Clusters,
     /// The first `limit` alerts firing now after `after`, in every
@@ -56,6 +63,15 @@ pub struct JobNow {
     pub exec: Option<serde_json::Value>,
 }
 
+/// A cluster's `[queues]` table as the forwarder sent it, and the ranks
+/// of each of its queues that is not virtual.
+#[derive(Debug, Clone)]
+pub struct ClusterQueues {
+    pub cluster: String,
+    pub config: crate::flux::queues::QueueConfig,
+    pub slices: Vec<(String, crate::flux::idset::IdSet)>,
+}
+
 /// One shard's answer.
 #[derive(Debug)]
 pub enum Answer {
@@ -63,6 +79,7 @@ pub enum Answer {
     /// stopped short ([`crate::keyed::query::JobPage::stopped_at`]).
     Jobs(Vec<(Position, JobNow)>, Option<Position>),
     Nodes(Vec<(String, RankState)>),
+    Queues(Vec<ClusterQueues>),
     Clusters(BTreeMap<String, ClusterCounts>),
     /// Alert records, as the alerts stream has them, with their places;
     /// and how many fire in this part in all.

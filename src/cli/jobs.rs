@@ -39,6 +39,10 @@ pub struct JobsArgs {
     /// Only this cluster's jobs.
     #[arg(long)]
     pub cluster: Option<String>,
+    /// Only jobs of these queues, comma-separated; as `flux jobs -q`, a
+    /// queue takes the jobs of its virtual queues (RFC 33) too.
+    #[arg(short = 'q', long, value_name = "QUEUE,...")]
+    pub queue: Option<String>,
     /// Jobs active since this time (seconds since the epoch).
     #[arg(long)]
     pub since: Option<f64>,
@@ -133,6 +137,9 @@ fn listed(client: &Client, args: &JobsArgs) -> Result<(Vec<Value>, bool)> {
     }
     if let Some(s) = args.since {
         query.push(("since", s.to_string()));
+    }
+    if let Some(q) = &args.queue {
+        query.push(("queue", q.clone()));
     }
     let mut jobs = Vec::new();
     let mut more = false;

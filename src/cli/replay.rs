@@ -123,6 +123,7 @@ fn listing(args: &ReplayArgs) -> Result<Option<(JobFilter, usize)>> {
             .map(|t| super::history::when(t, crate::keyed::alerts::wall_now()))
             .transpose()?,
         id: None,
+        queue: None,
     };
     Ok(Some((filter, args.count.unwrap_or(usize::MAX))))
 }

@@ -37,6 +37,10 @@ pub struct NodeQuery {
     /// Only this cluster.
     #[arg(long)]
     pub cluster: Option<String>,
+    /// Only the nodes of this queue, as the cluster's `[queues]` table and
+    /// its nodes' properties say (a virtual queue's are its parent's).
+    #[arg(short = 'q', long)]
+    pub queue: Option<String>,
     /// No header line.
     #[arg(short = 'n', long = "no-header")]
     pub no_header: bool,
@@ -128,11 +132,11 @@ pub type ByCluster = BTreeMap<String, Vec<Node>>;
 type StateOf<'a> = (&'static str, &'a dyn Fn(&Node) -> bool);
 
 /// Every server's nodes (as they came, and by cluster).
-fn nodes(servers: &Servers, cluster: Option<&str>) -> Result<(Vec<Value>, ByCluster)> {
-    let client = Client::new(servers)?;
-    let query: Vec<(&str, String)> = cluster
-        .map(|c| ("cluster", c.to_string()))
+fn nodes(q: &NodeQuery) -> Result<(Vec<Value>, ByCluster)> {
+    let client = Client::new(&q.servers)?;
+    let query: Vec<(&str, String)> = [("cluster", &q.cluster), ("queue", &q.queue)]
         .into_iter()
+        .filter_map(|(k, v)| Some((k, v.clone()?)))
         .collect();
     let mut raw = Vec::new();
     let mut by_cluster: BTreeMap<String, Vec<Node>> = BTreeMap::new();
@@ -377,7 +381,7 @@ fn status_lines(
 fn status(args: StatusArgs) -> Result<ExitCode> {
     let sel = Selection::parse(args.states.as_deref())?;
     let q = &args.query;
-    let (raw, clusters) = nodes(&q.servers, q.cluster.as_deref())?;
+    let (raw, clusters) = nodes(q)?;
     let mut out = std::io::stdout().lock();
     if q.json {
         writeln!(out, "{}", json!({ "nodes": raw }))?;
@@ -467,7 +471,7 @@ pub fn print_rank_tables(out: &mut impl Write, clusters: &ByCluster) -> std::io:
 
 fn drain(args: DrainArgs) -> Result<ExitCode> {
     let q = &args.query;
-    let (raw, clusters) = nodes(&q.servers, q.cluster.as_deref())?;
+    let (raw, clusters) = nodes(q)?;
     let mut out = std::io::stdout().lock();
     if q.json {
         let drained: Vec<&Value> = raw.iter().filter(|n| n["drained"] == true).collect();

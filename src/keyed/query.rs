@@ -14,6 +14,7 @@ use super::listing::{ClusterJobs, InGroup, Place};
 use super::state::State;
 use crate::flux::job::{Job, JobState};
 use crate::flux::jobid::JobId;
+use crate::flux::queues::QueueConfig;
 use crate::flux::resource::NodeCount;
 use crate::flux::user::UserMatch;
 use std::cmp::{Ordering, Reverse};
@@ -43,6 +44,61 @@ pub struct JobFilter {
     /// Jobs active at or after this time: still active, or inactive since.
     pub since: Option<f64>,
     pub id: Option<JobId>,
+    pub queue: Option<QueueFilter>,
+}
+
+/// Jobs of some queues, as `flux jobs -q` takes them: a job whose queue
+/// is asked for, or is a virtual queue whose parent is (RFC 33, per the
+/// cluster's `[queues]` table).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueFilter {
+    /// The names asked for: what a cluster with no table sent takes.
+    asked: Vec<String>,
+    /// Per cluster whose table is known, every name it takes.
+    by_cluster: BTreeMap<String, Vec<String>>,
+}
+
+impl QueueFilter {
+    /// `asked` (comma-separated names) resolved against each cluster's
+    /// table.
+    pub fn new<'a>(
+        asked: &str,
+        tables: impl IntoIterator<Item = (&'a str, &'a QueueConfig)>,
+    ) -> Self {
+        let asked: Vec<String> = asked
+            .split(',')
+            .map(str::trim)
+            .filter(|q| !q.is_empty())
+            .map(String::from)
+            .collect();
+        let by_cluster = tables
+            .into_iter()
+            .map(|(cluster, table)| {
+                let mut names: Vec<String> = asked
+                    .iter()
+                    .flat_map(|a| table.expand(a))
+                    .map(String::from)
+                    .collect();
+                names.sort();
+                names.dedup();
+                (cluster.to_string(), names)
+            })
+            .collect();
+        QueueFilter { asked, by_cluster }
+    }
+
+    /// Whether a job of `cluster` in `queue` (none: the anonymous queue,
+    /// which no name takes) is taken.
+    pub fn takes(&self, cluster: &str, queue: Option<&str>) -> bool {
+        let Some(queue) = queue else {
+            return false;
+        };
+        self.by_cluster
+            .get(cluster)
+            .unwrap_or(&self.asked)
+            .iter()
+            .any(|q| q == queue)
+    }
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -103,6 +159,7 @@ impl JobFilter {
         };
         self.user.is_none()
             && self.since.is_none()
+            && self.queue.is_none()
             && self
                 .states
                 .is_none_or(|b| whole(&PENDING_GROUP, b) && whole(&RUNNING_GROUP, b))
@@ -121,6 +178,10 @@ impl JobFilter {
             && self.since.is_none_or(|t| {
                 s.state != JobState::Inactive || s.t_inactive.is_some_and(|i| i >= t)
             })
+            && self
+                .queue
+                .as_ref()
+                .is_none_or(|q| q.takes(&key.cluster, job.queue()))
     }
 }
 
@@ -695,7 +756,30 @@ mod tests {
             user: userid.map(UserMatch::Id),
             since: since.map(f64::from),
             id: None,
+            queue: None,
         }
+    }
+
+    #[test]
+    fn a_queue_takes_its_virtual_queues_where_the_table_says_so() {
+        let table = QueueConfig::from_value(&serde_json::json!({
+            "batch": {}, "fast": {"parent": "batch"}, "debug": {}
+        }))
+        .unwrap();
+        let f = QueueFilter::new("batch", [("c", &table)]);
+        assert!(f.takes("c", Some("batch")));
+        assert!(f.takes("c", Some("fast")));
+        assert!(!f.takes("c", Some("debug")));
+        assert!(!f.takes("c", None), "the anonymous queue has no name");
+        // A cluster whose table was never sent: the names as asked.
+        assert!(f.takes("d", Some("batch")));
+        assert!(!f.takes("d", Some("fast")));
+        let f = QueueFilter::new("fast, debug", [("c", &table)]);
+        assert!(
+            !f.takes("c", Some("batch")),
+            "a virtual queue takes only its own"
+        );
+        assert!(f.takes("c", Some("fast")) && f.takes("c", Some("debug")));
     }
 
     proptest! {

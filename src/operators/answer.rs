@@ -1,7 +1,7 @@
 //! A shard's part of an answer to the query API: read from its processor's
 //! state between records ([`crate::channels::query`] asks, the API merges).
 
-use crate::channels::query::{Answer, JobNow, Query};
+use crate::channels::query::{Answer, ClusterQueues, JobNow, Query};
 use crate::flux::exec::ExecLog;
 use crate::flux::job::Job;
 use crate::keyed::JobKey;
@@ -34,12 +34,36 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
                 .collect();
             Answer::Jobs(jobs, page.stopped_at)
         }
-        Query::Nodes { cluster } => Answer::Nodes(
+        Query::Nodes { cluster, queue } => Answer::Nodes(
             state
                 .resources
                 .iter()
                 .filter(|(c, _)| cluster.as_ref().is_none_or(|want| want == *c))
-                .flat_map(|(c, res)| res.ranks().map(|r| (c.clone(), r.clone())))
+                .flat_map(|(c, res)| {
+                    // A queue a cluster does not configure takes none of it.
+                    let ranks = queue.as_deref().map(|q| res.queue_ranks(q));
+                    res.ranks()
+                        .filter(move |r| {
+                            ranks
+                                .as_ref()
+                                .is_none_or(|set| set.as_ref().is_some_and(|s| s.contains(r.rank)))
+                        })
+                        .map(|r| (c.clone(), r.clone()))
+                })
+                .collect(),
+        ),
+        Query::Queues { cluster } => Answer::Queues(
+            state
+                .resources
+                .iter()
+                .filter(|(c, _)| cluster.as_ref().is_none_or(|want| want == *c))
+                .filter_map(|(c, res)| {
+                    Some(ClusterQueues {
+                        cluster: c.clone(),
+                        config: res.queue_config()?.clone(),
+                        slices: res.queue_slices(),
+                    })
+                })
                 .collect(),
         ),
         Query::Clusters => {

@@ -505,6 +505,7 @@ impl Shard {
                 self.metrics
                     .nodes
                     .set_instance_down(cluster, res.down_since().is_some());
+                self.metrics.nodes.set_queues(cluster, res.queue_slices());
                 for rank in res.ranks() {
                     let at = rank.drain_timestamp.or(res.last_timestamp());
                     self.metrics.nodes.update(
@@ -742,6 +743,18 @@ impl Shard {
             self.metrics
                 .nodes
                 .set_instance_down(&cluster, res.down_since().is_some());
+        }
+        // A queue table, or the instance's ranks and properties (R, a
+        // restart), changed: the queues' nodes as they are now.
+        if key.is_none()
+            && stream == EventStream::Resource
+            && !fx.duplicate
+            && fx.event.as_ref().is_none_or(|(n, _)| {
+                matches!(n.as_str(), "queue-config" | "restart" | "resource-init")
+            })
+            && let Some(res) = self.processor.state.resources.get(&*cluster)
+        {
+            self.metrics.nodes.set_queues(&cluster, res.queue_slices());
         }
         // A job took or gave back drained ranks of a cluster kept here.
         if key.is_some() && !fx.rank_changes.is_empty() {

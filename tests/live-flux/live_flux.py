@@ -17,7 +17,8 @@ prefix), else the test says it was skipped and exits 0.
 
 What happens:
 1. A 4-broker test instance (`--test-hosts=node[0-3]`) with a statedir, a
-   `batch` queue, and a per-rank prolog and epilog that fail (and so drain
+   `batch` queue, its virtual queue `fast`, a `debug` queue of the nodes
+   with the instance-local property `+debug`, and a per-rank prolog and epilog that fail (and so drain
    the rank) for jobs that ask (`--setattr=user.fail=prolog|epilog`).
 2. `fluxpipe run` with an http source (acknowledgements = checkpoint) and a
    file sink of transitions, jobs and ranks; the forwarder sends to it
@@ -57,6 +58,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -103,7 +105,27 @@ want=$(flux job info "$FLUX_JOB_ID" jobspec 2>/dev/null | tr -d ' ' | grep -o '"
 exit 0
 """
 
-CONFIG = """[queues.batch]
+# Queues as RFC 33 and RFC 20 have them in flux-core's next release: a
+# virtual queue (`fast`, scheduled as part of `batch`) and a queue of the
+# nodes with an instance-local property (`+debug`, which a job's R omits).
+CONFIG = """[resource]
+noverify = true
+
+[[resource.config]]
+hosts = "node[0-3]"
+cores = "0-1"
+
+[[resource.config]]
+hosts = "node[2-3]"
+properties = ["+debug"]
+
+[queues.batch]
+
+[queues.fast]
+parent = "batch"
+
+[queues.debug]
+requires = ["+debug"]
 
 [policy.jobspec.defaults.system]
 queue = "batch"
@@ -628,6 +650,10 @@ def workload_a(inst: Instance) -> dict[str, str]:
     ids["after_bad"] = inst.submit("-N1", f"--dependency=afterok:{ids['dep_bad']}", "true")
     for i in range(8):
         ids[f"batch{i}"] = inst.submit("-N1", "sh", "-c", f"sleep 0.{i}; exit {i % 3}")
+    # A virtual queue's jobs and a queue's by property.
+    ids["fast"] = inst.submit("-N1", "--queue=fast", "true")
+    ids["fast_exit"] = inst.submit("-N1", "--queue=fast", "sh", "-c", "exit 2")
+    ids["debug"] = inst.submit("-N1", "--queue=debug", "true")
     inst.wait_state(ids["running"], {"RUN"})
     inst.run("cancel", ids["cancel_pending"])
     # Its dependent can never run: a dependency exception.
@@ -1067,8 +1093,39 @@ def compare_cli(binary: str, api: str, inst: Instance, problems: list[str]) -> N
                         f"{sum(n == name for n in flux_names.values())}")
     if rows[1].endswith(" 0 rows"):
         problems.append("flux resource drain listed nothing: the comparison showed nothing")
+    compare_queues(inst, ours, lines_equal, api, problems)
     log(f"fluxpipe jobs: {len(flux_jobs.splitlines()) - 1} jobs against flux jobs; "
         + "; ".join(rows))
+
+
+def compare_queues(inst: Instance, ours, lines_equal, api: str, problems: list[str]) -> None:
+    """By queue: `flux jobs -q` (a parent takes its virtual queue's jobs),
+    `flux resource status -q` (nodes by the instance's +NAME property),
+    and the per-queue node series against flux's own counts."""
+    fast = inst.run("jobs", "-a", "-A", "-n", "-q", "fast", "-o", "{id.dec}").split()
+    in_batch = inst.run("jobs", "-a", "-A", "-n", "-q", "batch", "-o", "{id.dec}").split()
+    if not fast or not set(fast) <= set(in_batch):
+        problems.append(f"flux jobs -q batch does not list the fast jobs {fast}: "
+                        "the virtual queue comparison shows nothing")
+    for q in ("batch", "fast", "debug"):
+        lines_equal(f"jobs -q {q}", inst.run("jobs", "-a", "-A", "-q", q, strip=False),
+                    ours("jobs", "-a", "-q", q))
+        lines_equal(f"resource status -q {q}",
+                    inst.run("resource", "status", "-q", q, strip=False),
+                    ours("resource", "status", "-q", q))
+    with urllib.request.urlopen(f"{api}/metrics", timeout=30) as r:
+        metrics = r.read().decode()
+    for q in ("batch", "debug"):
+        flux_ranks = idset(",".join(inst.run("resource", "status", "-q", q, "-s", "online,offline",
+                                             "-n", "-o", "{ranks}").split()))
+        series = re.search(rf'^flux_queue_nodes\{{[^}}]*queue="{q}",state="all"\}} (\d+)$',
+                           metrics, re.M)
+        got = int(series.group(1)) if series else None
+        if got != len(flux_ranks):
+            problems.append(f"flux_queue_nodes{{queue={q},state=all}}: fluxpipe {got}, "
+                            f"flux {len(flux_ranks)} ({sorted(flux_ranks)})")
+    log(f"queues: {len(in_batch)} jobs in batch (fast's {len(fast)} among them) as flux jobs -q; "
+        "nodes by queue as flux resource status -q")
 
 
 def all_ranks_of(status: dict) -> set[int]:

@@ -26,6 +26,7 @@ use super::anomaly::{Anomaly, AnomalyKind, Stream};
 use super::event::{ContextError, Event};
 use super::hostlist::Hostlist;
 use super::idset::IdSet;
+use super::queues::QueueConfig;
 
 /// The `method` values RFC 44 allows in `resource-define`.
 const DEFINE_METHODS: [&str; 5] = [
@@ -247,11 +248,54 @@ pub struct ResourceState {
     /// nothing), until the next `restart`. Saved last, with a default.
     #[serde(default)]
     down_since: Option<f64>,
+    /// The instance's node properties (RFC 20, `+NAME` instance-local
+    /// ones included), name → ranks, from its latest R. Saved last, with
+    /// a default.
+    #[serde(default)]
+    properties: BTreeMap<String, IdSet>,
+    /// The instance's `[queues]` table as the forwarder last sent it
+    /// (`queue-config`); `None`: never sent. Saved last, with a default.
+    #[serde(default)]
+    queues: Option<QueueConfig>,
+    /// The stamp of the newest `queue-config` read (applied or refused):
+    /// one no newer is a resend, or stale. Saved last, with a default.
+    #[serde(default)]
+    queues_at: Option<f64>,
     /// Most ranks this state may hold, as its holder allows (the
     /// pipeline's `operators.max_ranks`, less what other clusters hold);
     /// never above [`MAX_RANKS`]. Not saved: set before each event.
     #[serde(skip)]
     rank_room: Option<usize>,
+}
+
+/// Most properties an R may give an instance; more are a feed's mistake.
+const MAX_PROPERTIES: usize = 1024;
+
+/// R's `execution.properties` (RFC 20: name → idset), `+NAME` ones
+/// included; what is not read is said.
+fn read_properties(v: Option<&Value>, anomalies: &mut Vec<Anomaly>) -> BTreeMap<String, IdSet> {
+    let mut out = BTreeMap::new();
+    let Some(v) = v else {
+        return out;
+    };
+    let bad = |msg: String| Anomaly::new(Stream::Resource, AnomalyKind::InvalidContext, msg);
+    let Some(map) = v.as_object().filter(|m| m.len() <= MAX_PROPERTIES) else {
+        anomalies.push(bad(format!(
+            "R `execution.properties` is not an object of at most {MAX_PROPERTIES} properties"
+        )));
+        return out;
+    };
+    for (name, ranks) in map {
+        match ranks.as_str().map(bounded_idset) {
+            Some(Ok(set)) if name.len() <= super::queues::MAX_NAME => {
+                out.insert(name.clone(), set);
+            }
+            _ => anomalies.push(bad(format!(
+                "R property `{name}` has no valid idset: {ranks}"
+            ))),
+        }
+    }
+    out
 }
 
 /// Per-event scratch: the event plus what applying it produced.
@@ -527,6 +571,11 @@ impl ResourceState {
     /// anomalies and the event is still applied as far as it makes sense
     /// (flux-core's own replay is just as lenient).
     pub fn apply(&mut self, ev: &Event) -> Applied {
+        // Not a Flux event and not part of the log's order: the latest
+        // table wins, and a resent one changes nothing.
+        if ev.name == "queue-config" {
+            return self.on_queue_config(ev);
+        }
         let key = (ev.timestamp.to_bits(), ev.name.clone());
         let mut cx = Ctx {
             ev,
@@ -692,6 +741,7 @@ impl ResourceState {
             return out;
         }
         self.define_ranks(&ranks, &mut out.changes);
+        self.properties = read_properties(exec.get("properties"), &mut out.anomalies);
         if let Some(h) = hosts {
             self.set_hostnames(&ranks, &h, &mut out.changes);
             self.nodelist = Some(h);
@@ -1001,6 +1051,79 @@ impl ResourceState {
     /// restarts, so every rank's liveness becomes unknown. One event for
     /// the instance, rather than an offline page per node for what a
     /// shutdown leaves behind (some ranks offline, rank 0 never).
+    /// The instance's `[queues]` table (fluxpipe's own event, sent by the
+    /// forwarder: Flux's eventlogs do not carry it). A table flux-core
+    /// would refuse leaves the one before in place.
+    fn on_queue_config(&mut self, ev: &Event) -> Applied {
+        let mut out = Applied::default();
+        if self.queues_at.is_some_and(|at| ev.timestamp <= at) {
+            out.skipped_duplicate = true;
+            return out;
+        }
+        self.queues_at = Some(ev.timestamp);
+        let bad = |kind, msg: String| {
+            Anomaly::new(Stream::Resource, kind, msg).at(&ev.name, ev.timestamp)
+        };
+        match ev.get("queues") {
+            None => out.anomalies.push(bad(
+                AnomalyKind::MissingContext,
+                "`queues` is missing".into(),
+            )),
+            Some(table) => match QueueConfig::from_value(&table) {
+                Ok(q) => self.queues = Some(q),
+                Err(e) => out
+                    .anomalies
+                    .push(bad(AnomalyKind::InvalidContext, e.to_string())),
+            },
+        }
+        out
+    }
+
+    /// The instance's `[queues]` table, once the forwarder has sent it.
+    pub fn queue_config(&self) -> Option<&QueueConfig> {
+        self.queues.as_ref()
+    }
+
+    /// The instance's node properties (name → ranks), from its R.
+    pub fn properties(&self) -> &BTreeMap<String, IdSet> {
+        &self.properties
+    }
+
+    /// The ranks of a configured queue (a virtual queue's are its
+    /// parent's), as `flux resource status -q` selects them; `None`: no
+    /// such queue, or no table sent.
+    pub fn queue_ranks(&self, queue: &str) -> Option<IdSet> {
+        let all = self.all_ranks();
+        self.queues.as_ref()?.ranks(queue, &all, &self.properties)
+    }
+
+    /// Each configured queue that is not virtual with its ranks: the
+    /// queues whose nodes `flux resource list` shows by default.
+    pub fn queue_slices(&self) -> Vec<(String, IdSet)> {
+        let Some(q) = &self.queues else {
+            return Vec::new();
+        };
+        let all = self.all_ranks();
+        q.iter()
+            .filter(|(_, e)| e.parent.is_none())
+            .filter_map(|(n, _)| Some((n.to_string(), q.ranks(n, &all, &self.properties)?)))
+            .collect()
+    }
+
+    /// The instance's ranks: as R or `restart` said, else those held.
+    fn all_ranks(&self) -> IdSet {
+        match &self.instance_ranks {
+            Some(set) => set.clone(),
+            None => {
+                let mut set = IdSet::new();
+                for r in self.ranks.keys() {
+                    set.insert(*r);
+                }
+                set
+            }
+        }
+    }
+
     fn on_instance_down(&mut self, cx: &mut Ctx) {
         let _ = cx.opt_string("reason"); // only type-checked
         self.down_since = Some(cx.ev.timestamp);
@@ -1556,6 +1679,59 @@ mod tests {
         assert!(st.ranks().all(|s| s.online == Some(false) && !s.torpid));
         assert_eq!(drain_of(&st, 2), (true, Some("keep me".into()), Some(3.0)));
         assert_eq!(st.restarts(), 2);
+    }
+
+    #[test]
+    fn queues_take_their_nodes_from_the_instance_properties() {
+        // Queue membership by an instance-local property (RFC 20 `+NAME`),
+        // a virtual queue resolving to its parent's nodes.
+        let mut st = instance();
+        assert_eq!(st.queue_ranks("batch"), None, "no table sent yet");
+        let a = st.apply_r(&json!({"version": 1, "execution": {
+            "R_lite": [{"rank": "0-3", "children": {"core": "0-1"}}],
+            "nodelist": ["node[0-3]"],
+            "properties": {"+debug": "0-1", "gpu": "3", "bad": 7}}}));
+        assert_eq!(a.anomalies.len(), 1, "the bad property is said");
+        assert_eq!(st.properties().len(), 2);
+        let a = st.apply(&ev(
+            2.0,
+            "queue-config",
+            json!({"queues": {"debug": {"requires": ["+debug"]},
+                              "batch": {"requires": ["^+debug"]},
+                              "fast": {"parent": "batch"}}}),
+        ));
+        assert!(a.anomalies.is_empty() && a.changes.is_empty(), "{a:?}");
+        let set = |s| IdSet::parse(s).unwrap();
+        assert_eq!(st.queue_ranks("debug"), Some(set("0-1")));
+        assert_eq!(st.queue_ranks("fast"), Some(set("2-3")));
+        assert_eq!(
+            st.queue_slices(),
+            vec![("batch".into(), set("2-3")), ("debug".into(), set("0-1"))]
+        );
+        // Not part of the log's order: the events after it are not judged
+        // by its stamp; one no newer than the table held is a resend.
+        let a = st.apply(&ev(1.6, "drain", json!({"idset": "0", "reason": "x"})));
+        assert!(a.anomalies.is_empty(), "{a:?}");
+        let a = st.apply(&ev(1.5, "queue-config", json!({"queues": {"debug": {}}})));
+        assert!(a.skipped_duplicate && a.anomalies.is_empty(), "{a:?}");
+        let a = st.apply(&ev(2.5, "queue-config", json!({"queues": {"debug": {}}})));
+        assert!(!a.skipped_duplicate && a.anomalies.is_empty(), "{a:?}");
+        assert_eq!(st.queue_ranks("debug"), Some(set("0-3")));
+        assert_eq!(st.queue_ranks("batch"), None);
+        // A table flux-core would refuse leaves the one before.
+        let a = st.apply(&ev(
+            3.0,
+            "queue-config",
+            json!({"queues": {"v": {"parent": "p"}}}),
+        ));
+        assert_eq!(a.anomalies.len(), 1);
+        assert!(st.queue_config().is_some_and(|q| q.contains("debug")));
+        let a = st.apply(&ev(3.5, "queue-config", json!({})));
+        assert_eq!(a.anomalies[0].kind, AnomalyKind::MissingContext);
+        // Kept across a save: the checkpoint's encoding.
+        let back: ResourceState = rmp_serde::from_slice(&rmp_serde::to_vec(&st).unwrap()).unwrap();
+        assert_eq!(back.queue_ranks("debug"), Some(set("0-3")));
+        assert_eq!(back.properties(), st.properties());
     }
 
     #[test]
@@ -2138,6 +2314,7 @@ mod tests {
             "resource-update",
             "truncate",
             "resource-init",
+            "queue-config",
             "bogus",
         ]);
         (
@@ -2160,6 +2337,7 @@ mod tests {
                                               "drain": {ids.clone(): {"timestamp": ts, "reason": reason}}}),
                     "resource-update" => json!({"expiration": ts}),
                     "resource-define" => json!({"method": reason.unwrap_or_default()}),
+                    "queue-config" => json!({"queues": {reason.unwrap_or_default(): {"requires": [ids]}}}),
                     _ => json!({"idset": ids, "overwrite": ow, "reason": reason, "nodelist": nl}),
                 };
                 Event::new(ts, name).with_context(ctx)
