@@ -119,6 +119,11 @@ cores = "0-1"
 hosts = "node[2-3]"
 properties = ["+debug"]
 
+# Job shells that outlive a job-exec reload (flux-core's bgexec: RFC 50's
+# `recoverable`, then `reattach`).
+[exec]
+method = "bgexec"
+
 [queues.batch]
 
 [queues.fast]
@@ -309,6 +314,7 @@ class Fluxpipe:
         self.kafka = kafka
         self.out = work / "out.jsonl"
         self.alerts_out = work / "alerts.jsonl"
+        self.anomalies_out = work / "anomalies.jsonl"
         self.config = work / "fluxpipe.toml"
         if kafka is None:
             source = f"""[sources.flux]
@@ -347,6 +353,10 @@ inputs = ["transitions", "jobs", "resources"]
 type = "file"
 path = "{self.alerts_out}"
 inputs = ["alerts"]
+[sinks.anomalies]
+type = "file"
+path = "{self.anomalies_out}"
+inputs = ["anomalies"]
 
 # The watchman's rules stand in for the built-in ones (10m, 1m); any rule
 # leaves out the built-in job and node rules (hours and minutes: none
@@ -682,6 +692,12 @@ def workload_b(inst: Instance, ids: dict[str, str]) -> set[int]:
         ids[f"b_batch{i}"] = inst.submit("-N1", "sh", "-c", f"exit {i % 2}")
     ids["b_hold_cancel"] = inst.submit("-N1", "--urgency=0", "true")
     inst.run("cancel", ids["b_hold_cancel"])
+    # A job that runs across a reload of job-exec: its shells are
+    # reattached (bgexec), and it stays one job in RUN with its own times.
+    ids["b_reattach"] = inst.submit("-N1", "sleep", "6")
+    inst.run("job", "wait-event", "-t", "30", "-p", "exec", ids["b_reattach"], "shell.start")
+    inst.run("module", "reload", "job-exec")
+    inst.run("job", "wait-event", "-t", "30", "-p", "exec", ids["b_reattach"], "reattach")
     return draining
 
 
@@ -812,7 +828,7 @@ def main() -> int:
     fwd = Forwarder(inst, work, ["--connect", connect,
                                  "--state", str(work / "forwarder.json"), "--reconnect",
                                  "--reconnect-delay", "0.5", "--ping-interval", "0.5",
-                                 "--heartbeat", str(HEARTBEAT),
+                                 "--heartbeat", str(HEARTBEAT), "--exec-eventlogs",
                                  *fwd_args], "forwarder", python=args.forwarder_python)
     exiting = Forwarder(inst, work, ["--connect", "-", "--ping-interval", "0.5", *fwd_args],
                         "exiting")
@@ -996,6 +1012,7 @@ def main() -> int:
         # Asked while both run: `fluxpipe jobs` and `fluxpipe resource`
         # print what `flux jobs` and `flux resource` print.
         compare_cli(args.fluxpipe, pipe.api, inst, problems)
+        check_reattached(pipe, inst, ids["b_reattach"], problems)
         # After the crash (its first run) and after the shutdown.
         if fwd.log_text().count(reconnected) < 2:
             problems.append("the forwarder did not say it reconnected after the crash and "
@@ -1096,6 +1113,29 @@ def compare_cli(binary: str, api: str, inst: Instance, problems: list[str]) -> N
     compare_queues(inst, ours, lines_equal, api, problems)
     log(f"fluxpipe jobs: {len(flux_jobs.splitlines()) - 1} jobs against flux jobs; "
         + "; ".join(rows))
+
+
+def check_reattached(pipe: "Fluxpipe", inst: Instance, jobid: str,
+                     problems: list[str]) -> None:
+    """The job whose shells job-exec reattached after a reload: its exec
+    progress says so (recoverable, reattached once), with no anomaly and
+    no alert about it; its fields and transitions are compared with
+    flux's with every other job's."""
+    dec = str(int(inst.run("job", "id", "--to=dec", jobid)))
+    with urllib.request.urlopen(f"{pipe.api}/api/v1/jobs/{dec}", timeout=30) as r:
+        job = json.load(r)
+    log_ = (job.get("exec") or {}).get("eventlog") or {}
+    if not (log_.get("recoverable") is True and log_.get("reattaches") == 1
+            and job.get("state") == "INACTIVE" and job.get("result") == "COMPLETED"):
+        problems.append(f"reattached job {jobid}: exec {log_}, state {job.get('state')}, "
+                        f"result {job.get('result')}")
+    if job.get("alerts"):
+        problems.append(f"reattached job {jobid}: alerts {job['alerts']}")
+    said = [a for a in pipe.records(pipe.anomalies_out) if str(a.get("id")) == dec]
+    if said:
+        problems.append(f"reattached job {jobid}: anomalies {said[:3]}")
+    log(f"reattach: job {jobid} ran across a job-exec reload (exec {log_.get('reattaches')} "
+        "reattach, recoverable), no anomaly")
 
 
 def compare_queues(inst: Instance, ours, lines_equal, api: str, problems: list[str]) -> None:
