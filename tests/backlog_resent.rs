@@ -233,3 +233,58 @@ fn far_future_and_far_past_times_are_anomalies_that_harm_no_clock() {
         "no alert storm"
     );
 }
+
+#[test]
+fn an_ended_jobs_grace_runs_on_across_restarts() {
+    // The time to live of an ended job runs from its end, not from the
+    // last start: a pipeline restarted more often than its grace must
+    // still drop what ended (seen live: every job held after 13 restarts).
+    const GRACE: f64 = 6.0;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = dir.path().join("journal.jsonl");
+    common::generate(&["--nodes", "4", "--jobs", "20"], &journal);
+    let (tcp, api) = (free_port(), free_port());
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[operators]\ninactive_grace_secs = {GRACE}\n\
+             [checkpoint]\ninterval_secs = 0.5\n\
+             [sources.tcp]\ntype = \"socket\"\naddress = \"127.0.0.1:{tcp}\"\ncluster = \"A\"\n\
+             [api]\naddress = \"127.0.0.1:{api}\"\n",
+            dir.path().join("state"),
+        ),
+    )
+    .expect("config");
+    let mut run = start(&config);
+    send(tcp, &std::fs::read(&journal).expect("journal"));
+    wait_until("every job ended", 30, || {
+        total(&metrics(api), "flux_jobs_inactive_total") == 20.0
+    });
+    let ended = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(GRACE / 2.0));
+    assert!(total(&metrics(api), "fluxpipe_jobs_tracked") > 0.0);
+    sigterm(&run.0);
+    let _ = run.0.wait();
+    let run = start(&config);
+    let restarted = std::time::Instant::now();
+    wait_until("restored", 30, || {
+        total(&metrics(api), "fluxpipe_jobs_tracked") > 0.0
+    });
+    wait_until("every ended job dropped", 30, || {
+        total(&metrics(api), "fluxpipe_jobs_tracked") == 0.0
+    });
+    let gone = std::time::Instant::now();
+    // Ends are saved to the second: at most one early.
+    assert!(
+        gone.duration_since(ended).as_secs_f64() >= GRACE - 1.5,
+        "dropped {:?} after the end",
+        gone.duration_since(ended)
+    );
+    assert!(
+        gone.duration_since(restarted).as_secs_f64() < GRACE - 1.0,
+        "dropped {:?} after the restart: the grace started again",
+        gone.duration_since(restarted)
+    );
+    drop(run);
+}

@@ -47,6 +47,11 @@ pub struct Expiry {
     ttl: StateTtl,
     inactive: VecDeque<(Instant, JobKey)>,
     unsubmitted: VecDeque<(Instant, JobKey)>,
+    /// Ended jobs taken over from a checkpoint or changelog, each with
+    /// what was left of its grace: latest deadline first once `sorted`
+    /// (they come in no order, and only at a start or a takeover).
+    restored: Vec<(Instant, JobKey)>,
+    sorted: bool,
 }
 
 impl Expiry {
@@ -55,7 +60,20 @@ impl Expiry {
             ttl,
             inactive: VecDeque::new(),
             unsubmitted: VecDeque::new(),
+            restored: Vec::new(),
+            sorted: true,
         }
+    }
+
+    /// The grace of an ended job.
+    pub fn inactive_grace(&self) -> Duration {
+        self.ttl.inactive_grace
+    }
+
+    /// An ended job taken over, due at `at` (what its grace had left).
+    pub fn restored(&mut self, key: JobKey, at: Instant) {
+        self.restored.push((at, key));
+        self.sorted = false;
     }
 
     /// A job became INACTIVE at `now`.
@@ -73,6 +91,17 @@ impl Expiry {
     /// was: the caller checks that it still applies (a job may have been
     /// dropped, or got its submit, since).
     pub fn pop_due(&mut self, now: Instant) -> Option<(JobKey, Eviction)> {
+        if !self.sorted {
+            self.restored
+                .sort_unstable_by_key(|(at, _)| std::cmp::Reverse(*at));
+            self.sorted = true;
+        }
+        if self.restored.last().is_some_and(|(at, _)| *at <= now) {
+            return self
+                .restored
+                .pop()
+                .map(|(_, key)| (key, Eviction::Inactive));
+        }
         for (queue, why) in [
             (&mut self.inactive, Eviction::Inactive),
             (&mut self.unsubmitted, Eviction::Orphan),
@@ -86,7 +115,7 @@ impl Expiry {
 
     /// Jobs waiting, of both kinds.
     pub fn len(&self) -> usize {
-        self.inactive.len() + self.unsubmitted.len()
+        self.inactive.len() + self.unsubmitted.len() + self.restored.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -131,5 +160,32 @@ mod tests {
             Some((key(1), Eviction::Orphan))
         );
         assert!(e.is_empty());
+    }
+
+    #[test]
+    fn restored_jobs_keep_what_their_grace_had_left() {
+        let mut e = Expiry::new(StateTtl {
+            inactive_grace: Duration::from_secs(60),
+            orphan_ttl: Duration::from_secs(600),
+        });
+        let t0 = Instant::now();
+        // In no order, as a checkpoint's parts give them.
+        e.restored(key(1), t0 + Duration::from_secs(30));
+        e.restored(key(2), t0);
+        e.restored(key(3), t0 + Duration::from_secs(10));
+        e.ended(key(4), t0);
+        assert_eq!(e.pop_due(t0), Some((key(2), Eviction::Inactive)));
+        assert_eq!(e.pop_due(t0), None);
+        let t = t0 + Duration::from_secs(30);
+        assert_eq!(e.pop_due(t), Some((key(3), Eviction::Inactive)));
+        assert_eq!(e.pop_due(t), Some((key(1), Eviction::Inactive)));
+        assert_eq!(e.pop_due(t), None);
+        assert_eq!(e.len(), 1);
+        e.restored(key(5), t0);
+        assert_eq!(e.pop_due(t), Some((key(5), Eviction::Inactive)));
+        assert_eq!(
+            e.pop_due(t0 + Duration::from_secs(60)),
+            Some((key(4), Eviction::Inactive))
+        );
     }
 }

@@ -17,7 +17,7 @@ use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::flux::resource::RankChange;
 use smallvec::SmallVec;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What became of one record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,8 +287,11 @@ impl Processor {
         if let Some(expiry) = &mut self.expiry {
             note_expiry(
                 expiry,
-                self.monotonic,
-                &self.state,
+                Clocks {
+                    monotonic: self.monotonic,
+                    wall: self.wall,
+                },
+                &mut self.state,
                 key.as_ref(),
                 new_job,
                 &fx,
@@ -481,15 +484,25 @@ impl Processor {
         out
     }
 
-    /// A job taken over from a checkpoint: its time to live starts now, as
-    /// if it had just ended or appeared.
-    pub fn track_restored(&mut self, key: &JobKey, job: &crate::flux::job::Job) {
+    /// A job taken over from a checkpoint or changelog: an ended one keeps
+    /// what was left of its grace when it was saved (its end is saved with
+    /// it; one saved without it starts its grace again); a job never
+    /// submitted starts its time to live now.
+    pub fn track_restored(&mut self, key: &JobKey, entry: &JobEntry) {
         let Some(expiry) = &mut self.expiry else {
             return;
         };
         let now = (self.monotonic)();
+        let job = &entry.job;
         if job.state == JobState::Inactive {
-            expiry.ended(key.clone(), now);
+            let grace = expiry.inactive_grace();
+            let left = if entry.ended_at == 0 {
+                grace
+            } else {
+                let gone = ((self.wall)() - f64::from(entry.ended_at)).max(0.0);
+                grace.saturating_sub(Duration::try_from_secs_f64(gone).unwrap_or(Duration::MAX))
+            };
+            expiry.restored(key.clone(), now + left);
         } else if !job.submitted {
             expiry.unsubmitted(key.clone(), now);
         }
@@ -504,12 +517,29 @@ impl Processor {
     }
 }
 
+/// A wall-clock time as whole Unix seconds (0 for none before 1970 or
+/// past 2106: the job is then timed as if saved without its end).
+fn unix_seconds(t: f64) -> u32 {
+    if t.is_finite() && t >= 1.0 && t < f64::from(u32::MAX) {
+        t as u32
+    } else {
+        0
+    }
+}
+
 /// Start the time to live of what a record made: a job first seen without
 /// its submit, a job that ended.
+/// The clocks a time to live reads: the monotonic one for deadlines, the
+/// wall one for the end saved with a job.
+struct Clocks {
+    monotonic: fn() -> Instant,
+    wall: fn() -> f64,
+}
+
 fn note_expiry(
     expiry: &mut Expiry,
-    monotonic: fn() -> Instant,
-    state: &State,
+    Clocks { monotonic, wall }: Clocks,
+    state: &mut State,
     key: Option<&JobKey>,
     new_job: bool,
     fx: &Effects,
@@ -523,6 +553,10 @@ fn note_expiry(
     for t in &fx.transitions {
         if t.transition.to == JobState::Inactive {
             expiry.ended(t.key.clone(), monotonic());
+            // Saved with the job: a restart keeps what is left of its grace.
+            if let Some(e) = state.jobs.get_mut(&t.key) {
+                e.ended_at = unix_seconds(wall());
+            }
         }
     }
 }

@@ -37,6 +37,12 @@ pub struct JobEntry {
     /// only: boxed, so the entry stays within its allocation class).
     #[serde(default)]
     pub owner: Option<Box<Owner>>,
+    /// When it was seen ending, in Unix seconds on the wall clock (0: not
+    /// ended, or not timed: a replay): its time to live runs from then,
+    /// across restarts. Last, with a default: older checkpoints and
+    /// changelogs read as not timed (their grace starts again).
+    #[serde(default)]
+    pub ended_at: u32,
     /// Its alert conditions, kept here rather than in a table of the
     /// engine's (one lookup per change, not two). Checkpoints save them
     /// apart, with the nodes' ([`crate::keyed::alerts::engine::SavedConditions`]).

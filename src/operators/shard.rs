@@ -486,7 +486,7 @@ impl Shard {
                 }
             };
             let job = &entry.job;
-            self.processor.track_restored(&key, job);
+            self.processor.track_restored(&key, &entry);
             if job.submitted && !job.invalidated && job.state != JobState::Inactive {
                 let queue = job.queue().map(CompactString::from);
                 *counts
