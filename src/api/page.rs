@@ -10,6 +10,7 @@
 use crate::channels::query::{Answer, Query, Questions};
 use crate::exposition;
 use crate::flux::fsd;
+use crate::flux::idset::IdSet;
 use crate::flux::jobid::JobId;
 use crate::flux::resource::{NodeCount, RankState};
 use crate::keyed::alerts::wall_now;
@@ -59,6 +60,10 @@ struct Cluster {
     alerts: Vec<(AlertPosition, Value)>,
     /// How many fire in all.
     firing: usize,
+    /// Its queues that are not virtual, with their ranks and the virtual
+    /// queues scheduled as part of each (once the forwarder sent the
+    /// `[queues]` table).
+    queues: Vec<(String, IdSet, Vec<String>)>,
 }
 
 async fn page(State(page): State<Page>) -> Response {
@@ -82,6 +87,26 @@ async fn page(State(page): State<Page>) -> Response {
             if let Answer::Nodes(ranks) = answer {
                 for (name, r) in ranks {
                     by_cluster.entry(name).or_default().ranks.push(r);
+                }
+            }
+        }
+        for answer in q.ask(&Query::Queues { cluster: None }).await? {
+            if let Answer::Queues(tables) = answer {
+                for t in tables {
+                    let queues = t
+                        .slices
+                        .into_iter()
+                        .map(|(name, ranks)| {
+                            let virtual_of = t
+                                .config
+                                .iter()
+                                .filter(|(_, e)| e.parent.as_deref() == Some(name.as_str()))
+                                .map(|(v, _)| v.to_string())
+                                .collect();
+                            (name, ranks, virtual_of)
+                        })
+                        .collect();
+                    by_cluster.entry(t.cluster).or_default().queues = queues;
                 }
             }
         }
@@ -335,6 +360,18 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
                     @let n = c.ranks.iter().filter(|r| count.holds(r)).count();
                     @if n > 0 || *count != NodeCount::Unknown {
                         span data-count=(count.as_str()) { span class={ "n " (class) } {} " " (count.as_str()) " " (n) }
+                    }
+                }
+            }
+            @for (queue, ranks, virtual_of) in &c.queues {
+                @let held: Vec<&RankState> = c.ranks.iter().filter(|r| ranks.contains(r.rank)).collect();
+                div.queue data-queue=(queue) {
+                    "queue " b { (queue) }
+                    @if !virtual_of.is_empty() { span.muted { " (and " (virtual_of.join(", ")) ")" } }
+                    ": " (held.len()) " nodes"
+                    @for (count, _) in &KEY {
+                        @let n = held.iter().filter(|r| count.holds(r)).count();
+                        @if n > 0 { ", " (count.as_str()) " " (n) }
                     }
                 }
             }

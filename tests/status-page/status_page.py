@@ -218,6 +218,16 @@ def build_workload(fluxpipe, work):
     with open(gamma, "w") as f:
         f.write(resource_line(last, "restart",
                               {"ranks": "0-3", "online": "", "nodelist": "g[0-3]"}))
+        # Its R gives ranks 2-3 the instance-local property of the gpu
+        # queue, and the forwarder's queue-config line the queues.
+        f.write(json.dumps({
+            "events": [{"timestamp": last + 0.5, "name": "resource-define",
+                        "context": {"method": "configuration"}}],
+            "R": {"version": 1, "execution": {
+                "R_lite": [{"rank": "0-3", "children": {"core": "0-1"}}],
+                "nodelist": ["g[0-3]"], "properties": {"+gpu": "2-3"}}}}) + "\n")
+        f.write(resource_line(last + 0.6, "queue-config", {"queues": {
+            "all": {}, "gpu": {"requires": ["+gpu"]}, "quick": {"parent": "all"}}}))
         f.write(resource_line(last + 1.0, "online", {"idset": "0-3"}))
         f.write(resource_line(last + 2.0, "drain", {
             "idset": "1", "nodelist": "g1", "overwrite": 0, "reason": "fan"}))
@@ -549,6 +559,17 @@ def check_dom(dom_text, expected, api, report, where, counts=None):
             want = {k: v for k, v in counts.get(name, {}).items() if k in key or v}
             report.check(key == want, f"{where}: {name}: the key's counts are /metrics'",
                          f"key {key}, /metrics {counts.get(name)}")
+        # Queues by property (gamma's queue-config and R): each queue that
+        # is not virtual, its virtual queue beside its parent.
+        queues = {d.attrs.get("data-queue"): " ".join(d.text().split())
+                  for d in sec.find_all("div", "queue")}
+        if name == "gamma":
+            report.check(sorted(queues) == ["all", "gpu"]
+                         and queues["all"].startswith("queue all (and quick): 4 nodes")
+                         and queues["gpu"].startswith("queue gpu: 2 nodes"),
+                         f"{where}: gamma: its queues and their nodes", f"{queues}")
+        else:
+            report.check(not queues, f"{where}: {name}: no queues (no table sent)", f"{queues}")
     # Advisory: the pipeline figures are plain numbers.
     health = root.find_all("section")
     figs = [b.text().strip() for s in health if s.attrs.get("id") == "health"
