@@ -114,6 +114,9 @@ run time; --format table, json or csv. Examples: \
     },
     /// Print fluxpipe's manual page (roff), e.g. `fluxpipe man | man -l -`.
     Man,
+    /// Print the command-line reference as Markdown (`docs/cli.md` is its
+    /// output: `fluxpipe reference > docs/cli.md`).
+    Reference,
 }
 
 /// Die by SIGPIPE when the reader of standard output goes away
@@ -167,6 +170,13 @@ fn main() -> ExitCode {
             .render(&mut std::io::stdout())
             .map(|()| ExitCode::SUCCESS)
             .map_err(Into::into),
+        Some(Command::Reference) => {
+            let options = clap_markdown::MarkdownOptions::new()
+                .title("The fluxpipe command line".to_string())
+                .show_footer(false);
+            print!("{}", clap_markdown::help_markdown_custom::<Args>(&options));
+            Ok(ExitCode::SUCCESS)
+        }
         // The embedded default: the default pipeline over the sample corpus.
         None => cli::run::run(cli::run::RunArgs::embedded_default()),
     };

@@ -1,6 +1,6 @@
 //! What the command says of itself: `--version` with the commit it was
-//! built from, shell completions and a manual page made from the same
-//! definitions as its arguments.
+//! built from, shell completions, a manual page and the manual's
+//! command-line reference made from the same definitions as its arguments.
 
 mod common;
 use common::fluxpipe;
@@ -58,6 +58,26 @@ fn the_manual_page_is_roff_with_every_command() {
     );
     for command in ["replay", "run", "jobs", "resource", "validate"] {
         assert!(text.contains(command), "no {command} in the page");
+    }
+}
+
+/// The manual's command-line reference is what the clap definitions say
+/// today: a flag added, renamed or reworded without `fluxpipe reference >
+/// docs/cli.md` fails here.
+#[test]
+fn the_cli_reference_in_the_manual_is_the_commands_own() {
+    let made = stdout_of(&["reference"]);
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md");
+    let kept = std::fs::read_to_string(path).expect("docs/cli.md");
+    assert!(
+        made == kept,
+        "docs/cli.md differs from `fluxpipe reference`: run `cargo run --release -- reference > docs/cli.md`"
+    );
+    for command in ["replay", "run", "jobs", "resource status", "report jobs"] {
+        assert!(
+            made.contains(&format!("## `fluxpipe {command}`")),
+            "{command}"
+        );
     }
 }
 
