@@ -97,12 +97,9 @@ async fn page(State(page): State<Page>) -> Response {
                         .slices
                         .into_iter()
                         .map(|(name, ranks)| {
-                            let virtual_of = t
-                                .config
-                                .iter()
-                                .filter(|(_, e)| e.parent.as_deref() == Some(name.as_str()))
-                                .map(|(v, _)| v.to_string())
-                                .collect();
+                            // What asking for it takes, less itself.
+                            let virtual_of =
+                                t.config.expand(&name).skip(1).map(String::from).collect();
                             (name, ranks, virtual_of)
                         })
                         .collect();
