@@ -11,7 +11,10 @@
 //! - The server killed during the run and started again: nothing lost,
 //!   the outage counted.
 //! - A database of the first schema version is migrated at start, its
-//!   rows kept.
+//!   rows kept and counted in the daily rollups.
+//! - Reports: from the rows and from the rollups, over a generated year
+//!   on three clusters (before and after the retention), the same on
+//!   SQLite and PostgreSQL.
 //! - Jobs whose jobspec is missing, malformed or huge still get a row.
 
 mod common;
@@ -566,6 +569,25 @@ fn migrates_from_the_first_version(dir: &Path, url: &str) {
     run_to_the_end(&cfg, &dir.join("migrate.log"), url, jobs + 1);
     assert!(history(url, &[]).contains(&old.to_string()));
     assert!(!history(url, &["--transitions"]).is_empty());
+    // The old row is counted in the rollups the migration made, once.
+    let port = free_port();
+    let run_again = config(dir, "migrate-again", url, &inputs, port);
+    let mut again = start(&run_again, &dir.join("again.log"));
+    common::wait_until("the second run's API", 60, || {
+        http_get(port, "/healthz").is_some_and(|(s, _)| s == 200)
+    });
+    sigterm(&again.0);
+    assert!(again.0.wait().expect("wait").success());
+    let rows = report_json(url, &["--by", "cluster", "--from", "rollups"]);
+    let old_cluster: Vec<_> = rows.iter().filter(|r| r["cluster"] == "old").collect();
+    assert_eq!(old_cluster.len(), 1, "{rows:?}");
+    assert_eq!(old_cluster[0]["jobs"], 1);
+    assert_same_rows(
+        &report_json(url, &["--by", "cluster", "--from", "rows"]),
+        &rows,
+        true,
+        "after the migration",
+    );
 }
 
 #[test]
@@ -1050,4 +1072,284 @@ fn postgres_user_names_from_flux() {
     };
     let url = pg.database("users");
     user_names_from_flux(dir.path(), &url);
+}
+
+/// One generated finished job: its record, and what a report should make
+/// of it.
+struct GeneratedJob {
+    record: String,
+    cluster: String,
+    result: &'static str,
+    core_seconds: f64,
+    wait: Option<f64>,
+}
+
+/// A year of finished jobs on three clusters, from 2025-01-01 UTC: a few a
+/// day each, of three queues and five users (one without a name from
+/// Flux's side), some canceled before they ran.
+fn a_generated_year() -> Vec<GeneratedJob> {
+    let mut rng = XorShift(0x5eed_2025);
+    let start = 1_735_689_600.0;
+    let mut out = Vec::new();
+    let mut id = 1u64;
+    for day in 0..365 {
+        for cluster in ["alpha", "beta", "gamma"] {
+            for _ in 0..(rng.next() % 8) {
+                id += 1;
+                let t_submit = start + f64::from(day) * 86_400.0 + (rng.next() % 80_000) as f64;
+                let ran = !rng.next().is_multiple_of(10);
+                let wait = (rng.next() % 20_000) as f64 + (rng.next() % 1000) as f64 / 1000.0;
+                let run = (rng.next() % 30_000) as f64 + 1.0;
+                let ncores = 1 + rng.next() % 64;
+                let nnodes = 1 + ncores / 16;
+                let ngpus = rng.next() % 3;
+                let user = rng.next() % 5;
+                let queue = ["batch", "debug", "gpu"][(rng.next() % 3) as usize];
+                let result = if !ran {
+                    "CANCELED"
+                } else {
+                    ["COMPLETED", "COMPLETED", "FAILED", "TIMEOUT"][(rng.next() % 4) as usize]
+                };
+                let mut rec = serde_json::json!({
+                    "cluster": cluster, "id": id, "kind": "job", "record_id": format!("r{id}"),
+                    "state": "INACTIVE", "queue": queue, "userid": 5000 + user,
+                    "result": result, "t_submit": t_submit,
+                    "ncores": ncores, "nnodes": nnodes, "ngpus": ngpus,
+                });
+                if user != 4 {
+                    rec["username"] = format!("user{user}").into();
+                }
+                let (t_run, t_cleanup) = (t_submit + wait, t_submit + wait + run);
+                let t_inactive = if ran {
+                    rec["t_run"] = t_run.into();
+                    rec["t_cleanup"] = t_cleanup.into();
+                    t_cleanup + 1.0
+                } else {
+                    t_run
+                };
+                rec["t_inactive"] = t_inactive.into();
+                // As a report computes them from the times.
+                out.push(GeneratedJob {
+                    record: rec.to_string(),
+                    cluster: cluster.to_string(),
+                    result,
+                    core_seconds: if ran {
+                        ncores as f64 * (t_cleanup - t_run)
+                    } else {
+                        0.0
+                    },
+                    wait: ran.then_some(t_run - t_submit),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// `fluxpipe report jobs --db URL --format json ARGS`.
+fn report_json(url: &str, args: &[&str]) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    let out = fluxpipe()
+        .args(["report", "jobs", "--db", url, "--format", "json"])
+        .args(args)
+        .output()
+        .expect("report");
+    assert!(
+        out.status.success(),
+        "report {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json rows")
+}
+
+/// Report rows equal: keys and counts exactly, sums to 1e-9 (summed in
+/// another order); when `rounded`, `b`'s wait percentiles are `a`'s to 3
+/// significant digits of milliseconds (`a` from rows, `b` from rollups).
+fn assert_same_rows(
+    a: &[serde_json::Map<String, serde_json::Value>],
+    b: &[serde_json::Map<String, serde_json::Value>],
+    rounded: bool,
+    what: &str,
+) {
+    assert_eq!(a.len(), b.len(), "{what}: row counts");
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(
+            x.keys().collect::<Vec<_>>(),
+            y.keys().collect::<Vec<_>>(),
+            "{what}"
+        );
+        for (k, v) in x {
+            let w = &y[k];
+            match (v.as_f64(), w.as_f64()) {
+                (Some(p), Some(q)) if k.starts_with("wait_p") && rounded => {
+                    assert_eq!(bucket_of(p), q, "{what}: {k} in {x:?} vs {y:?}");
+                }
+                (Some(p), Some(q)) if !v.is_u64() => {
+                    assert!(
+                        (p - q).abs() <= 1e-9 * p.abs().max(1.0),
+                        "{what}: {k} {p} vs {q}"
+                    );
+                }
+                _ => assert_eq!(v, w, "{what}: {k} in {x:?} vs {y:?}"),
+            }
+        }
+    }
+}
+
+/// A wait in seconds as rollups keep it: milliseconds to 3 significant
+/// digits, rounded down.
+fn bucket_of(seconds: f64) -> f64 {
+    let mut ms = (seconds * 1000.0).round() as u64;
+    let mut unit = 1;
+    while ms / unit >= 1000 {
+        unit *= 10;
+    }
+    ms -= ms % unit;
+    ms as f64 / 1000.0
+}
+
+/// A generated year on three clusters, stored as the sink stores it (and
+/// its first quarter stored again, as after a restart): rollups equal a
+/// pass over the generated jobs and the report from the rows, before and
+/// after the retention deletes half the rows. Returns the rollups' rows by
+/// cluster, queue, user and month.
+fn a_year_rolls_up(url: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    use fluxpipe::archive::{Access, Archive, rows::Batch};
+    let year = a_generated_year();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let archive = rt.block_on(async {
+        let archive = Archive::connect(url, Access::Write).await.expect("connect");
+        archive.migrate().await.expect("migrate");
+        archive
+    });
+    let started = Instant::now();
+    let resent = &year[..year.len() / 4];
+    for chunk in year.chunks(500).chain(resent.chunks(300)) {
+        let mut batch = Batch::default();
+        for job in chunk {
+            batch.add(&job.record).expect("a job row");
+        }
+        rt.block_on(archive.store(&batch, None)).expect("store");
+    }
+    eprintln!(
+        "{} jobs stored with their rollups in {:?}",
+        year.len(),
+        started.elapsed()
+    );
+
+    // The totals per cluster, from the generated jobs themselves.
+    let by_cluster = report_json(url, &["--by", "cluster", "--from", "rollups"]);
+    assert_eq!(by_cluster.len(), 3);
+    for row in &by_cluster {
+        let cluster = row["cluster"].as_str().expect("cluster");
+        let jobs: Vec<&GeneratedJob> = year.iter().filter(|j| j.cluster == cluster).collect();
+        let count = |r: &str| jobs.iter().filter(|j| j.result == r).count() as u64;
+        assert_eq!(row["jobs"], jobs.len() as u64, "{cluster}");
+        for (field, result) in [
+            ("completed", "COMPLETED"),
+            ("failed", "FAILED"),
+            ("canceled", "CANCELED"),
+            ("timeout", "TIMEOUT"),
+        ] {
+            assert_eq!(row[field], count(result), "{cluster} {field}");
+        }
+        let core_hours: f64 = jobs.iter().map(|j| j.core_seconds).sum::<f64>() / 3600.0;
+        let got = row["core_hours"].as_f64().expect("core_hours");
+        assert!(
+            (got - core_hours).abs() < 1e-6 * core_hours,
+            "{got} {core_hours}"
+        );
+        let mut waits: Vec<f64> = jobs.iter().filter_map(|j| j.wait).collect();
+        waits.sort_by(f64::total_cmp);
+        let p90 = waits[(0.9 * waits.len() as f64).ceil() as usize - 1];
+        assert_eq!(row["wait_p90_s"], bucket_of(p90), "{cluster}");
+        assert_eq!(
+            row["wait_max_s"],
+            *waits.last().expect("waits"),
+            "{cluster}"
+        );
+    }
+
+    let by = ["--by", "cluster,queue,user,month"];
+    let rows_report = |extra: &[&str]| {
+        let mut args = by.to_vec();
+        args.extend_from_slice(extra);
+        report_json(url, &args)
+    };
+    let from_rows = rows_report(&["--from", "rows"]);
+    let timed = Instant::now();
+    let from_rollups = rows_report(&["--from", "rollups"]);
+    eprintln!(
+        "report by cluster, queue, user, month: {} rows from rollups in {:?}",
+        from_rollups.len(),
+        timed.elapsed()
+    );
+    assert_same_rows(&from_rows, &from_rollups, true, "rows vs rollups");
+    // `auto` takes the rollups for whole days, the rows for other windows.
+    assert_same_rows(&rows_report(&[]), &from_rollups, false, "auto");
+    let window = [
+        "--since",
+        "2025-03-01T00:00:00Z",
+        "--until",
+        "2025-04-01T00:00:00Z",
+    ];
+    assert_same_rows(
+        &rows_report(&[&window[..], &["--from", "rows"]].concat()),
+        &rows_report(&window),
+        true,
+        "a month",
+    );
+    let odd = ["--since", "2025-03-01T12:00:00Z", "--by", "cluster"];
+    let err = fluxpipe()
+        .args(["report", "jobs", "--db", url, "--from", "rollups"])
+        .args(odd)
+        .output()
+        .expect("report");
+    assert!(!err.status.success(), "half a day from rollups");
+    assert_eq!(
+        report_json(url, &odd),
+        report_json(url, &[&odd[..], &["--from", "rows"]].concat()),
+        "auto reads rows for half a day"
+    );
+
+    // The retention deletes the first half of the year's rows: rollups
+    // answer as before, the rows for what is left.
+    let deleted = rt
+        .block_on(archive.prune(1_735_689_600.0 + 182.0 * 86_400.0))
+        .expect("prune");
+    assert!(deleted > 0);
+    rt.block_on(archive.close());
+    assert_same_rows(
+        &rows_report(&["--from", "rollups"]),
+        &from_rollups,
+        false,
+        "rollups after the retention",
+    );
+    let left: u64 = report_json(url, &["--by", "", "--from", "rows"])[0]["jobs"]
+        .as_u64()
+        .expect("jobs");
+    assert!(left < year.len() as u64 * 6 / 10, "{left} rows left");
+    from_rollups
+}
+
+#[test]
+fn sqlite_a_year_rolls_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/year.db", dir.path().display());
+    a_year_rolls_up(&url);
+}
+
+/// As on SQLite, and the same rows as SQLite's.
+#[test]
+fn postgres_a_year_rolls_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(pg) = Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    let on_postgres = a_year_rolls_up(&pg.database("year"));
+    let url = format!("sqlite://{}/year.db", dir.path().display());
+    let on_sqlite = a_year_rolls_up(&url);
+    assert_same_rows(&on_sqlite, &on_postgres, false, "SQLite vs PostgreSQL");
 }

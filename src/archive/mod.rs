@@ -8,6 +8,8 @@
 //! changes nothing. One batch is one transaction.
 
 pub mod report;
+pub mod rollup;
+mod rollup_store;
 pub mod rows;
 pub mod schema;
 
@@ -196,8 +198,10 @@ impl Archive {
         Ok(())
     }
 
-    /// Write a batch's rows in one transaction: all of them or none.
-    pub async fn store(&self, batch: &Batch) -> Result<(), ArchiveError> {
+    /// Write a batch's rows in one transaction: all of them or none, with
+    /// the jobs that finished counted in their rollups (but those that
+    /// ended before `not_before`: see [`Archive::roll_up_pending`]).
+    pub async fn store(&self, batch: &Batch, not_before: Option<f64>) -> Result<(), ArchiveError> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -217,6 +221,7 @@ impl Archive {
                 query.execute(&mut *tx).await?;
             }
         }
+        rollup_store::roll_up_all(&mut tx, not_before).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -251,7 +256,7 @@ impl Archive {
         let mut w = Where::default();
         w.equal("j.cluster", q.cluster.clone().map(|c| Cell::Text(Some(c))));
         if let Some(u) = &q.user {
-            user_clause(&mut w, u);
+            user_clause(&mut w, "j", u);
         }
         w.equal("j.queue", q.queue.clone().map(|c| Cell::Text(Some(c))));
         let results = q.results.iter().map(|r| Cell::Text(Some(r.clone())));
@@ -303,7 +308,7 @@ impl Archive {
         w.equal("j.cluster", q.cluster.clone().map(|c| Cell::Text(Some(c))));
         w.equal("j.queue", q.queue.clone().map(|c| Cell::Text(Some(c))));
         if let Some(u) = &q.user {
-            user_clause(&mut w, u);
+            user_clause(&mut w, "j", u);
         }
         if let Some(since) = q.since {
             let p = w.bind(Cell::Float(Some(since)));
@@ -322,23 +327,7 @@ impl Archive {
         let mut rows = query.fetch(&self.pool);
         let mut n = 0;
         while let Some(row) = rows.try_next().await? {
-            let text = |i: usize| row.try_get::<Option<String>, _>(i);
-            let int = |i: usize| row.try_get::<Option<i64>, _>(i);
-            let float = |i: usize| row.try_get::<Option<f64>, _>(i);
-            each(report::FinishedJob {
-                cluster: text(0)?.unwrap_or_default(),
-                queue: text(1)?,
-                userid: int(2)?,
-                username: text(3)?,
-                result: text(4)?,
-                t_submit: float(5)?,
-                t_run: float(6)?,
-                t_cleanup: float(7)?,
-                t_inactive: float(8)?.unwrap_or(0.0),
-                ncores: int(9)?,
-                ngpus: int(10)?,
-                nnodes: int(11)?,
-            });
+            each(rollup_store::finished_job(&row)?);
             n += 1;
         }
         Ok(n)
@@ -461,10 +450,10 @@ impl Archive {
     }
 }
 
-/// `-u`'s clause over the jobs table `j`.
-fn user_clause(w: &mut Where, user: &UserMatch) {
+/// `-u`'s clause over the table `t` (jobs, rollups).
+fn user_clause(w: &mut Where, t: &str, user: &UserMatch) {
     match user {
-        UserMatch::Id(uid) => w.equal("j.userid", Some(Cell::Int(Some(*uid)))),
+        UserMatch::Id(uid) => w.equal(&format!("{t}.userid"), Some(Cell::Int(Some(*uid)))),
         UserMatch::Name { name, fallback_uid } => {
             let n = w.bind(Cell::Text(Some(name.to_string())));
             match fallback_uid {
@@ -473,10 +462,10 @@ fn user_clause(w: &mut Where, user: &UserMatch) {
                 Some(uid) => {
                     let u = w.bind(Cell::Int(Some(*uid)));
                     w.clause(format!(
-                        "(j.username = {n} OR (j.username IS NULL AND j.userid = {u}))"
+                        "({t}.username = {n} OR ({t}.username IS NULL AND {t}.userid = {u}))"
                     ));
                 }
-                None => w.clause(format!("j.username = {n}")),
+                None => w.clause(format!("{t}.username = {n}")),
             }
         }
     }
@@ -597,21 +586,12 @@ impl Where {
 /// `INSERT` of `n` rows into `table`, idempotent by its key.
 fn insert_sql(table: &Table, n: usize) -> String {
     let names: Vec<&str> = table.columns.iter().map(|c| c.name).collect();
-    let width = names.len();
-    let mut sql = format!("INSERT INTO {} ({}) VALUES ", table.name, names.join(", "));
-    for r in 0..n {
-        if r > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        for c in 0..width {
-            if c > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!("${}", r * width + c + 1));
-        }
-        sql.push(')');
-    }
+    let mut sql = format!(
+        "INSERT INTO {} ({}) VALUES {}",
+        table.name,
+        names.join(", "),
+        placeholders(names.len(), n)
+    );
     sql.push_str(&format!(" ON CONFLICT ({}) ", table.key.join(", ")));
     if table.replace {
         let set: Vec<String> = names
@@ -630,6 +610,17 @@ fn insert_sql(table: &Table, n: usize) -> String {
         sql.push_str("DO NOTHING");
     }
     sql
+}
+
+/// `($1, $2), ($3, $4)`: `n` rows of `width` values.
+fn placeholders(width: usize, n: usize) -> String {
+    let rows: Vec<String> = (0..n)
+        .map(|r| {
+            let ps: Vec<String> = (1..=width).map(|c| format!("${}", r * width + c)).collect();
+            format!("({})", ps.join(", "))
+        })
+        .collect();
+    rows.join(", ")
 }
 
 fn bind<'q>(query: Query<'q, Any, AnyArguments>, cell: &Cell) -> Query<'q, Any, AnyArguments> {
@@ -716,8 +707,8 @@ mod tests {
         batch.add(job).unwrap();
         batch.add(r#"{"kind":"rank","cluster":"c","rank":1,"hostname":"n1","record_id":"x","timestamp":3.0,"drained":true}"#).unwrap();
         batch.add(r#"{"kind":"transition","cluster":"c","id":18446744073709551615,"from":"RUN","to":"CLEANUP","event":"finish","timestamp":9.0,"record_id":"t"}"#).unwrap();
-        archive.store(&batch).await.unwrap();
-        archive.store(&batch).await.unwrap();
+        archive.store(&batch, None).await.unwrap();
+        archive.store(&batch, None).await.unwrap();
         let all = JobQuery {
             limit: 10,
             ..Default::default()
@@ -752,7 +743,7 @@ mod tests {
                     .replace("\"r\"", "\"r0\""),
             )
             .unwrap();
-        archive.store(&again).await.unwrap();
+        archive.store(&again, None).await.unwrap();
         assert_eq!(archive.jobs(&all).await.unwrap(), [job]);
         assert_eq!(archive.prune(9.5).await.unwrap(), 2);
         assert_eq!(archive.prune(100.0).await.unwrap(), 3);

@@ -6,6 +6,7 @@
 //! ([`super::Archive::finished_jobs`] streams them) one by one, so a
 //! report holds one accumulator per group, not the jobs.
 
+use super::rollup::{RollupKey, RollupSums};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -31,7 +32,7 @@ pub struct FinishedJob {
 
 impl FinishedJob {
     /// How long it waited to run (`t_run − t_submit`), if it ran.
-    fn wait(&self) -> Option<f64> {
+    pub fn wait(&self) -> Option<f64> {
         match (self.t_submit, self.t_run) {
             (Some(s), Some(r)) if r > 0.0 && r >= s => Some(r - s),
             _ => None,
@@ -40,7 +41,7 @@ impl FinishedJob {
 
     /// How long it ran (`t_cleanup − t_run`, as `flux jobs` computes
     /// runtime), if it ran.
-    fn runtime(&self) -> Option<f64> {
+    pub fn runtime(&self) -> Option<f64> {
         match (self.t_run, self.t_cleanup) {
             (Some(r), Some(c)) if r > 0.0 && c >= r => Some(c - r),
             _ => None,
@@ -121,24 +122,12 @@ pub const FIELDS: [&str; 13] = [
     "run_mean_s",
 ];
 
-/// One group's sums so far.
+/// One group's sums so far: a rollup's, and from rows every wait
+/// (exact percentiles need them all: 8 bytes a job that ran).
 #[derive(Debug, Default)]
 struct Sums {
-    jobs: u64,
-    completed: u64,
-    failed: u64,
-    canceled: u64,
-    timeout: u64,
-    core_hours: f64,
-    gpu_hours: f64,
-    node_hours: f64,
-    /// Every wait: percentiles need them all (8 bytes a job that ran).
+    totals: RollupSums,
     waits: Vec<f64>,
-    run_sum: f64,
-    runs: u64,
-    /// A name Flux's side sent for the group's user, and a uid.
-    username: Option<String>,
-    userid: Option<i64>,
 }
 
 /// A group's key: one value per grouping, in `--by`'s order (`None`: the
@@ -206,28 +195,24 @@ impl Report {
     pub fn add(&mut self, job: &FinishedJob) {
         let key = self.key(job);
         let s = self.groups.entry(key).or_default();
-        s.jobs += 1;
-        match job.result.as_deref() {
-            Some("COMPLETED") => s.completed += 1,
-            Some("FAILED") => s.failed += 1,
-            Some("CANCELED") => s.canceled += 1,
-            Some("TIMEOUT") => s.timeout += 1,
-            _ => {}
-        }
-        if let Some(run) = job.runtime() {
-            let hours = run / 3600.0;
-            let of = |n: Option<i64>| n.unwrap_or(0).max(0) as f64 * hours;
-            s.core_hours += of(job.ncores);
-            s.gpu_hours += of(job.ngpus);
-            s.node_hours += of(job.nnodes);
-            s.run_sum += run;
-            s.runs += 1;
-        }
+        s.totals.add(job);
         s.waits.extend(job.wait());
-        if s.username.is_none() {
-            s.username.clone_from(&job.username);
-        }
-        s.userid = s.userid.or(job.userid);
+    }
+
+    /// Count a day's rollup in its group (the report's days must be UTC
+    /// ones: see [`super::rollup`]).
+    pub fn add_rollup(&mut self, key: &RollupKey, sums: &RollupSums) {
+        let (username, userid) = key.user();
+        let job = FinishedJob {
+            cluster: key.cluster.clone(),
+            queue: key.queue().map(str::to_string),
+            username: username.map(str::to_string),
+            userid: userid.or(sums.userid),
+            t_inactive: key.day as f64,
+            ..FinishedJob::default()
+        };
+        let key = self.key(&job);
+        self.groups.entry(key).or_default().totals.merge(sums);
     }
 
     /// The rows, in key order: JSON objects with the group's keys first
@@ -244,7 +229,7 @@ impl Report {
                     match (g, part) {
                         (GroupBy::User, Some(KeyPart::Text(name))) => {
                             row.insert("user".into(), json!(name));
-                            row.insert("userid".into(), json!(s.userid));
+                            row.insert("userid".into(), json!(s.totals.userid));
                         }
                         (GroupBy::User, Some(KeyPart::Uid(uid))) => {
                             row.insert("user".into(), json!(local_name(uid)));
@@ -262,25 +247,31 @@ impl Report {
                         }
                     }
                 }
-                s.waits.sort_by(f64::total_cmp);
-                let n = s.waits.len();
-                let mean = |sum: f64, n: u64| (n > 0).then(|| sum / n as f64);
-                row.insert("jobs".into(), json!(s.jobs));
-                row.insert("completed".into(), json!(s.completed));
-                row.insert("failed".into(), json!(s.failed));
-                row.insert("canceled".into(), json!(s.canceled));
-                row.insert("timeout".into(), json!(s.timeout));
-                row.insert("core_hours".into(), json!(s.core_hours));
-                row.insert("gpu_hours".into(), json!(s.gpu_hours));
-                row.insert("node_hours".into(), json!(s.node_hours));
-                row.insert(
-                    "wait_mean_s".into(),
-                    json!(mean(s.waits.iter().sum(), n as u64)),
-                );
-                row.insert("wait_p50_s".into(), json!(nearest_rank(&s.waits, 0.5)));
-                row.insert("wait_p90_s".into(), json!(nearest_rank(&s.waits, 0.9)));
-                row.insert("wait_max_s".into(), json!(s.waits.last()));
-                row.insert("run_mean_s".into(), json!(mean(s.run_sum, s.runs)));
+                let t = &s.totals;
+                let mean = |sum: f64, n: i64| (n > 0).then(|| sum / n as f64);
+                row.insert("jobs".into(), json!(t.jobs));
+                row.insert("completed".into(), json!(t.completed));
+                row.insert("failed".into(), json!(t.failed));
+                row.insert("canceled".into(), json!(t.canceled));
+                row.insert("timeout".into(), json!(t.timeout));
+                row.insert("core_hours".into(), json!(t.core_seconds / 3600.0));
+                row.insert("gpu_hours".into(), json!(t.gpu_seconds / 3600.0));
+                row.insert("node_hours".into(), json!(t.node_seconds / 3600.0));
+                row.insert("wait_mean_s".into(), json!(mean(t.wait_sum, t.waits)));
+                // Exact from rows; from rollups, to their buckets.
+                let (p50, p90) = if s.waits.is_empty() {
+                    (
+                        bucket_rank(&t.wait_buckets, 0.5),
+                        bucket_rank(&t.wait_buckets, 0.9),
+                    )
+                } else {
+                    s.waits.sort_by(f64::total_cmp);
+                    (nearest_rank(&s.waits, 0.5), nearest_rank(&s.waits, 0.9))
+                };
+                row.insert("wait_p50_s".into(), json!(p50));
+                row.insert("wait_p90_s".into(), json!(p90));
+                row.insert("wait_max_s".into(), json!(t.wait_max));
+                row.insert("run_mean_s".into(), json!(mean(t.run_sum, t.runs)));
                 row
             })
             .collect()
@@ -295,6 +286,21 @@ fn nearest_rank(sorted: &[f64], p: f64) -> Option<f64> {
     }
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+}
+
+/// The `p` quantile by nearest rank of waits counted per bucket (of
+/// milliseconds), in seconds.
+fn bucket_rank(buckets: &BTreeMap<u64, i64>, p: f64) -> Option<f64> {
+    let n: i64 = buckets.values().sum();
+    if n <= 0 {
+        return None;
+    }
+    let rank = ((p * n as f64).ceil() as i64).clamp(1, n);
+    let mut seen = 0;
+    buckets.iter().find_map(|(&ms, &count)| {
+        seen += count;
+        (seen >= rank).then_some(ms as f64 / 1000.0)
+    })
 }
 
 /// Sort rows by a numeric field, largest first (ties keep key order).

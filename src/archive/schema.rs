@@ -107,12 +107,55 @@ ALTER TABLE jobs ADD COLUMN username TEXT;
 CREATE INDEX jobs_by_username ON jobs (username, t_inactive);
 ";
 
+/// Version 5: daily rollups per cluster, queue and user (see
+/// `archive::rollup`), and which finished jobs they count. Rows finished
+/// before it are counted by the sink's first start after it.
+const V5: &str = "
+ALTER TABLE jobs ADD COLUMN rolled_up BOOLEAN;
+CREATE INDEX jobs_to_roll_up ON jobs (t_inactive) WHERE rolled_up IS NULL AND state = 'INACTIVE';
+
+CREATE TABLE job_rollups (
+    cluster TEXT NOT NULL,
+    day BIGINT NOT NULL,
+    queue TEXT NOT NULL,
+    user_key TEXT NOT NULL,
+    username TEXT,
+    userid BIGINT,
+    jobs BIGINT NOT NULL,
+    completed BIGINT NOT NULL,
+    failed BIGINT NOT NULL,
+    canceled BIGINT NOT NULL,
+    timeout BIGINT NOT NULL,
+    core_seconds DOUBLE PRECISION NOT NULL,
+    gpu_seconds DOUBLE PRECISION NOT NULL,
+    node_seconds DOUBLE PRECISION NOT NULL,
+    runs BIGINT NOT NULL,
+    run_sum DOUBLE PRECISION NOT NULL,
+    waits BIGINT NOT NULL,
+    wait_sum DOUBLE PRECISION NOT NULL,
+    wait_max DOUBLE PRECISION,
+    PRIMARY KEY (cluster, day, queue, user_key)
+);
+CREATE INDEX job_rollups_by_day ON job_rollups (day);
+
+CREATE TABLE job_rollup_waits (
+    cluster TEXT NOT NULL,
+    day BIGINT NOT NULL,
+    queue TEXT NOT NULL,
+    user_key TEXT NOT NULL,
+    wait_ms BIGINT NOT NULL,
+    jobs BIGINT NOT NULL,
+    PRIMARY KEY (cluster, day, queue, user_key, wait_ms)
+);
+";
+
 /// Every migration, oldest first: (version, description, SQL).
-const MIGRATIONS: [(i64, &str, &str); 4] = [
+const MIGRATIONS: [(i64, &str, &str); 5] = [
     (1, "jobs, job hosts, node events", V1),
     (2, "transitions", V2),
     (3, "job gpus", V3),
     (4, "job user names", V4),
+    (5, "daily rollups", V5),
 ];
 
 /// The newest schema version this fluxpipe writes.
@@ -151,6 +194,7 @@ mod tests {
             "5e55cb1f8a6663943e478afc2370d2b18854f87a86089963aadf2da9160de9a0b989db27fb385614bc33215419d4cb8c",
             "a50613db0d1f42605cdc523e031ec10582ddccfe86dd105fc8b6381d4a6135f5dd96d6c08fb7bb47108c5f094286811b",
             "be4f078b60423fd72e08b2f776dca34f37d17101e827d9814f02f8d0a9dc07e1e6f573b6f819ec0114bf5c91f94a7ae2",
+            "3b533b3302f1aebd0c6a738c60295f0b7087aa7a1cfe65716d06716ce385956de769775b902c66ff5760cc96e2876666",
         ];
         let migrator = migrator(LATEST);
         assert_eq!(migrator.migrations.len(), pinned.len());

@@ -116,11 +116,17 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// Longest `batch_timeout_ms` taken.
 const MAX_BATCH_TIMEOUT_MS: u64 = 3_600_000;
 
+/// The time before which rows are past the retention, if one is set.
+fn retention_cutoff(days: Option<f64>) -> Option<f64> {
+    days.map(|days| crate::keyed::alerts::wall_now() - days * 86_400.0)
+}
+
 /// Delete rows past the retention, if one is set; a failure waits for the
 /// next round.
 async fn prune(name: &str, archive: &Archive, days: Option<f64>) {
-    let Some(days) = days else { return };
-    let cutoff = crate::keyed::alerts::wall_now() - days * 86_400.0;
+    let Some(cutoff) = retention_cutoff(days) else {
+        return;
+    };
     match archive.prune(cutoff).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(sink = %name, rows = n, days, "rows past the retention deleted"),
@@ -140,6 +146,13 @@ pub async fn run(
         .until_done("connecting", &rx, || async {
             let archive = Archive::connect(url, Access::Write).await?;
             archive.migrate().await?;
+            // Jobs stored before the archive had rollups.
+            let counted = archive
+                .roll_up_pending(retention_cutoff(config.retention_days))
+                .await?;
+            if counted > 0 {
+                tracing::info!(sink = %name, jobs = counted, "finished jobs counted in the daily rollups");
+            }
             Ok::<_, ArchiveError>(archive)
         })
         .await;
@@ -180,7 +193,9 @@ pub async fn run(
         rx.done_with(refused);
         let stored = n as u64 - refused;
         match retry
-            .until_done("writing", &rx, || archive.store(&batch))
+            .until_done("writing", &rx, || {
+                archive.store(&batch, retention_cutoff(config.retention_days))
+            })
             .await
         {
             Tried::Done(()) => rx.delivered(stored),

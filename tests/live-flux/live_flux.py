@@ -47,6 +47,9 @@ What happens:
    file holds exactly one firing and one resolution of each watch episode
    and nothing else: no `node_offline` (its `for` is shorter than the
    instance stays down) for ranks of an instance that went down.
+6. A `database` sink (SQLite) wrote the same run: `fluxpipe report jobs
+   --by queue` and `--by user`, from its rows and from its daily rollups,
+   equal what the fields of `flux jobs -a --json` imply, figure by figure.
 
 Exit 0 when all agree; else every disagreement is printed and it exits 1.
 """
@@ -315,6 +318,7 @@ class Fluxpipe:
         self.out = work / "out.jsonl"
         self.alerts_out = work / "alerts.jsonl"
         self.anomalies_out = work / "anomalies.jsonl"
+        self.archive = f"sqlite://{work / 'archive.db'}"
         self.config = work / "fluxpipe.toml"
         if kafka is None:
             source = f"""[sources.flux]
@@ -357,6 +361,10 @@ inputs = ["alerts"]
 type = "file"
 path = "{self.anomalies_out}"
 inputs = ["anomalies"]
+[sinks.archive]
+type = "database"
+url = "{self.archive}"
+inputs = ["jobs", "resources"]
 
 # The watchman's rules stand in for the built-in ones (10m, 1m); any rule
 # leaves out the built-in job and node rules (hours and minutes: none
@@ -1032,6 +1040,7 @@ def main() -> int:
         compare(args.fluxpipe, work, flux_jobs, status, records, journal, problems,
                 exactly_once_exempt=kafka is not None, draining_seen=draining)
         watch.check_file(records)
+        compare_reports(args.fluxpipe, pipe.archive, flux_jobs, problems)
         log(f"{len(flux_jobs)} jobs, {pipe.starts - 1} SIGKILLs of fluxpipe run, "
             f"forwarder started {fwd.starts} times, instance started {inst.lives} times")
     finally:
@@ -1136,6 +1145,89 @@ def check_reattached(pipe: "Fluxpipe", inst: Instance, jobid: str,
         problems.append(f"reattached job {jobid}: anomalies {said[:3]}")
     log(f"reattach: job {jobid} ran across a job-exec reload (exec {log_.get('reattaches')} "
         "reattach, recoverable), no anomaly")
+
+
+def nearest_rank(values: list[float], p: float) -> float | None:
+    """The smallest value with at least `p` of them at or below it."""
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(max(math.ceil(p * len(values)), 1), len(values)) - 1]
+
+
+def three_digits(seconds: float | None) -> float | None:
+    """A wait as rollups keep it: milliseconds to 3 significant digits,
+    rounded down."""
+    if seconds is None:
+        return None
+    ms, unit = round(seconds * 1000), 1
+    while ms // unit >= 1000:
+        unit *= 10
+    return (ms - ms % unit) / 1000
+
+
+def compare_reports(binary: str, archive: str, flux_jobs: list[dict],
+                    problems: list[str]) -> None:
+    """`fluxpipe report jobs --by queue` and `--by user`, from the rows
+    the database sink wrote and from its daily rollups, against what the
+    fields of `flux jobs -a --json` imply, figure by figure."""
+    done = [j for j in flux_jobs if j.get("state") == "INACTIVE"]
+
+    def expected(key) -> dict:
+        groups: dict = {}
+        for j in done:
+            groups.setdefault(key(j), []).append(j)
+        out = {}
+        for k, jobs in groups.items():
+            ran = [j for j in jobs if j.get("t_run", 0) > 0 and j.get("t_cleanup", 0) >= j["t_run"]]
+            run = {id(j): j["t_cleanup"] - j["t_run"] for j in ran}
+            waits = [j["t_run"] - j["t_submit"] for j in jobs
+                     if j.get("t_run", 0) > 0 and j["t_run"] >= j["t_submit"]]
+            row = {"jobs": len(jobs)}
+            for field in ("completed", "failed", "canceled", "timeout"):
+                row[field] = sum(1 for j in jobs if j.get("result") == field.upper())
+            row["core_hours"] = sum(j.get("ncores", 0) * run[id(j)] for j in ran) / 3600
+            row["node_hours"] = sum(j.get("nnodes", 0) * run[id(j)] for j in ran) / 3600
+            row["wait_mean_s"] = sum(waits) / len(waits) if waits else None
+            row["wait_p50_s"] = nearest_rank(waits, 0.5)
+            row["wait_p90_s"] = nearest_rank(waits, 0.9)
+            row["wait_max_s"] = max(waits) if waits else None
+            row["run_mean_s"] = sum(run.values()) / len(run) if run else None
+            out[k] = row
+        return out
+
+    def close(a, b) -> bool:
+        if a is None or b is None:
+            return a is None and b is None
+        return abs(a - b) <= 1e-6 * max(abs(a), 1.0)
+
+    checked = 0
+    for by, key in (("queue", lambda j: j.get("queue")),
+                    ("user", lambda j: j.get("username"))):
+        want = expected(key)
+        for source in ("rows", "rollups"):
+            out = subprocess.run(
+                [binary, "report", "jobs", "--db", archive, "--by", by, "--from", source,
+                 "--format", "json"], capture_output=True, text=True)
+            if out.returncode != 0:
+                problems.append(f"report jobs --by {by} --from {source}: {out.stderr.strip()}")
+                continue
+            got = {r[by]: r for r in json.loads(out.stdout)}
+            if set(got) != set(want):
+                problems.append(f"report --by {by} --from {source}: groups {sorted(map(str, got))}"
+                                f", flux's jobs have {sorted(map(str, want))}")
+                continue
+            for k, row in want.items():
+                for field, value in row.items():
+                    mine = got[k].get(field)
+                    if source == "rollups" and field in ("wait_p50_s", "wait_p90_s"):
+                        value = three_digits(value)
+                    if not close(value, mine):
+                        problems.append(f"report --by {by} --from {source}, {by} {k}: {field} "
+                                        f"is {mine}, flux's jobs imply {value}")
+                    checked += 1
+    log(f"fluxpipe report jobs: {checked} figures by queue and by user, from rows and "
+        f"rollups, against flux jobs -a")
 
 
 def compare_queues(inst: Instance, ours, lines_equal, api: str, problems: list[str]) -> None:
