@@ -5,7 +5,8 @@
 //!
 //! Sums add up across days and groups; percentiles do not, so each
 //! rollup keeps how many waits fell in each bucket of 3 significant
-//! decimal digits (of milliseconds). A percentile read from rollups is
+//! decimal digits (of milliseconds), as a short text in its row (a table
+//! of buckets would hold a row per job for the many small groups). A percentile read from rollups is
 //! the row report's, rounded down to 3 significant digits (1% at worst);
 //! counts, hours, means and the longest wait are the row report's.
 //!
@@ -35,6 +36,32 @@ pub fn wait_bucket(ms: u64) -> u64 {
 /// A wait in seconds → milliseconds, for its bucket.
 pub fn wait_ms(wait: f64) -> u64 {
     (wait * 1000.0).round().max(0.0) as u64
+}
+
+/// Buckets as a rollup row keeps them: `MS:COUNT` pairs, space-separated,
+/// by bucket.
+pub fn encode_buckets(buckets: &BTreeMap<u64, i64>) -> String {
+    let pairs: Vec<String> = buckets.iter().map(|(ms, n)| format!("{ms}:{n}")).collect();
+    pairs.join(" ")
+}
+
+/// Add the buckets `text` holds to `into`; how many pairs could not be
+/// read (none, unless someone edited the row).
+pub fn add_buckets(text: &str, into: &mut BTreeMap<u64, i64>) -> usize {
+    let mut bad = 0;
+    for pair in text.split_ascii_whitespace() {
+        match pair
+            .split_once(':')
+            .and_then(|(ms, n)| Some((ms.parse::<u64>().ok()?, n.parse::<i64>().ok()?)))
+        {
+            Some((ms, n)) => {
+                let count = into.entry(ms).or_default();
+                *count = count.saturating_add(n);
+            }
+            None => bad += 1,
+        }
+    }
+    bad
 }
 
 /// Which rollup a job counts in. A job with no queue is in queue `""`; its
@@ -259,7 +286,32 @@ mod tests {
         assert_eq!(sums.wait_buckets, BTreeMap::from([(60_000, 2)]));
     }
 
+    #[test]
+    fn buckets_read_back_and_add() {
+        let mut b = BTreeMap::from([(60_000, 2), (7, 1)]);
+        let text = encode_buckets(&b);
+        assert_eq!(text, "7:1 60000:2");
+        assert_eq!(add_buckets(&text, &mut b), 0);
+        assert_eq!(b, BTreeMap::from([(60_000, 4), (7, 2)]));
+        assert_eq!(add_buckets("x 1:y 5:1", &mut b), 2);
+        assert_eq!(b[&5], 1);
+        assert_eq!(encode_buckets(&BTreeMap::new()), "");
+    }
+
     proptest! {
+        #[test]
+        fn bucket_text_round_trips(b in proptest::collection::btree_map(any::<u64>(), 1i64..1_000_000, 0..50)) {
+            let mut back = BTreeMap::new();
+            prop_assert_eq!(add_buckets(&encode_buckets(&b), &mut back), 0);
+            prop_assert_eq!(back, b);
+        }
+
+        #[test]
+        fn any_bucket_text_is_read_without_panic(text in ".{0,200}") {
+            let mut into = BTreeMap::new();
+            add_buckets(&text, &mut into);
+        }
+
         /// A bucket is at most the value and within 1% of it, and
         /// buckets keep order (so a percentile's bucket is the bucket of
         /// the percentile).

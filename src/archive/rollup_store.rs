@@ -9,7 +9,7 @@
 //! excluded.x`), so writers never overwrite each other's.
 
 use super::report::FinishedJob;
-use super::rollup::{RollupKey, RollupSums, Rollups};
+use super::rollup::{RollupKey, RollupSums, Rollups, add_buckets, encode_buckets};
 use super::rows::Cell;
 use super::{
     Archive, ArchiveError, MAX_BINDS, ReportQuery, Where, bind, placeholders, user_clause,
@@ -80,8 +80,7 @@ impl Archive {
         }
     }
 
-    /// The rollups of `q`'s jobs, whose window must be whole UTC days
-    /// (with their wait buckets).
+    /// The rollups of `q`'s jobs, whose window must be whole UTC days.
     pub async fn rollups(
         &self,
         q: &ReportQuery,
@@ -101,10 +100,10 @@ impl Archive {
             let p = w.bind(Cell::Float(Some(until)));
             w.clause(format!("r.day < {p}"));
         }
-        let where_ = w.text();
         let sql = format!(
-            "SELECT r.{} FROM job_rollups r{where_}",
-            ROLLUP_COLUMNS.join(", r.")
+            "SELECT r.{}, r.wait_buckets FROM job_rollups r{}",
+            ROLLUP_COLUMNS.join(", r."),
+            w.text()
         );
         let mut out = BTreeMap::new();
         let query = w.query(&sql);
@@ -122,7 +121,7 @@ impl Archive {
                 queue: row.try_get(2)?,
                 user_key: row.try_get(3)?,
             };
-            let sums = RollupSums {
+            let mut sums = RollupSums {
                 username: row.try_get(4)?,
                 userid: row.try_get(5)?,
                 jobs: int(6)?,
@@ -140,28 +139,11 @@ impl Archive {
                 wait_max: row.try_get(18)?,
                 wait_buckets: BTreeMap::new(),
             };
-            out.insert(key, sums);
-        }
-        drop(rows);
-        let sql = format!(
-            "SELECT w.cluster, w.day, w.queue, w.user_key, w.wait_ms, w.jobs \
-             FROM job_rollup_waits w JOIN job_rollups r ON r.cluster = w.cluster \
-             AND r.day = w.day AND r.queue = w.queue AND r.user_key = w.user_key{where_}"
-        );
-        let query = w.query(&sql);
-        let mut rows = query.fetch(&self.pool);
-        while let Some(row) = rows.try_next().await? {
-            let key = RollupKey {
-                cluster: row.try_get(0)?,
-                day: row.try_get(1)?,
-                queue: row.try_get(2)?,
-                user_key: row.try_get(3)?,
-            };
-            let ms: i64 = row.try_get(4)?;
-            let n: i64 = row.try_get(5)?;
-            if let Some(sums) = out.get_mut(&key) {
-                *sums.wait_buckets.entry(ms.max(0) as u64).or_default() += n;
+            let text: String = row.try_get(19)?;
+            if add_buckets(&text, &mut sums.wait_buckets) > 0 {
+                tracing::warn!(cluster = %key.cluster, day = key.day, "a rollup's wait buckets are damaged");
             }
+            out.insert(key, sums);
         }
         Ok(out)
     }
@@ -253,7 +235,11 @@ async fn store_rollups(
             Cell::Text(Some(k.user_key.clone())),
         ]
     };
-    for chunk in groups.chunks(MAX_BINDS / ROLLUP_COLUMNS.len()) {
+    // One more column: the buckets' text, in the second statement.
+    let per_statement = MAX_BINDS / (ROLLUP_COLUMNS.len() + 1);
+    for chunk in groups.chunks(per_statement) {
+        // The sums add up in SQL; the rows stay locked (PostgreSQL) until
+        // the commit.
         let sql = upsert_sql(
             "job_rollups",
             &ROLLUP_COLUMNS,
@@ -264,55 +250,92 @@ async fn store_rollups(
         // Not kept for reuse: see `Archive::store`.
         let mut query = sqlx::query(AssertSqlSafe(sql)).persistent(false);
         for (k, s) in chunk {
-            let cells = [
-                Cell::Text(s.username.clone()),
-                Cell::Int(s.userid),
-                Cell::Int(Some(s.jobs)),
-                Cell::Int(Some(s.completed)),
-                Cell::Int(Some(s.failed)),
-                Cell::Int(Some(s.canceled)),
-                Cell::Int(Some(s.timeout)),
-                Cell::Float(Some(s.core_seconds)),
-                Cell::Float(Some(s.gpu_seconds)),
-                Cell::Float(Some(s.node_seconds)),
-                Cell::Int(Some(s.runs)),
-                Cell::Float(Some(s.run_sum)),
-                Cell::Int(Some(s.waits)),
-                Cell::Float(Some(s.wait_sum)),
-                Cell::Float(s.wait_max),
-            ];
-            for cell in key_cells(k).iter().chain(&cells) {
+            for cell in key_cells(k).iter().chain(&sum_cells(s)) {
                 query = bind(query, cell);
             }
         }
         query.execute(&mut **tx).await?;
-    }
-    let buckets: Vec<(&RollupKey, u64, i64)> = groups
-        .iter()
-        .flat_map(|(k, s)| s.wait_buckets.iter().map(move |(&ms, &n)| (*k, ms, n)))
-        .collect();
-    const WAIT_COLUMNS: [&str; 6] = ["cluster", "day", "queue", "user_key", "wait_ms", "jobs"];
-    for chunk in buckets.chunks(MAX_BINDS / WAIT_COLUMNS.len()) {
+        // The stored buckets of the chunk's days (asked by day: sqlx reads
+        // rows back slowly from a statement of thousands of parameters).
+        let days = chunk.iter().map(|(k, _)| k.day);
+        let (first, last) = (days.clone().min().unwrap_or(0), days.max().unwrap_or(0));
+        let stored = sqlx::query(
+            "SELECT cluster, day, queue, user_key, wait_buckets FROM job_rollups \
+             WHERE day >= $1 AND day <= $2 AND wait_buckets <> ''",
+        )
+        .bind(first)
+        .bind(last)
+        .fetch_all(&mut **tx)
+        .await?;
+        let stored: BTreeMap<RollupKey, String> = stored
+            .iter()
+            .map(|row| {
+                let key = RollupKey {
+                    cluster: row.try_get(0)?,
+                    day: row.try_get(1)?,
+                    queue: row.try_get(2)?,
+                    user_key: row.try_get(3)?,
+                };
+                Ok((key, row.try_get(4)?))
+            })
+            .collect::<Result<_, sqlx::Error>>()?;
+        // Buckets do not add up in SQL: added here and written back.
+        let mut merged = Vec::new();
+        for (key, sums) in chunk {
+            if sums.wait_buckets.is_empty() {
+                continue;
+            }
+            let mut buckets = sums.wait_buckets.clone();
+            if let Some(text) = stored.get(*key) {
+                add_buckets(text, &mut buckets);
+            }
+            merged.push((*key, encode_buckets(&buckets)));
+        }
+        if merged.is_empty() {
+            continue;
+        }
+        let mut columns = ROLLUP_COLUMNS.to_vec();
+        columns.push("wait_buckets");
         let sql = upsert_sql(
-            "job_rollup_waits",
-            &WAIT_COLUMNS,
-            &WAIT_COLUMNS[..5],
-            chunk.len(),
-            "jobs = job_rollup_waits.jobs + excluded.jobs",
+            "job_rollups",
+            &columns,
+            &ROLLUP_COLUMNS[..4],
+            merged.len(),
+            "wait_buckets = excluded.wait_buckets",
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).persistent(false);
-        for (k, ms, n) in chunk {
-            let ms = i64::try_from(*ms).unwrap_or(i64::MAX);
-            for cell in key_cells(k)
-                .iter()
-                .chain(&[Cell::Int(Some(ms)), Cell::Int(Some(*n))])
-            {
+        // The rows are there: only the key and the text are taken.
+        let nothing = sum_cells(&RollupSums::default());
+        for (k, text) in merged {
+            let text = Cell::Text(Some(text));
+            for cell in key_cells(k).iter().chain(&nothing).chain([&text]) {
                 query = bind(query, cell);
             }
         }
         query.execute(&mut **tx).await?;
     }
     Ok(())
+}
+
+/// A rollup's sums as cells, in [`ROLLUP_COLUMNS`]' order after the key.
+fn sum_cells(s: &RollupSums) -> [Cell; 15] {
+    [
+        Cell::Text(s.username.clone()),
+        Cell::Int(s.userid),
+        Cell::Int(Some(s.jobs)),
+        Cell::Int(Some(s.completed)),
+        Cell::Int(Some(s.failed)),
+        Cell::Int(Some(s.canceled)),
+        Cell::Int(Some(s.timeout)),
+        Cell::Float(Some(s.core_seconds)),
+        Cell::Float(Some(s.gpu_seconds)),
+        Cell::Float(Some(s.node_seconds)),
+        Cell::Int(Some(s.runs)),
+        Cell::Float(Some(s.run_sum)),
+        Cell::Int(Some(s.waits)),
+        Cell::Float(Some(s.wait_sum)),
+        Cell::Float(s.wait_max),
+    ]
 }
 
 /// `INSERT` of `n` rows of `columns` that, on a key already there, does

@@ -134,19 +134,10 @@ CREATE TABLE job_rollups (
     waits BIGINT NOT NULL,
     wait_sum DOUBLE PRECISION NOT NULL,
     wait_max DOUBLE PRECISION,
+    wait_buckets TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (cluster, day, queue, user_key)
 );
 CREATE INDEX job_rollups_by_day ON job_rollups (day);
-
-CREATE TABLE job_rollup_waits (
-    cluster TEXT NOT NULL,
-    day BIGINT NOT NULL,
-    queue TEXT NOT NULL,
-    user_key TEXT NOT NULL,
-    wait_ms BIGINT NOT NULL,
-    jobs BIGINT NOT NULL,
-    PRIMARY KEY (cluster, day, queue, user_key, wait_ms)
-);
 ";
 
 /// Every migration, oldest first: (version, description, SQL).
@@ -194,7 +185,7 @@ mod tests {
             "5e55cb1f8a6663943e478afc2370d2b18854f87a86089963aadf2da9160de9a0b989db27fb385614bc33215419d4cb8c",
             "a50613db0d1f42605cdc523e031ec10582ddccfe86dd105fc8b6381d4a6135f5dd96d6c08fb7bb47108c5f094286811b",
             "be4f078b60423fd72e08b2f776dca34f37d17101e827d9814f02f8d0a9dc07e1e6f573b6f819ec0114bf5c91f94a7ae2",
-            "3b533b3302f1aebd0c6a738c60295f0b7087aa7a1cfe65716d06716ce385956de769775b902c66ff5760cc96e2876666",
+            "d7a1791ec125da89b717ac71c7c93a2b76dc7aec7662b8254575a0119a18ba8955d99510b849c0becbebe401ac79040c",
         ];
         let migrator = migrator(LATEST);
         assert_eq!(migrator.migrations.len(), pinned.len());
