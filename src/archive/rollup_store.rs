@@ -12,7 +12,7 @@ use super::report::FinishedJob;
 use super::rollup::{RollupKey, RollupSums, Rollups, add_buckets, encode_buckets};
 use super::rows::Cell;
 use super::{
-    Archive, ArchiveError, MAX_BINDS, ReportQuery, Where, bind, placeholders, user_clause,
+    Archive, ArchiveError, MAX_BINDS, Marks, ReportQuery, Where, bind, placeholders, user_clause,
 };
 use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 use std::collections::BTreeMap;
@@ -71,7 +71,7 @@ impl Archive {
         let mut total = 0;
         loop {
             let mut tx = self.pool.begin().await?;
-            let n = roll_up_chunk(&mut tx, not_before).await?;
+            let n = roll_up_chunk(&mut tx, not_before, self.marks()).await?;
             tx.commit().await?;
             total += n;
             if n < CHUNK as u64 {
@@ -162,8 +162,9 @@ impl Archive {
 pub(super) async fn roll_up_all(
     tx: &mut Transaction<'_, Any>,
     not_before: Option<f64>,
+    marks: Marks,
 ) -> Result<(), ArchiveError> {
-    while roll_up_chunk(tx, not_before).await? == CHUNK as u64 {}
+    while roll_up_chunk(tx, not_before, marks).await? == CHUNK as u64 {}
     Ok(())
 }
 
@@ -172,6 +173,7 @@ pub(super) async fn roll_up_all(
 async fn roll_up_chunk(
     tx: &mut Transaction<'_, Any>,
     not_before: Option<f64>,
+    marks: Marks,
 ) -> Result<u64, ArchiveError> {
     // The outer `rolled_up IS NULL` is checked again on the row a
     // concurrent writer just marked (PostgreSQL's READ COMMITTED), so two
@@ -192,7 +194,7 @@ async fn roll_up_chunk(
     for row in &marked {
         rollups.add(&finished_job(row)?);
     }
-    store_rollups(tx, &rollups).await?;
+    store_rollups(tx, &rollups, marks).await?;
     Ok(marked.len() as u64)
 }
 
@@ -222,6 +224,7 @@ pub(super) fn finished_job(row: &sqlx::any::AnyRow) -> Result<FinishedJob, sqlx:
 async fn store_rollups(
     tx: &mut Transaction<'_, Any>,
     rollups: &Rollups,
+    marks: Marks,
 ) -> Result<(), ArchiveError> {
     if rollups.is_empty() {
         return Ok(());
@@ -246,6 +249,7 @@ async fn store_rollups(
             &ROLLUP_COLUMNS[..4],
             chunk.len(),
             ROLLUP_MERGE,
+            marks,
         );
         // Not kept for reuse: see `Archive::store`.
         let mut query = sqlx::query(AssertSqlSafe(sql)).persistent(false);
@@ -302,6 +306,7 @@ async fn store_rollups(
             &ROLLUP_COLUMNS[..4],
             merged.len(),
             "wait_buckets = excluded.wait_buckets",
+            marks,
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).persistent(false);
         // The rows are there: only the key and the text are taken.
@@ -340,11 +345,18 @@ fn sum_cells(s: &RollupSums) -> [Cell; 15] {
 
 /// `INSERT` of `n` rows of `columns` that, on a key already there, does
 /// `merge`.
-fn upsert_sql(table: &str, columns: &[&str], key: &[&str], n: usize, merge: &str) -> String {
+fn upsert_sql(
+    table: &str,
+    columns: &[&str],
+    key: &[&str],
+    n: usize,
+    merge: &str,
+    marks: Marks,
+) -> String {
     format!(
         "INSERT INTO {table} ({}) VALUES {} ON CONFLICT ({}) DO UPDATE SET {merge}",
         columns.join(", "),
-        placeholders(columns.len(), n),
+        placeholders(columns.len(), n, marks),
         key.join(", ")
     )
 }
@@ -361,7 +373,8 @@ mod tests {
                 &["a", "b", "n"],
                 &["a", "b"],
                 2,
-                "n = t.n + excluded.n"
+                "n = t.n + excluded.n",
+                Marks::Numbered
             ),
             "INSERT INTO t (a, b, n) VALUES ($1, $2, $3), ($4, $5, $6) \
              ON CONFLICT (a, b) DO UPDATE SET n = t.n + excluded.n"
