@@ -20,6 +20,7 @@
 mod common;
 use common::{Reaper, XorShift, fluxpipe, free_port, http_get, replay, sigterm, wait_until};
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -1352,4 +1353,208 @@ fn postgres_a_year_rolls_up() {
     let url = format!("sqlite://{}/year.db", dir.path().display());
     let on_sqlite = a_year_rolls_up(&url);
     assert_same_rows(&on_sqlite, &on_postgres, false, "SQLite vs PostgreSQL");
+}
+
+/// Per rank, what a resource journal says of drains and outages, read
+/// here on its own: drain episodes (a drain of an undrained rank starts
+/// one), the reason of the last drain applied, seconds drained, outages
+/// (an `offline`, or a `restart` the rank is not online in) and seconds
+/// offline (over the whole journal, open ones to `end`).
+#[derive(Debug, Default, PartialEq)]
+struct JournalNode {
+    drains: u64,
+    last_reason: Option<String>,
+    drained_s: f64,
+    offline_episodes: u64,
+    offline_s: f64,
+}
+
+fn journal_nodes(journal: &Path, end: f64) -> BTreeMap<i64, JournalNode> {
+    use std::collections::btree_map::Entry;
+    let ranks = |idset: &str| -> Vec<i64> {
+        idset
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .flat_map(|p| match p.split_once('-') {
+                Some((a, b)) => (a.parse().expect("rank")..=b.parse().expect("rank")).collect(),
+                None => vec![p.parse().expect("rank")],
+            })
+            .collect()
+    };
+    let mut nodes: BTreeMap<i64, JournalNode> = BTreeMap::new();
+    let mut drained_at: BTreeMap<i64, f64> = BTreeMap::new();
+    let mut offline_at: BTreeMap<i64, f64> = BTreeMap::new();
+    let text = std::fs::read_to_string(journal).expect("journal");
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a journal line");
+        for e in v["events"].as_array().into_iter().flatten() {
+            let t = e["timestamp"].as_f64().expect("timestamp");
+            let c = &e["context"];
+            // A restart: its ranks not online are offline until they join.
+            if e["name"] == "restart" {
+                let online = ranks(c["online"].as_str().unwrap_or(""));
+                for rank in ranks(c["ranks"].as_str().unwrap_or("")) {
+                    let n = nodes.entry(rank).or_default();
+                    if online.contains(&rank) {
+                        if let Some(at) = offline_at.remove(&rank) {
+                            n.offline_s += t - at;
+                        }
+                    } else if let Entry::Vacant(at) = offline_at.entry(rank) {
+                        at.insert(t);
+                        n.offline_episodes += 1;
+                    }
+                }
+            }
+            let idset = c["idset"].as_str().unwrap_or("");
+            for rank in ranks(idset) {
+                let n = nodes.entry(rank).or_default();
+                match e["name"].as_str() {
+                    Some("drain") => {
+                        if let Entry::Vacant(at) = drained_at.entry(rank) {
+                            at.insert(t);
+                            n.drains += 1;
+                        }
+                        n.last_reason = c["reason"].as_str().map(String::from);
+                    }
+                    Some("undrain") => {
+                        if let Some(at) = drained_at.remove(&rank) {
+                            n.drained_s += t - at;
+                        }
+                    }
+                    Some("offline") if !offline_at.contains_key(&rank) => {
+                        offline_at.insert(rank, t);
+                        n.offline_episodes += 1;
+                    }
+                    Some("online") => {
+                        if let Some(at) = offline_at.remove(&rank) {
+                            n.offline_s += t - at;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    for (rank, at) in drained_at {
+        nodes.entry(rank).or_default().drained_s += end - at;
+    }
+    for (rank, at) in offline_at {
+        nodes.entry(rank).or_default().offline_s += end - at;
+    }
+    nodes.retain(|_, n| n.drains > 0 || n.offline_episodes > 0);
+    nodes
+}
+
+/// `report nodes` over a real instance's resource journal (instance A's
+/// first life: drains and undrains with every overwrite mode, a broker
+/// killed and back) equals what the journal says, rank by rank; and no
+/// rank is left drained, as flux's `resource.status` says at its end.
+fn report_nodes_follows_a_real_journal(dir: &Path, url: &str) {
+    let instance = common::corpus().join("instances/A-incarnation1");
+    let journal = instance.join("resource.journal.jsonl");
+    let status: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(instance.join("resource.status.rpc.json")).expect("status"),
+    )
+    .expect("status json");
+    assert_eq!(status["drain"], serde_json::json!({}), "flux: none drained");
+    let port = free_port();
+    let cfg = config(dir, "instance-a", url, std::slice::from_ref(&journal), port);
+    let mut child = start(&cfg, &dir.join("instance-a.log"));
+    // Read to its end: the node changes stored stop growing.
+    let changes = || {
+        fluxpipe()
+            .args(["history", "--db", url, "--nodes", "--format", "json"])
+            .output()
+            .map(|o| o.stdout.iter().filter(|&&b| b == b'\n').count())
+            .unwrap_or(0)
+    };
+    let (mut last, mut steady) = (0, Instant::now());
+    common::wait_until("every node change stored", 60, || {
+        let now = changes();
+        if now != last {
+            (last, steady) = (now, Instant::now());
+        }
+        now > 0 && steady.elapsed() > Duration::from_secs(3)
+    });
+    sigterm(&child.0);
+    assert!(child.0.wait().expect("wait").success());
+
+    // Up to a minute past the journal's last event: open episodes (none)
+    // would run to it.
+    let end = std::fs::read_to_string(&journal)
+        .expect("journal")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .flat_map(|v| {
+            v["events"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|e| e["timestamp"].as_f64())
+        })
+        .fold(0.0, f64::max)
+        + 60.0;
+    let want = journal_nodes(&journal, end);
+    assert!(
+        want.values().any(|n| n.drains > 1),
+        "the journal has repeated drains: {want:?}"
+    );
+    let out = fluxpipe()
+        .args(["report", "nodes", "--db", url, "--format", "json"])
+        .args(["--until", &end.to_string()])
+        .output()
+        .expect("report nodes");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let got: BTreeMap<i64, JournalNode> = rows
+        .iter()
+        .map(|r| {
+            let rank = r["rank"].as_i64().expect("rank");
+            assert_eq!(r["node"], format!("node{rank}"), "{r}");
+            let node = JournalNode {
+                drains: r["drains"].as_u64().expect("drains"),
+                last_reason: r["last_drain_reason"].as_str().map(String::from),
+                drained_s: r["drained_s"].as_f64().expect("drained_s"),
+                offline_episodes: r["offline_episodes"].as_u64().expect("offline"),
+                offline_s: r["offline_s"].as_f64().expect("offline_s"),
+            };
+            (rank, node)
+        })
+        .collect();
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    for (rank, w) in &want {
+        let g = &got[rank];
+        assert_eq!(
+            (g.drains, &g.last_reason, g.offline_episodes),
+            (w.drains, &w.last_reason, w.offline_episodes),
+            "rank {rank}"
+        );
+        for (a, b) in [(g.drained_s, w.drained_s), (g.offline_s, w.offline_s)] {
+            assert!((a - b).abs() < 1e-3, "rank {rank}: {g:?} vs {w:?}");
+        }
+    }
+}
+
+#[test]
+fn sqlite_report_nodes_follows_a_real_journal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/a.db", dir.path().display());
+    report_nodes_follows_a_real_journal(dir.path(), &url);
+}
+
+#[test]
+fn postgres_report_nodes_follows_a_real_journal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(pg) = Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    report_nodes_follows_a_real_journal(dir.path(), &pg.database("instance_a"));
 }
