@@ -1558,3 +1558,135 @@ fn postgres_report_nodes_follows_a_real_journal() {
     };
     report_nodes_follows_a_real_journal(dir.path(), &pg.database("instance_a"));
 }
+
+/// The API and the status page read the past from the pipeline's own
+/// archive: the last 24 h per cluster (`/api/v1/usage`, the page's strip)
+/// and a node's drain history (`/api/v1/node_history`, its page, linked
+/// from the drained nodes).
+#[test]
+fn the_api_and_page_show_the_last_day_and_a_nodes_history() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let url = format!("sqlite://{}/past.db", dir.display());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    // Three jobs end within the last day (each waits 240 s and runs 120 s
+    // on 4 cores; one fails), one two days ago.
+    let failed = job_lines_every(33, 4243, Some("bob-flux"), now - 7200.0, 60.0)
+        .replace(r#""status":0"#, r#""status":256"#);
+    let lines = job_lines_every(31, 4242, Some("alice-flux"), now - 36_000.0, 60.0)
+        + &job_lines_every(32, 4242, Some("alice-flux"), now - 3600.0, 60.0)
+        + &failed
+        + &job_lines_every(34, 4242, Some("alice-flux"), now - 2.0 * 86_400.0, 60.0);
+    let journal = dir.join("jobs.jsonl");
+    std::fs::write(&journal, lines).expect("journal");
+    let ev = |t: f64, name: &str, context: &str| {
+        format!(
+            r#"{{"events":[{{"timestamp":{},"name":"{name}","context":{context}}}]}}"#,
+            now - t
+        ) + "\n"
+    };
+    let resource = dir.join("resource.jsonl");
+    let text = ev(
+        10_800.0,
+        "restart",
+        r#"{"ranks":"0-1","online":"0-1","nodelist":"n[0-1]"}"#,
+    ) + &ev(
+        7200.0,
+        "drain",
+        r#"{"idset":"1","nodelist":"n1","reason":"bad dimm","overwrite":0}"#,
+    ) + &ev(3600.0, "undrain", r#"{"idset":"1","nodelist":"n1"}"#)
+        + &ev(
+            1800.0,
+            "drain",
+            r#"{"idset":"1","nodelist":"n1","reason":"epilog failed for job f2","overwrite":0}"#,
+        );
+    std::fs::write(&resource, text).expect("resource journal");
+    let port = free_port();
+    let cfg = config(dir, "past", &url, &[journal, resource], port);
+    let mut child = start(&cfg, &dir.join("past.log"));
+    wait_until("every job stored", 60, || jobs_stored(&url) == 4);
+    let get = |path: &str| -> (u16, String) {
+        http_get(port, path).unwrap_or_else(|| panic!("{path}: no answer"))
+    };
+    let json = |path: &str| -> serde_json::Value {
+        let (status, body) = get(path);
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str(&body).expect("json")
+    };
+    let day = json("/api/v1/usage");
+    let row = &day["clusters"][0];
+    assert_eq!(row["cluster"], "gen", "{day}");
+    assert_eq!(
+        (&row["jobs"], &row["completed"], &row["failed"]),
+        (&3.into(), &2.into(), &1.into()),
+        "{day}"
+    );
+    let hours = row["core_hours"].as_f64().expect("core_hours");
+    assert!((hours - 3.0 * 4.0 * 120.0 / 3600.0).abs() < 1e-9, "{day}");
+    assert_eq!(row["wait_p50_s"], 240.0);
+    assert_eq!(json("/api/v1/usage?hours=72")["clusters"][0]["jobs"], 4);
+    assert_eq!(
+        json("/api/v1/usage?cluster=other")["clusters"],
+        serde_json::json!([])
+    );
+
+    let history = json("/api/v1/node_history?cluster=gen&host=n1");
+    let reasons: Vec<Option<&str>> = history["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["event"] != "restart")
+        .map(|e| e["drain_reason"].as_str())
+        .collect();
+    assert_eq!(
+        reasons.first().copied().flatten(),
+        Some("bad dimm"),
+        "{history}"
+    );
+    assert_eq!(
+        reasons.last().copied().flatten(),
+        Some("epilog failed for job f2"),
+        "{history}"
+    );
+
+    let (status, page) = get("/");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains(r#"data-jobs="3" data-completed="2" data-failed="1""#),
+        "{page}"
+    );
+    assert!(page.contains(r#"href="/nodes/gen/n1""#), "{page}");
+    let (status, node) = get("/nodes/gen/n1");
+    assert_eq!(status, 200);
+    assert!(
+        node.contains("bad dimm") && node.contains(r#"data-event="undrain""#),
+        "{node}"
+    );
+    sigterm(&child.0);
+    assert!(child.0.wait().expect("wait").success());
+
+    // A pipeline without an archive says so.
+    let bare = dir.join("bare.toml");
+    let port = free_port();
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "").expect("empty input");
+    std::fs::write(
+        &bare,
+        format!(
+            "data_dir = {:?}\n[api]\naddress = \"127.0.0.1:{port}\"\n\
+             [sources.none]\ntype = \"file\"\ninclude = [{empty:?}]\ncluster = \"gen\"\n",
+            dir.join("bare-data")
+        ),
+    )
+    .expect("config");
+    let mut child = start(&bare, &dir.join("bare.log"));
+    wait_until("the API", 30, || http_get(port, "/healthz").is_some());
+    let (status, body) = http_get(port, "/api/v1/usage").expect("answer");
+    assert_eq!(status, 404, "{body}");
+    assert!(!http_get(port, "/").expect("page").1.contains("last 24 h"));
+    sigterm(&child.0);
+    assert!(child.0.wait().expect("wait").success());
+}

@@ -7,6 +7,7 @@
 
 mod auth;
 mod page;
+pub mod past;
 pub mod query;
 mod tap;
 
@@ -99,6 +100,8 @@ pub struct Server {
     token: Option<auth::Token>,
     /// Export the per-node series.
     node_series: bool,
+    /// The pipeline's job archive, for what it says of the past.
+    archive: past::ArchiveReader,
 }
 
 impl Server {
@@ -116,7 +119,14 @@ impl Server {
             address: config.address.clone(),
             token,
             node_series: config.node_series,
+            archive: past::ArchiveReader::default(),
         })
+    }
+
+    /// Answer from the job archive at `url` (a `database` sink's) too.
+    pub fn with_archive(mut self, url: Option<String>) -> Self {
+        self.archive = past::ArchiveReader::new(url);
+        self
     }
 
     /// Serve until `stop` is cancelled.
@@ -172,7 +182,8 @@ impl Server {
             )
             .merge(auth::guard(
                 query::routes(questions.clone())
-                    .merge(page::routes(questions, Some(handle)))
+                    .merge(past::routes(self.archive.clone()))
+                    .merge(page::routes(questions, Some(handle), self.archive))
                     .merge(tap::routes(taps, stop.clone())),
                 self.token,
             ));

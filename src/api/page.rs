@@ -7,6 +7,7 @@
 //! health. `/jobs/{id}` shows one job, `/alerts?cluster=C` every alert
 //! that fires. Everything comes from the same questions the API asks.
 
+use super::past::ArchiveReader;
 use crate::channels::query::{Answer, Query, Questions};
 use crate::exposition;
 use crate::flux::fsd;
@@ -23,7 +24,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use maud::{DOCTYPE, Markup, html};
 use metrics_exporter_prometheus::PrometheusHandle;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -40,15 +41,25 @@ const ALERTS_PAGE: usize = 5000;
 struct Page {
     questions: Questions,
     metrics: Option<&'static PrometheusHandle>,
+    archive: ArchiveReader,
 }
 
 /// The `/` route.
-pub fn routes(questions: Questions, metrics: Option<&'static PrometheusHandle>) -> axum::Router {
+pub fn routes(
+    questions: Questions,
+    metrics: Option<&'static PrometheusHandle>,
+    archive: ArchiveReader,
+) -> axum::Router {
     axum::Router::new()
         .route("/", get(page))
         .route("/jobs/{id}", get(job_page))
         .route("/alerts", get(alerts_page))
-        .with_state(Page { questions, metrics })
+        .route("/nodes/{cluster}/{host}", get(node_page))
+        .with_state(Page {
+            questions,
+            metrics,
+            archive,
+        })
 }
 
 /// What the page shows of one cluster.
@@ -64,6 +75,9 @@ struct Cluster {
     /// queues scheduled as part of each (once the forwarder sent the
     /// `[queues]` table).
     queues: Vec<(String, IdSet, Vec<String>)>,
+    /// The jobs that finished in the last 24 h, from the archive (none:
+    /// the pipeline has none; an error: it cannot be read now).
+    last_day: Option<Result<Map<String, Value>, String>>,
 }
 
 async fn page(State(page): State<Page>) -> Response {
@@ -131,6 +145,24 @@ async fn page(State(page): State<Page>) -> Response {
         Ok(Err(e)) => return unavailable(&e.to_string()),
         Err(_) => return unavailable("the shards did not answer in time (busy)"),
     };
+    if page.archive.configured() {
+        let rows = tokio::time::timeout(ANSWER_TIMEOUT, page.archive.usage(24.0, None)).await;
+        let rows = match rows {
+            Ok(Ok((_, _, rows))) => Ok(rows),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("the archive did not answer in time".to_string()),
+        };
+        for (name, c) in by_cluster.iter_mut() {
+            c.last_day = Some(match &rows {
+                Ok(rows) => Ok(rows
+                    .iter()
+                    .find(|r| r.get("cluster").and_then(Value::as_str) == Some(name))
+                    .cloned()
+                    .unwrap_or_default()),
+                Err(e) => Err(e.clone()),
+            });
+        }
+    }
     for c in by_cluster.values_mut() {
         c.ranks.sort_by_key(|r| r.rank);
         c.alerts.sort_by(|a, b| a.0.cmp(&b.0));
@@ -352,6 +384,9 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
                     span.fig.muted { "newest event " (ago(now, t)) " ago" }
                 }
             }
+            @if let Some(last_day) = &c.last_day {
+                (last_day_strip(last_day))
+            }
             div.key {
                 @for (count, class) in &KEY {
                     @let n = c.ranks.iter().filter(|r| count.holds(r)).count();
@@ -384,7 +419,7 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
                         tr { th { "node" } th { "state" } th { "since" } th { "reason" } }
                         @for r in &drained {
                             tr {
-                                td { (r.name()) }
+                                td { a href={ "/nodes/" (encode(name)) "/" (encode(&r.name())) } { (r.name()) } }
                                 td { (if r.draining { "draining" } else { "drained" })
                                      @if r.online == Some(false) { " (offline)" } }
                                 td { @if let Some(t) = r.drain_timestamp { (ago(now, t)) " ago" } }
@@ -405,6 +440,92 @@ fn cluster(name: &str, c: &Cluster, now: f64) -> Markup {
             }
         }
     }
+}
+
+/// The last 24 h of a cluster, from the archive: jobs finished by result,
+/// core-hours, waits.
+fn last_day_strip(last_day: &Result<Map<String, Value>, String>) -> Markup {
+    let row = match last_day {
+        Ok(row) => row,
+        Err(why) => return html! { div.usage.muted { "last 24 h: " (why) } },
+    };
+    let n = |k: &str| row.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let seconds = |k: &str| row.get(k).and_then(Value::as_f64).map(fsd::format);
+    let hours = row.get("core_hours").and_then(Value::as_f64).unwrap_or(0.0);
+    html! {
+        div.usage data-jobs=(n("jobs")) data-completed=(n("completed")) data-failed=(n("failed"))
+            data-canceled=(n("canceled")) data-timeout=(n("timeout")) data-core-hours=(hours) {
+            "last 24 h: " b { (n("jobs")) } " jobs finished"
+            @if n("jobs") > 0 {
+                " (" (n("completed")) " completed, " (n("failed")) " failed, "
+                (n("canceled")) " canceled, " (n("timeout")) " timed out), "
+                b { (format!("{hours:.1}")) } " core-hours"
+                @if let (Some(p50), Some(p90)) = (seconds("wait_p50_s"), seconds("wait_p90_s")) {
+                    ", wait p50 " b { (p50) } ", p90 " b { (p90) }
+                }
+            }
+        }
+    }
+}
+
+/// `/nodes/{cluster}/{host}`: a node's state changes, from the archive.
+async fn node_page(
+    State(page): State<Page>,
+    Path((cluster, host)): Path<(String, String)>,
+) -> Response {
+    let events = page.archive.node_history(&cluster, &host, 200).await;
+    let when = |t: f64| {
+        jiff::Timestamp::from_microsecond((t * 1e6) as i64)
+            .map(|ts| ts.strftime("%Y-%m-%d %H:%M:%S UTC").to_string())
+            .unwrap_or_default()
+    };
+    let state = |e: &Value| {
+        let flag = |k: &str| e.get(k).and_then(Value::as_bool);
+        let mut words = Vec::new();
+        match flag("online") {
+            Some(true) => words.push("online"),
+            Some(false) => words.push("offline"),
+            None => {}
+        }
+        if flag("draining") == Some(true) {
+            words.push("draining");
+        } else if flag("drained") == Some(true) {
+            words.push("drained");
+        }
+        if flag("torpid") == Some(true) {
+            words.push("torpid");
+        }
+        words.join(", ")
+    };
+    let body = html! {
+        (DOCTYPE)
+        html lang="en" {
+            (head(&format!("{host} of {cluster}"), false))
+            body {
+                p { a href="/" { "all clusters" } }
+                h1 { "Node " (host) " of cluster " (cluster) }
+                @match &events {
+                    Err(e) => p.muted { "No history: " (e) },
+                    Ok(events) if events.is_empty() => p.muted { "The archive holds no change of this node." },
+                    Ok(events) => {
+                        p.muted { "Its state changes as the archive keeps them, newest last." }
+                        table.history {
+                            tr { th { "time" } th { "event" } th { "state after" } th { "drain reason" } }
+                            @for e in events {
+                                tr data-event=(e.get("event").and_then(Value::as_str).unwrap_or("")) {
+                                    td { (e.get("timestamp").and_then(Value::as_f64).map(when).unwrap_or_default()) }
+                                    td { (e.get("event").and_then(Value::as_str).unwrap_or("")) }
+                                    td { (state(e)) }
+                                    td { (e.get("drain_reason").and_then(Value::as_str).unwrap_or("")) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Html(body.into_string()).into_response()
 }
 
 /// What fires, grouped by rule, the most severe first, with counts.

@@ -197,7 +197,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let server = match &config.api {
         Some(api) => {
             telemetry::prometheus();
-            Some(Server::bind(api).await?)
+            // The page and the API read the past from the archive the
+            // pipeline writes (its first `database` sink's).
+            let archive = config.sinks.values().find_map(|s| match s {
+                crate::sinks::SinkConfig::Database(d) => Some(d.url.clone()),
+                _ => None,
+            });
+            Some(Server::bind(api).await?.with_archive(archive))
         }
         None => None,
     };
