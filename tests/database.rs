@@ -1690,3 +1690,94 @@ fn the_api_and_page_show_the_last_day_and_a_nodes_history() {
     sigterm(&child.0);
     assert!(child.0.wait().expect("wait").success());
 }
+
+/// `report jobs --by queue` and `--by user` over instance B's journals
+/// (both lives) equal what the fields of its `flux jobs -a --json` imply,
+/// from the rows and from the rollups.
+#[test]
+fn report_jobs_equals_what_flux_jobs_says_of_instance_b() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let url = format!("sqlite://{}/b.db", dir.display());
+    let b = common::corpus().join("instances/B");
+    let flux: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(b.join("flux-jobs-a.json")).expect("flux jobs"),
+    )
+    .expect("json");
+    let flux = flux["jobs"].as_array().expect("jobs");
+    let journals: Vec<PathBuf> = ["incarnation1", "incarnation2"]
+        .iter()
+        .map(|i| b.join(format!("journals/{i}.job-manager.events-journal.jsonl")))
+        .collect();
+    let cfg = config(dir, "b", &url, &journals, free_port());
+    run_to_the_end(&cfg, &dir.join("b.log"), &url, flux.len());
+
+    // What flux's own fields imply, for the one group B has (no queue,
+    // one user).
+    let f = |j: &serde_json::Value, k: &str| j[k].as_f64().unwrap_or(0.0);
+    let ran: Vec<&serde_json::Value> = flux
+        .iter()
+        .filter(|j| f(j, "t_run") > 0.0 && f(j, "t_cleanup") >= f(j, "t_run"))
+        .collect();
+    let mut waits: Vec<f64> = flux
+        .iter()
+        .filter(|j| f(j, "t_run") > 0.0 && f(j, "t_run") >= f(j, "t_submit"))
+        .map(|j| f(j, "t_run") - f(j, "t_submit"))
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    let rank = |p: f64| waits[((p * waits.len() as f64).ceil() as usize).clamp(1, waits.len()) - 1];
+    let count = |r: &str| flux.iter().filter(|j| j["result"] == r).count() as u64;
+    let core_s: f64 = ran
+        .iter()
+        .map(|j| f(j, "ncores") * (f(j, "t_cleanup") - f(j, "t_run")))
+        .sum();
+    let node_s: f64 = ran
+        .iter()
+        .map(|j| f(j, "nnodes") * (f(j, "t_cleanup") - f(j, "t_run")))
+        .sum();
+    assert!(waits.len() > 10 && count("CANCELED") > 0 && count("TIMEOUT") > 0);
+    for by in ["queue", "user"] {
+        for from in ["rows", "rollups"] {
+            let rows = report_json(&url, &["--by", by, "--from", from]);
+            assert_eq!(rows.len(), 1, "{by} {from}: {rows:?}");
+            let row = &rows[0];
+            let what = format!("--by {by} --from {from}: {row:?}");
+            if by == "user" {
+                assert_eq!(row["user"], flux[0]["username"], "{what}");
+                assert_eq!(row["userid"], flux[0]["userid"], "{what}");
+            } else {
+                assert_eq!(row["queue"], serde_json::Value::Null, "{what}");
+            }
+            assert_eq!(row["jobs"], flux.len() as u64, "{what}");
+            for (field, result) in [
+                ("completed", "COMPLETED"),
+                ("failed", "FAILED"),
+                ("canceled", "CANCELED"),
+                ("timeout", "TIMEOUT"),
+            ] {
+                assert_eq!(row[field], count(result), "{what}");
+            }
+            let close = |k: &str, want: f64| {
+                let got = row[k].as_f64().unwrap_or(f64::NAN);
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{k}: {what}"
+                );
+            };
+            close("core_hours", core_s / 3600.0);
+            close("node_hours", node_s / 3600.0);
+            close("wait_max_s", *waits.last().expect("waits"));
+            close(
+                "wait_mean_s",
+                waits.iter().sum::<f64>() / waits.len() as f64,
+            );
+            let (p50, p90) = if from == "rows" {
+                (rank(0.5), rank(0.9))
+            } else {
+                (bucket_of(rank(0.5)), bucket_of(rank(0.9)))
+            };
+            close("wait_p50_s", p50);
+            close("wait_p90_s", p90);
+        }
+    }
+}
