@@ -199,7 +199,7 @@ impl Archive {
     }
 
     /// Write a batch's rows in one transaction: all of them or none, with
-    /// the jobs that finished counted in their rollups (but those that
+    /// its jobs that finished counted in their rollups (but those that
     /// ended before `not_before`: see [`Archive::roll_up_pending`]).
     pub async fn store(&self, batch: &Batch, not_before: Option<f64>) -> Result<(), ArchiveError> {
         if batch.is_empty() {
@@ -222,7 +222,8 @@ impl Archive {
                 query.execute(&mut *tx).await?;
             }
         }
-        rollup_store::roll_up_all(&mut tx, not_before, self.marks()).await?;
+        rollup_store::roll_up_jobs(&mut tx, &batch.finished_jobs(), not_before, self.marks())
+            .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -320,8 +321,8 @@ impl Archive {
             w.clause(format!("j.t_inactive < {p}"));
         }
         let sql = format!(
-            "SELECT j.cluster, j.queue, j.userid, j.username, j.result, j.t_submit, j.t_run, \
-             j.t_cleanup, j.t_inactive, j.ncores, j.ngpus, j.nnodes FROM jobs j{}",
+            "SELECT {} FROM jobs j{}",
+            rollup_store::FINISHED_COLUMNS,
             w.text()
         );
         let query = w.query(&sql);

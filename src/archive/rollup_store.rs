@@ -17,6 +17,11 @@ use super::{
 use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 use std::collections::BTreeMap;
 
+/// What a report and a rollup read of a finished job, in
+/// [`finished_job`]'s order.
+pub(super) const FINISHED_COLUMNS: &str = "cluster, queue, userid, username, result, t_submit, \
+     t_run, t_cleanup, t_inactive, ncores, ngpus, nnodes";
+
 /// Jobs marked and summed per statement.
 const CHUNK: i64 = 10_000;
 
@@ -157,14 +162,57 @@ impl Archive {
     }
 }
 
-/// Inside a store's transaction: count every finished job not yet
-/// counted (those of the batch just written, normally), chunk by chunk.
-pub(super) async fn roll_up_all(
+/// Inside a store's transaction: count the batch's finished jobs (`keys`,
+/// cluster and stored id) that no rollup counts yet. Only those: the
+/// rows an older archive holds are counted beside, by
+/// [`Archive::roll_up_pending`], not inside a batch.
+pub(super) async fn roll_up_jobs(
     tx: &mut Transaction<'_, Any>,
+    keys: &[(String, i64)],
     not_before: Option<f64>,
     marks: Marks,
 ) -> Result<(), ArchiveError> {
-    while roll_up_chunk(tx, not_before, marks).await? == CHUNK as u64 {}
+    for chunk in keys.chunks(MAX_BINDS / 2) {
+        let mut by_cluster: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+        for (cluster, id) in chunk {
+            by_cluster.entry(cluster).or_default().push(*id);
+        }
+        let mut binds = vec![Cell::Float(Some(not_before.unwrap_or(f64::MIN)))];
+        let mut mark = |cell: Cell| {
+            binds.push(cell);
+            match marks {
+                Marks::Numbered => format!("${}", binds.len()),
+                Marks::InOrder => "?".to_string(),
+            }
+        };
+        let first = match marks {
+            Marks::Numbered => "$1",
+            Marks::InOrder => "?",
+        };
+        let clauses: Vec<String> = by_cluster
+            .into_iter()
+            .map(|(cluster, ids)| {
+                let c = mark(Cell::Text(Some(cluster.to_string())));
+                let ids: Vec<String> = ids.into_iter().map(|i| mark(Cell::Int(Some(i)))).collect();
+                format!("(cluster = {c} AND id IN ({}))", ids.join(", "))
+            })
+            .collect();
+        let sql = format!(
+            "UPDATE jobs SET rolled_up = TRUE WHERE rolled_up IS NULL AND state = 'INACTIVE' \
+             AND t_inactive >= {first} AND ({}) RETURNING {FINISHED_COLUMNS}",
+            clauses.join(" OR ")
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql)).persistent(false);
+        for cell in &binds {
+            query = bind(query, cell);
+        }
+        let marked = query.fetch_all(&mut **tx).await?;
+        let mut rollups = Rollups::default();
+        for row in &marked {
+            rollups.add(&finished_job(row)?);
+        }
+        store_rollups(tx, &rollups, marks).await?;
+    }
     Ok(())
 }
 
@@ -181,9 +229,7 @@ async fn roll_up_chunk(
     let pending = "rolled_up IS NULL AND state = 'INACTIVE' AND t_inactive >= $1";
     let sql = format!(
         "UPDATE jobs SET rolled_up = TRUE WHERE {pending} AND (cluster, id) IN \
-         (SELECT cluster, id FROM jobs WHERE {pending} LIMIT $2) \
-         RETURNING cluster, queue, userid, username, result, t_submit, t_run, t_cleanup, \
-         t_inactive, ncores, ngpus, nnodes"
+         (SELECT cluster, id FROM jobs WHERE {pending} LIMIT $2) RETURNING {FINISHED_COLUMNS}"
     );
     let marked = sqlx::query(AssertSqlSafe(sql))
         .bind(not_before.unwrap_or(f64::MIN))

@@ -325,6 +325,23 @@ impl Batch {
         self.tables().iter().all(|(_, rows)| rows.is_empty())
     }
 
+    /// The keys (cluster, stored id) of the batch's jobs that ended.
+    pub fn finished_jobs(&self) -> Vec<(String, i64)> {
+        let at = |name: &str| JOBS.columns.iter().position(|c| c.name == name);
+        let (Some(cluster), Some(id), Some(state)) = (at("cluster"), at("id"), at("state")) else {
+            return Vec::new();
+        };
+        self.jobs
+            .rows()
+            .iter()
+            .filter(|row| row[state] == Cell::Text(Some("INACTIVE".into())))
+            .filter_map(|row| match (&row[cluster], &row[id]) {
+                (Cell::Text(Some(c)), Cell::Int(Some(i))) => Some((c.clone(), *i)),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn clear(&mut self) {
         *self = Batch::default();
     }
@@ -402,6 +419,30 @@ mod tests {
     use proptest::prelude::*;
 
     const JOB: &str = r#"{"cluster":"c","dependencies":[],"duration":60.0,"exception_occurred":false,"id":18446744073709551615,"kind":"job","name":"hostname","nnodes":2,"nodelist":"node[3,1]","ntasks":2,"queue":"batch","record_id":"r1","result":"COMPLETED","state":"INACTIVE","success":true,"t_inactive":5.5,"userid":1000}"#;
+
+    #[test]
+    fn a_batch_names_its_finished_jobs() {
+        let mut b = Batch::default();
+        let job = |id: u64, state: &str| {
+            format!(
+                r#"{{"kind":"job","cluster":"c","id":{id},"record_id":"r{id}","state":"{state}"}}"#
+            )
+        };
+        b.add(&job(1, "RUN")).unwrap();
+        b.add(&job(2, "INACTIVE")).unwrap();
+        b.add(&job(u64::MAX, "INACTIVE")).unwrap();
+        b.add(&job(1, "INACTIVE")).unwrap();
+        let mut done = b.finished_jobs();
+        done.sort();
+        assert_eq!(
+            done,
+            [
+                ("c".to_string(), -1),
+                ("c".to_string(), 1),
+                ("c".to_string(), 2)
+            ]
+        );
+    }
 
     #[test]
     fn a_job_record_is_one_row_and_one_row_per_host() {
