@@ -307,19 +307,7 @@ impl Archive {
         use futures_util::TryStreamExt;
         let mut w = Where::default();
         w.clause("j.t_inactive IS NOT NULL".into());
-        w.equal("j.cluster", q.cluster.clone().map(|c| Cell::Text(Some(c))));
-        w.equal("j.queue", q.queue.clone().map(|c| Cell::Text(Some(c))));
-        if let Some(u) = &q.user {
-            user_clause(&mut w, "j", u);
-        }
-        if let Some(since) = q.since {
-            let p = w.bind(Cell::Float(Some(since)));
-            w.clause(format!("j.t_inactive >= {p}"));
-        }
-        if let Some(until) = q.until {
-            let p = w.bind(Cell::Float(Some(until)));
-            w.clause(format!("j.t_inactive < {p}"));
-        }
+        q.clauses(&mut w, "j", "t_inactive");
         let sql = format!(
             "SELECT {} FROM jobs j{}",
             rollup_store::FINISHED_COLUMNS,
@@ -492,6 +480,32 @@ pub struct ReportQuery {
     pub since: Option<f64>,
     /// Jobs that ended before this time.
     pub until: Option<f64>,
+}
+
+impl ReportQuery {
+    /// Its clauses over the table `t` (jobs, rollups), whose time column
+    /// is `time` (a job's end, a rollup's day).
+    fn clauses(&self, w: &mut Where, t: &str, time: &str) {
+        w.equal(
+            &format!("{t}.cluster"),
+            self.cluster.clone().map(|c| Cell::Text(Some(c))),
+        );
+        w.equal(
+            &format!("{t}.queue"),
+            self.queue.clone().map(|c| Cell::Text(Some(c))),
+        );
+        if let Some(u) = &self.user {
+            user_clause(w, t, u);
+        }
+        if let Some(since) = self.since {
+            let p = w.bind(Cell::Float(Some(since)));
+            w.clause(format!("{t}.{time} >= {p}"));
+        }
+        if let Some(until) = self.until {
+            let p = w.bind(Cell::Float(Some(until)));
+            w.clause(format!("{t}.{time} < {p}"));
+        }
+    }
 }
 
 /// The jobs `fluxpipe history` asks for.

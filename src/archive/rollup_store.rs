@@ -11,9 +11,7 @@
 use super::report::FinishedJob;
 use super::rollup::{RollupKey, RollupSums, Rollups, add_buckets, encode_buckets};
 use super::rows::Cell;
-use super::{
-    Archive, ArchiveError, MAX_BINDS, Marks, ReportQuery, Where, bind, placeholders, user_clause,
-};
+use super::{Archive, ArchiveError, MAX_BINDS, Marks, ReportQuery, Where, bind, placeholders};
 use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 use std::collections::BTreeMap;
 
@@ -92,19 +90,7 @@ impl Archive {
     ) -> Result<BTreeMap<RollupKey, RollupSums>, ArchiveError> {
         use futures_util::TryStreamExt;
         let mut w = Where::default();
-        w.equal("r.cluster", q.cluster.clone().map(|c| Cell::Text(Some(c))));
-        w.equal("r.queue", q.queue.clone().map(|c| Cell::Text(Some(c))));
-        if let Some(u) = &q.user {
-            user_clause(&mut w, "r", u);
-        }
-        if let Some(since) = q.since {
-            let p = w.bind(Cell::Float(Some(since)));
-            w.clause(format!("r.day >= {p}"));
-        }
-        if let Some(until) = q.until {
-            let p = w.bind(Cell::Float(Some(until)));
-            w.clause(format!("r.day < {p}"));
-        }
+        q.clauses(&mut w, "r", "day");
         let sql = format!(
             "SELECT r.{}, r.wait_buckets FROM job_rollups r{}",
             ROLLUP_COLUMNS.join(", r."),
