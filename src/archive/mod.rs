@@ -497,14 +497,7 @@ impl ReportQuery {
         if let Some(u) = &self.user {
             user_clause(w, t, u);
         }
-        if let Some(since) = self.since {
-            let p = w.bind(Cell::Float(Some(since)));
-            w.clause(format!("{t}.{time} >= {p}"));
-        }
-        if let Some(until) = self.until {
-            let p = w.bind(Cell::Float(Some(until)));
-            w.clause(format!("{t}.{time} < {p}"));
-        }
+        w.window(&format!("{t}.{time}"), self.since, self.until);
     }
 }
 
@@ -540,14 +533,7 @@ pub struct EventQuery {
 impl EventQuery {
     fn common(&self, w: &mut Where, cluster: &str, time: &str) {
         w.equal(cluster, self.cluster.clone().map(|c| Cell::Text(Some(c))));
-        if let Some(since) = self.since {
-            let p = w.bind(Cell::Float(Some(since)));
-            w.clause(format!("{time} >= {p}"));
-        }
-        if let Some(until) = self.until {
-            let p = w.bind(Cell::Float(Some(until)));
-            w.clause(format!("{time} < {p}"));
-        }
+        w.window(time, self.since, self.until);
     }
 }
 
@@ -574,6 +560,18 @@ impl Where {
         if let Some(v) = value {
             let p = self.bind(v);
             self.clause(format!("{column} = {p}"));
+        }
+    }
+
+    /// `since <= column < until`, each end when given.
+    fn window(&mut self, column: &str, since: Option<f64>, until: Option<f64>) {
+        if let Some(since) = since {
+            let p = self.bind(Cell::Float(Some(since)));
+            self.clause(format!("{column} >= {p}"));
+        }
+        if let Some(until) = until {
+            let p = self.bind(Cell::Float(Some(until)));
+            self.clause(format!("{column} < {p}"));
         }
     }
 
@@ -647,17 +645,22 @@ enum Marks {
     InOrder,
 }
 
+impl Marks {
+    /// The mark of the `n`th value (from 1).
+    fn nth(self, n: usize) -> String {
+        match self {
+            Marks::Numbered => format!("${n}"),
+            Marks::InOrder => "?".to_string(),
+        }
+    }
+}
+
 /// `($1, $2), ($3, $4)` (or `(?, ?), (?, ?)`): `n` rows of `width`
 /// values, bound in order.
 fn placeholders(width: usize, n: usize, marks: Marks) -> String {
     let rows: Vec<String> = (0..n)
         .map(|r| {
-            let ps: Vec<String> = (1..=width)
-                .map(|c| match marks {
-                    Marks::Numbered => format!("${}", r * width + c),
-                    Marks::InOrder => "?".to_string(),
-                })
-                .collect();
+            let ps: Vec<String> = (1..=width).map(|c| marks.nth(r * width + c)).collect();
             format!("({})", ps.join(", "))
         })
         .collect();

@@ -166,15 +166,9 @@ pub(super) async fn roll_up_jobs(
         let mut binds = vec![Cell::Float(Some(not_before.unwrap_or(f64::MIN)))];
         let mut mark = |cell: Cell| {
             binds.push(cell);
-            match marks {
-                Marks::Numbered => format!("${}", binds.len()),
-                Marks::InOrder => "?".to_string(),
-            }
+            marks.nth(binds.len())
         };
-        let first = match marks {
-            Marks::Numbered => "$1",
-            Marks::InOrder => "?",
-        };
+        let first = marks.nth(1);
         let clauses: Vec<String> = by_cluster
             .into_iter()
             .map(|(cluster, ids)| {
