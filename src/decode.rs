@@ -284,6 +284,8 @@ pub enum DecodeError {
     NoStream,
     #[error("plain job event with no job id (the path or source does not say)")]
     NoJobId,
+    #[error("R is not valid JSON: {0}")]
+    RNotJson(String),
 }
 
 /// Decode one line (without its newline) into zero or more records.
@@ -648,6 +650,24 @@ pub struct JobSpecRead {
     pub error: Option<JobSpecError>,
     /// `None`: not a JSON object.
     pub text: Option<JsonObject>,
+}
+
+/// A document kept in a file of its own (a job's `R` or `jobspec`, an
+/// instance's `resource/R`), as its body. The file source and `replay`
+/// both read such files through here, so they agree on what is applied.
+///
+/// A jobspec is read whatever it is: what cannot be read of it is an
+/// anomaly of its job's. An R must be JSON; one that is not is refused
+/// (a damaged R applied as `{}` would take the job's ranks away). JSON
+/// that is not an object is read as `{}`, which has no expiration or
+/// ranks (an instance's R says so, as an anomaly).
+pub fn document_file(content: &[u8], jobspec: bool) -> Result<Body, DecodeError> {
+    if jobspec {
+        return Ok(job_spec(&String::from_utf8_lossy(content)));
+    }
+    let value: Value =
+        serde_json::from_slice(content).map_err(|e| DecodeError::RNotJson(e.to_string()))?;
+    Ok(Body::R(JsonObject::from_value(&value).unwrap_or_default()))
 }
 
 /// A jobspec's text, read.
@@ -1036,6 +1056,22 @@ mod tests {
         assert_eq!(d.errors[0], DecodeError::NoJobId);
     }
 
+    #[test]
+    fn an_r_file_must_be_json_and_a_jobspec_file_is_read_whatever_it_is() {
+        let r = document_file(br#"{"execution":{"expiration":5}}"#, false);
+        assert!(matches!(r, Ok(Body::R(ref o)) if o.to_value()["execution"]["expiration"] == 5));
+        // JSON, not an object: read as `{}`.
+        assert!(
+            matches!(document_file(b"[1]", false), Ok(Body::R(ref o)) if o.to_value() == serde_json::json!({}))
+        );
+        let bad = document_file(br#"{"execution":"#, false);
+        assert!(matches!(bad, Err(DecodeError::RNotJson(_))), "{bad:?}");
+        match document_file(b"not json", true) {
+            Ok(Body::JobSpec(read)) => assert!(read.text.is_none() && read.error.is_some()),
+            other => panic!("{other:?}"),
+        }
+    }
+
     proptest! {
         #[test]
         fn decode_never_panics(line in prop::collection::vec(any::<u8>(), 0..200)) {
@@ -1052,6 +1088,16 @@ mod tests {
         #[test]
         fn decode_json_shapes_never_panic(s in r#"\{("(id|events|timestamp|name|context|stream|event|type|data|R|cluster)":(-?[0-9]{1,3}|"[a-z]{0,4}"|\[\]|\{\}|null|true),?){0,6}\}"#) {
             let _ = decode_line(s.as_bytes(), &Origin::default(), Format::Auto);
+        }
+
+        #[test]
+        fn document_files_never_panic(content in prop::collection::vec(any::<u8>(), 0..200), jobspec: bool) {
+            match document_file(&content, jobspec) {
+                Ok(Body::R(_)) => prop_assert!(!jobspec),
+                Ok(Body::JobSpec(_)) => prop_assert!(jobspec),
+                Ok(other) => prop_assert!(false, "{other:?}"),
+                Err(e) => prop_assert!(!jobspec && matches!(e, DecodeError::RNotJson(_))),
+            }
         }
 
         #[test]

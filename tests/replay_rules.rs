@@ -155,6 +155,44 @@ fn files_that_cannot_be_placed_are_skipped_quietly_and_r_and_the_jobspec_are_rea
     assert!(anomaly_kinds(&out).is_empty(), "{out:#?}");
 }
 
+/// As the file source does (which sends it to dead_letter): an R that is
+/// not JSON is said and not applied; the jobspec beside it still is.
+#[test]
+fn a_damaged_r_file_is_an_anomaly_and_not_applied() {
+    let out = replay_files(
+        &[
+            ("jobs/48335159296/eventlog", &lines(&full_job(100.0))),
+            (
+                "jobs/48335159296/R.json",
+                r#"{"version":1,"execution":{"R_lite":[],"expir"#,
+            ),
+        ],
+        &[],
+    );
+    assert_eq!(
+        job(&out, ID)["expiration"],
+        serde_json::Value::Null,
+        "{out:#?}"
+    );
+    let said: Vec<_> = of_kind(&out, "anomaly")
+        .into_iter()
+        .filter(|a| {
+            a["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("R is not valid JSON")
+        })
+        .collect();
+    assert_eq!(said.len(), 1, "{out:#?}");
+    assert!(
+        said[0]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("R.json:1:"),
+        "{said:?}"
+    );
+}
+
 #[test]
 fn every_line_form_is_decoded() {
     let journal = [

@@ -5,11 +5,10 @@ use super::format::Format as JobsFormat;
 use super::jobs::{DEFAULT_FORMAT, Hostnames, Users, format_lines, heading};
 use super::listing::counted;
 use super::resource::{ByCluster, Node, print_rank_tables};
-use crate::decode::{self, Body, EventStream, Format, Origin, PathKind, Record};
+use crate::decode::{self, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::flux::jobid::JobId;
-use crate::flux::object::JsonObject;
 use crate::keyed::JobKey;
 use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::engine::AlertEvent;
@@ -438,37 +437,9 @@ impl Reader {
                 PathKind::Lines => Origin::default(),
                 PathKind::Other if named => Origin::default(),
                 PathKind::Other => return Ok(()),
-                PathKind::JobR(id) => {
-                    let r = read_json(path)?;
-                    self.apply(Record {
-                        cluster: None,
-                        stream: EventStream::Job,
-                        id: Some(id),
-                        body: Body::R(r),
-                    });
-                    return Ok(());
-                }
-                PathKind::JobSpec(id) => {
-                    let text = std::fs::read(path)
-                        .with_context(|| format!("cannot read {}", path.display()))?;
-                    self.apply(Record {
-                        cluster: None,
-                        stream: EventStream::Job,
-                        id: Some(id),
-                        body: crate::decode::job_spec(&String::from_utf8_lossy(&text)),
-                    });
-                    return Ok(());
-                }
-                PathKind::ResourceR => {
-                    let r = read_json(path)?;
-                    self.apply(Record {
-                        cluster: None,
-                        stream: EventStream::Resource,
-                        id: None,
-                        body: Body::R(r),
-                    });
-                    return Ok(());
-                }
+                PathKind::JobR(id) => return self.document(path, Some(id), false),
+                PathKind::JobSpec(id) => return self.document(path, Some(id), true),
+                PathKind::ResourceR => return self.document(path, None, false),
             },
         };
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
@@ -484,6 +455,28 @@ impl Reader {
             }
             Compression::None => self.lines(BufReader::new(file), path, &origin),
         }
+    }
+
+    /// A document in a file of its own: a job's R or jobspec (`id`), or an
+    /// instance's R. Read as the file source reads it; an R that is not
+    /// JSON is an anomaly, not applied.
+    fn document(&mut self, path: &Path, id: Option<JobId>, jobspec: bool) -> Result<()> {
+        let content =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        match decode::document_file(&content, jobspec) {
+            Ok(body) => self.apply(Record {
+                cluster: None,
+                stream: if id.is_some() {
+                    EventStream::Job
+                } else {
+                    EventStream::Resource
+                },
+                id,
+                body,
+            }),
+            Err(e) => self.input_anomaly(path, 1, e.to_string()),
+        }
+        Ok(())
     }
 
     /// Read and decode the lines of one input. An input whose first
@@ -565,14 +558,6 @@ impl Reader {
             ),
         }));
     }
-}
-
-fn read_json(path: &Path) -> Result<JsonObject> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    // A damaged R is not fatal: it only adds expiration and hostnames. Read
-    // as `{}`, it has neither (and an instance's R says so, as an anomaly).
-    Ok(serde_json::from_str(&text).unwrap_or_default())
 }
 
 fn print_json(

@@ -112,9 +112,8 @@ pub use config::{FileSourceConfig, ReadFrom};
 
 use super::lines::{LineReader, READ_BYTES};
 use super::{RecordBuffer, SourceContext};
-use crate::decode::{Body, EventStream, Origin, PathKind, Record};
+use crate::decode::{EventStream, Origin, PathKind, Record};
 use crate::flux::jobid::JobId;
-use crate::flux::object::JsonObject;
 use anyhow::{Context, Result, anyhow};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 #[cfg(test)]
@@ -653,32 +652,18 @@ impl FileSource {
         }
         metrics::counter!(metric::FLUXPIPE_EVENTS_RECEIVED_TOTAL, "source" => ctx.name.to_string())
             .increment(1);
-        if jobspec {
-            // Read whatever it is: what cannot be read is an anomaly of the
-            // job's, and the job keeps its record.
-            let record = Record {
-                cluster: None,
-                stream,
-                id,
-                body: crate::decode::job_spec(&String::from_utf8_lossy(content)),
-            };
-            return ctx.record(record).await.map_err(|_| Stop);
-        }
-        match serde_json::from_slice::<serde_json::Value>(content) {
-            Ok(value) => {
-                // Not an object: read as `{}`, which has no expiration or
-                // ranks (an instance's R says so, as an anomaly).
+        match crate::decode::document_file(content, jobspec) {
+            Ok(body) => {
                 let record = Record {
                     cluster: None,
                     stream,
                     id,
-                    body: Body::R(JsonObject::from_value(&value).unwrap_or_default()),
+                    body,
                 };
                 ctx.record(record).await.map_err(|_| Stop)
             }
             Err(e) => {
-                ctx.dead_letter(&location, &format!("R is not valid JSON: {e}"), content)
-                    .await;
+                ctx.dead_letter(&location, &e.to_string(), content).await;
                 Ok(())
             }
         }

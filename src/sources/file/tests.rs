@@ -6,6 +6,7 @@ use super::*;
 use crate::channels::checkpoint::CheckpointLink;
 use crate::channels::fanout::{Outputs, SinkCommon, SinkRx, WhenFull};
 use crate::channels::router::{Routed, Router, ShardMsg};
+use crate::decode::Body;
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 use std::io::Write;
