@@ -8,7 +8,7 @@
 
 use crate::channels::tap::{MAX_TAPS, Tap, TapFilter, Taps};
 use crate::flux::jobid::JobId;
-use crate::output::OutputStream;
+use crate::output::{OutputStream, StreamSet};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
@@ -59,10 +59,10 @@ async fn tap(
             );
         }
     };
-    let mut bits = 0u8;
+    let mut streams = StreamSet::EMPTY;
     for name in params.stream.split(',').filter(|s| !s.is_empty()) {
         match OutputStream::parse(name) {
-            Some(s) => bits |= s.bit(),
+            Some(s) => streams.insert(s),
             None => {
                 let known: Vec<&str> = OutputStream::ALL.iter().map(|s| s.as_str()).collect();
                 return refuse(
@@ -72,7 +72,7 @@ async fn tap(
             }
         }
     }
-    if bits == 0 {
+    if streams.is_empty() {
         return refuse(StatusCode::BAD_REQUEST, "name a stream".to_string());
     }
     let job = match params.job.as_deref().map(JobId::parse).transpose() {
@@ -84,7 +84,7 @@ async fn tap(
         job,
         node: params.node,
     };
-    let Some(tap) = taps.open(bits) else {
+    let Some(tap) = taps.open(streams) else {
         return refuse(
             StatusCode::TOO_MANY_REQUESTS,
             format!("{MAX_TAPS} taps are open already"),

@@ -7,7 +7,8 @@
 use crate::channels::tap::Taps;
 use crate::component::Problem;
 use crate::output::OutputRecord;
-use crate::output::OutputStream;
+use crate::output::effects::Emit;
+use crate::output::{OutputStream, StreamSet};
 use crate::telemetry::metric;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,13 +34,13 @@ pub struct SinkCommon<'a> {
 }
 
 impl SinkCommon<'_> {
-    /// The subscribed streams as a bit set (unknown names are refused by
-    /// validation before this is used).
-    pub fn stream_bits(&self) -> u8 {
+    /// The subscribed streams (unknown names are refused by validation
+    /// before this is used).
+    pub fn streams(&self) -> StreamSet {
         self.inputs
             .iter()
             .filter_map(|i| OutputStream::parse(i))
-            .fold(0, |acc, s| acc | s.bit())
+            .collect()
     }
 
     /// What is wrong with the keys every sink has.
@@ -234,7 +235,7 @@ impl SinkRx {
 #[derive(Debug, Clone)]
 struct SinkPort {
     name: Arc<str>,
-    streams: u8,
+    streams: StreamSet,
     tx: mpsc::Sender<Arc<OutputRecord>>,
     when_full: WhenFull,
     dropped: Arc<AtomicU64>,
@@ -353,7 +354,7 @@ impl DropCounts {
 #[derive(Debug, Clone, Default)]
 pub struct Outputs {
     ports: Arc<[SinkPort]>,
-    streams: u8,
+    streams: StreamSet,
     /// Readers looking in (`fluxpipe tap`): offered every batch, never
     /// waited for.
     taps: Taps,
@@ -374,7 +375,7 @@ impl Outputs {
             let held = Arc::new(AtomicU64::new(0));
             ports.push(SinkPort {
                 name: name.into(),
-                streams: common.stream_bits(),
+                streams: common.streams(),
                 tx,
                 when_full: common.when_full,
                 dropped: Arc::default(),
@@ -391,7 +392,9 @@ impl Outputs {
                 held,
             });
         }
-        let streams = ports.iter().fold(0, |acc, p| acc | p.streams);
+        let streams = ports
+            .iter()
+            .fold(StreamSet::EMPTY, |acc, p| acc.union(p.streams));
         (
             Outputs {
                 ports: ports.into(),
@@ -437,7 +440,7 @@ impl Outputs {
 
     /// Whether any sink takes `stream`: records nobody wants are not built.
     pub fn wants(&self, stream: OutputStream) -> bool {
-        (self.streams | self.taps.bits()) & stream.bit() != 0
+        self.streams.union(self.taps.streams()).contains(stream)
     }
 
     /// Deliver one record to every subscribed sink.
@@ -452,11 +455,7 @@ impl Outputs {
     /// is woken once rather than for every record.
     pub async fn emit_all(&self, records: &mut Vec<Arc<OutputRecord>>) {
         for port in self.ports.iter() {
-            let mine = || {
-                records
-                    .iter()
-                    .filter(|r| port.streams & r.stream.bit() != 0)
-            };
+            let mine = || records.iter().filter(|r| port.streams.contains(r.stream));
             match port.when_full {
                 WhenFull::Block => {
                     let mut left = mine().count();
@@ -481,7 +480,7 @@ impl Outputs {
                 }
             }
         }
-        if self.taps.bits() != 0 {
+        if !self.taps.streams().is_empty() {
             self.taps.offer(records);
         }
         records.clear();
@@ -532,12 +531,16 @@ impl OutputBuffer {
         self.outputs.wants(stream)
     }
 
-    /// Hold a record for the sinks subscribed to its stream.
+    /// Hold a record for the sinks subscribed to its stream, and hand
+    /// what is held on once it is [`HOLD_MAX`] records.
     pub async fn emit(&mut self, record: OutputRecord) {
-        if !self.wants(record.stream) {
-            return;
-        }
-        self.held.push(Arc::new(record));
+        Emit::emit(self, record);
+        self.flush_if_full().await;
+    }
+
+    /// Hand what is held on if it is [`HOLD_MAX`] records or more (the
+    /// records of one input record are held together, then this).
+    pub async fn flush_if_full(&mut self) {
         if self.held.len() >= HOLD_MAX {
             self.flush().await;
         }
@@ -547,6 +550,18 @@ impl OutputBuffer {
     pub async fn flush(&mut self) {
         if !self.held.is_empty() {
             self.outputs.emit_all(&mut self.held).await;
+        }
+    }
+}
+
+impl Emit for OutputBuffer {
+    fn wants(&self, stream: OutputStream) -> bool {
+        self.outputs.wants(stream)
+    }
+
+    fn emit(&mut self, record: OutputRecord) {
+        if self.outputs.wants(record.stream) {
+            self.held.push(Arc::new(record));
         }
     }
 }

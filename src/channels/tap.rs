@@ -8,10 +8,10 @@
 //! tap takes is built only while the tap is open.
 
 use crate::flux::jobid::JobId;
-use crate::output::OutputRecord;
+use crate::output::{OutputRecord, StreamSet};
 use crate::telemetry::metric;
 use serde_json::Value;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -27,8 +27,8 @@ pub struct Taps(Arc<Inner>);
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// The streams some open tap takes (a bit per stream).
-    bits: AtomicU8,
+    /// The streams some open tap takes (a [`StreamSet`]'s bits).
+    bits: AtomicU32,
     ports: Mutex<Vec<Port>>,
     next_id: AtomicU64,
 }
@@ -36,19 +36,19 @@ struct Inner {
 #[derive(Debug)]
 struct Port {
     id: u64,
-    streams: u8,
+    streams: StreamSet,
     tx: mpsc::Sender<Arc<OutputRecord>>,
     dropped: Arc<AtomicU64>,
 }
 
 impl Taps {
     /// The streams open taps take.
-    pub fn bits(&self) -> u8 {
-        self.0.bits.load(Ordering::Relaxed)
+    pub fn streams(&self) -> StreamSet {
+        StreamSet::from_bits(self.0.bits.load(Ordering::Relaxed))
     }
 
-    /// Open a tap on `streams` (bits); `None` when [`MAX_TAPS`] are open.
-    pub fn open(&self, streams: u8) -> Option<Tap> {
+    /// Open a tap on `streams`; `None` when [`MAX_TAPS`] are open.
+    pub fn open(&self, streams: StreamSet) -> Option<Tap> {
         let (tx, rx) = mpsc::channel(CAPACITY);
         let dropped = Arc::new(AtomicU64::new(0));
         let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
@@ -62,7 +62,7 @@ impl Taps {
             tx,
             dropped: dropped.clone(),
         });
-        self.0.bits.fetch_or(streams, Ordering::Relaxed);
+        self.0.bits.fetch_or(streams.bits(), Ordering::Relaxed);
         metrics::gauge!(metric::FLUXPIPE_TAPS_OPEN).set(ports.len() as f64);
         Some(Tap {
             id,
@@ -80,10 +80,7 @@ impl Taps {
         let mut dropped = 0;
         for port in ports.iter() {
             let mut lost = 0;
-            for r in records
-                .iter()
-                .filter(|r| port.streams & r.stream.bit() != 0)
-            {
+            for r in records.iter().filter(|r| port.streams.contains(r.stream)) {
                 if port.tx.try_send(r.clone()).is_err() {
                     lost += 1;
                 }
@@ -103,8 +100,10 @@ impl Taps {
     fn close(&self, id: u64) {
         if let Ok(mut ports) = self.0.ports.lock() {
             ports.retain(|p| p.id != id);
-            let bits = ports.iter().fold(0, |acc, p| acc | p.streams);
-            self.0.bits.store(bits, Ordering::Relaxed);
+            let streams = ports
+                .iter()
+                .fold(StreamSet::EMPTY, |acc, p| acc.union(p.streams));
+            self.0.bits.store(streams.bits(), Ordering::Relaxed);
             metrics::gauge!(metric::FLUXPIPE_TAPS_OPEN).set(ports.len() as f64);
         }
     }
@@ -199,11 +198,14 @@ mod tests {
     #[tokio::test]
     async fn a_tap_gets_its_streams_and_drops_what_it_has_no_room_for() {
         let taps = Taps::default();
-        assert_eq!(taps.bits(), 0);
+        assert!(taps.streams().is_empty());
         let mut tap = taps
-            .open(OutputStream::Transitions.bit())
+            .open(StreamSet::from_iter([OutputStream::Transitions]))
             .expect("room for a tap");
-        assert_eq!(taps.bits(), OutputStream::Transitions.bit());
+        assert_eq!(
+            taps.streams(),
+            StreamSet::from_iter([OutputStream::Transitions])
+        );
         taps.offer(&[
             record(OutputStream::Transitions, 1),
             record(OutputStream::Jobs, 2),
@@ -218,18 +220,27 @@ mod tests {
         assert_eq!(tap.take_dropped(), 10);
         assert_eq!(tap.take_dropped(), 0);
         drop(tap);
-        assert_eq!(taps.bits(), 0);
+        assert!(taps.streams().is_empty());
     }
 
     #[test]
     fn taps_are_capped() {
         let taps = Taps::default();
         let open: Vec<Tap> = (0..MAX_TAPS)
-            .map(|_| taps.open(OutputStream::Alerts.bit()).expect("room"))
+            .map(|_| {
+                taps.open(StreamSet::from_iter([OutputStream::Alerts]))
+                    .expect("room")
+            })
             .collect();
-        assert!(taps.open(OutputStream::Alerts.bit()).is_none());
+        assert!(
+            taps.open(StreamSet::from_iter([OutputStream::Alerts]))
+                .is_none()
+        );
         drop(open);
-        assert!(taps.open(OutputStream::Alerts.bit()).is_some());
+        assert!(
+            taps.open(StreamSet::from_iter([OutputStream::Alerts]))
+                .is_some()
+        );
     }
 
     #[test]

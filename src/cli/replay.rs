@@ -16,7 +16,8 @@ use crate::keyed::alerts::rule::default_rules;
 use crate::keyed::processor::Processor;
 use crate::keyed::query::{JobFilter, select_jobs};
 use crate::keyed::state::{JobEntry, KeyedAnomaly, State};
-use crate::output;
+use crate::output::effects::{self, Emit};
+use crate::output::{self, OutputRecord, OutputStream, StreamSet};
 use crate::sources::file::rotation;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
@@ -93,6 +94,19 @@ pub struct ReplayArgs {
         conflicts_with = "format"
     )]
     pub jobs_format: Option<String>,
+    /// Print the records of these output streams as JSON Lines while
+    /// replaying, as `fluxpipe run` sends them to a sink taking them
+    /// (comma-separated: events, transitions, jobs, job_updates,
+    /// resources, alerts, anomalies), instead of the jobs and ranks at the
+    /// end. Lines that cannot be read are anomalies here (`run` sends
+    /// them to dead_letter).
+    #[arg(
+        long,
+        value_name = "STREAMS",
+        value_parser = parse_streams,
+        conflicts_with_all = ["format", "jobs_format", "filter", "user", "since", "count"]
+    )]
+    pub emit: Option<StreamSet>,
     /// Files and folders (read recursively, in sorted path order; the
     /// rotated files of a journal or eventlog oldest first, before it);
     /// `-` for standard input; `.gz` and `.zst` files are read decompressed.
@@ -150,6 +164,18 @@ fn jobs_listed<'a>(
 
 fn parse_stream(s: &str) -> Result<EventStream> {
     EventStream::parse(s).with_context(|| format!("unknown stream `{s}` (job, exec or resource)"))
+}
+
+fn parse_streams(s: &str) -> Result<StreamSet> {
+    s.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|name| match OutputStream::parse(name) {
+            Some(OutputStream::DeadLetter) | None => {
+                anyhow::bail!("no stream {name:?} (events, transitions, jobs, job_updates, resources, alerts, anomalies)")
+            }
+            Some(s) => Ok(s),
+        })
+        .collect()
 }
 
 fn parse_format(s: &str) -> Result<Format> {
@@ -210,6 +236,34 @@ struct Replay {
     cluster: String,
     anomalies: Vec<KeyedAnomaly>,
     fired: Vec<AlertEvent>,
+    /// `--emit`: records printed as they are made.
+    printer: Option<Printer<std::io::BufWriter<std::io::Stdout>>>,
+}
+
+/// The `source` of `events` records replay prints (in `run`, the name of
+/// the source that read them).
+const SOURCE: &str = "replay";
+
+/// Output records as JSON Lines: `--emit`. The first write error is kept
+/// and said at the end (a reader gone: nothing more is written).
+struct Printer<W> {
+    streams: StreamSet,
+    out: W,
+    error: Option<std::io::Error>,
+}
+
+impl<W: Write> Emit for Printer<W> {
+    fn wants(&self, stream: OutputStream) -> bool {
+        self.streams.contains(stream)
+    }
+
+    fn emit(&mut self, record: OutputRecord) {
+        if self.error.is_none()
+            && let Err(e) = writeln!(self.out, "{}", record.line())
+        {
+            self.error = Some(e);
+        }
+    }
 }
 
 pub fn run(args: ReplayArgs) -> Result<ExitCode> {
@@ -252,6 +306,11 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         cluster: args.cluster.clone(),
         anomalies: Vec::new(),
         fired: Vec::new(),
+        printer: args.emit.map(|streams| Printer {
+            streams,
+            out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout()),
+            error: None,
+        }),
     };
     // A few batches in flight: the reader runs ahead, never far.
     let (tx, rx) = std::sync::mpsc::sync_channel(16);
@@ -287,7 +346,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
             for item in batch {
                 match item {
                     Item::Record(rec) => replay.apply(rec),
-                    Item::Bad(anomaly) => replay.anomalies.push(anomaly),
+                    Item::Bad(anomaly) => replay.bad(anomaly),
                 }
             }
         }
@@ -295,7 +354,25 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the reading thread failed")))
     })?;
+    let fired = replay.fired.len();
     replay.processor.finish(&mut replay.fired);
+    if let Some(mut printer) = replay.printer.take() {
+        let rules = replay.processor.alerts.rules();
+        effects::alerts(&mut printer, rules, &replay.fired[fired..], false);
+        effects::anomalies(&mut printer, replay.processor.state.finish());
+        if let Some(e) = printer.error {
+            return Err(e).context("cannot write the records");
+        }
+        printer.out.flush().context("cannot write the records")?;
+        return Ok(if records == 0 {
+            eprintln!(
+                "fluxpipe replay: nothing read: {lines} lines, no event or document among them"
+            );
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        });
+    }
     let alerts: Vec<Value> = replay
         .fired
         .iter()
@@ -354,8 +431,29 @@ impl Replay {
     fn apply(&mut self, mut rec: Record) {
         let own = rec.cluster.take();
         let cluster = own.as_deref().unwrap_or(&self.cluster);
-        let (_, done) = self.processor.process(cluster, rec, &mut self.fired);
-        self.anomalies.extend(done.fx.anomalies);
+        let Some(printer) = &mut self.printer else {
+            let (_, done) = self.processor.process(cluster, rec, &mut self.fired);
+            self.anomalies.extend(done.fx.anomalies);
+            return;
+        };
+        // As a shard of `run` sends them: the alerts the record's time
+        // fired, then what the record did.
+        let input = effects::input(printer, cluster, rec.stream, rec.id, &rec.body, SOURCE);
+        let stream = rec.stream;
+        let done = self.processor.process(cluster, rec, &mut self.fired);
+        let rules = self.processor.alerts.rules();
+        effects::alerts(printer, rules, &self.fired, false);
+        // Printed: not kept for an end that prints none.
+        self.fired.clear();
+        effects::effects(printer, &self.processor.state, stream, done, input);
+    }
+
+    /// A line that could not be read or decoded.
+    fn bad(&mut self, anomaly: KeyedAnomaly) {
+        match &mut self.printer {
+            Some(printer) => effects::anomalies(printer, [anomaly]),
+            None => self.anomalies.push(anomaly),
+        }
     }
 }
 

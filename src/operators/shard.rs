@@ -18,10 +18,10 @@ use crate::keyed::alerts::engine::{AlertEvent, SavedCondition, Status, Subject};
 use crate::keyed::alerts::rule::Rule;
 use crate::keyed::expiry::StateTtl;
 use crate::keyed::processor::Outcome;
-use crate::keyed::processor::{Processed, Processor};
+use crate::keyed::processor::Processor;
 use crate::keyed::state::{JobEntry, KeyedAnomaly};
-use crate::output::OutputStream;
-use crate::output::{self, JobRecord, OutputRecord};
+use crate::output::OutputRecord;
+use crate::output::effects;
 use crate::snapshot::changelog::{self, Change, EntryRef};
 use crate::snapshot::checkpoint::{ShardState, ShardStateRef, spill_path};
 use crate::telemetry::metric;
@@ -651,29 +651,8 @@ impl Shard {
         };
         let stream = record.stream;
         let id = record.id;
-        // The event as it came, for the `events` feed, built only if wanted.
-        let event_out = match &record.body {
-            Body::Event(ev) if self.outputs.wants(OutputStream::Events) => {
-                Some(output::event(&cluster, stream, id, ev, source))
-            }
-            Body::R(r) if self.outputs.wants(OutputStream::Events) => Some(output::r_document(
-                &cluster,
-                stream,
-                id,
-                &r.to_value(),
-                source,
-            )),
-            Body::User(name) if self.outputs.wants(OutputStream::Events) => {
-                Some(output::username_document(&cluster, id, name, source))
-            }
-            Body::JobSpec(read) if self.outputs.wants(OutputStream::Events) => {
-                read.text.as_ref().map(|t| {
-                    let kept = crate::flux::jobspec::kept_part(&t.to_value());
-                    output::jobspec_document(&cluster, id, &kept, source)
-                })
-            }
-            _ => None,
-        };
+        // The record as it came, for the `events` feed, built only if wanted.
+        let input = effects::input(&self.outputs, &cluster, stream, id, &record.body, source);
         let exception = match &record.body {
             Body::Event(ev) if stream == EventStream::Job && ev.name == "exception" => {
                 let values = ev.values(["type", "severity"]);
@@ -719,16 +698,10 @@ impl Shard {
             return outcome;
         }
         self.register_cluster(&cluster);
-        let Processed {
-            key,
-            before,
-            queue_before,
-            refused_time,
-            fx,
-            ..
-        } = done;
+        let fx = &done.fx;
+        let key = done.key.as_ref();
         if !fx.duplicate {
-            match &key {
+            match key {
                 Some(key) => self.touch_job(key, owner.as_ref()),
                 None if stream == EventStream::Resource => {
                     self.touch_resource(&cluster, owner.as_ref());
@@ -767,12 +740,12 @@ impl Shard {
         }
         self.fired = fired;
         if !fx.duplicate {
-            if let Some(entry) = key.as_ref().and_then(|k| self.processor.state.jobs.get(k)) {
+            if let Some(entry) = key.and_then(|k| self.processor.state.jobs.get(k)) {
                 self.metrics.job_changed(
                     &cluster,
                     &entry.job,
-                    before,
-                    queue_before.as_deref(),
+                    done.before,
+                    done.queue_before.as_deref(),
                     &fx.transitions,
                 );
             }
@@ -787,79 +760,26 @@ impl Shard {
                 metrics::counter!(metric::FLUX_RESOURCE_EVENTS_TOTAL, "flux_cluster" => cluster.to_string(), "event" => name.to_string()).increment(1);
             }
         }
-        // A submit of a job that stays NEW until validated makes no
-        // transition: the job's first update is sent for it.
-        let submitted = (!fx.duplicate
-            && fx.transitions.is_empty()
-            && stream == EventStream::Job
-            && fx.event.as_ref().is_some_and(|(n, _)| n == "submit"))
-        .then(|| key.clone())
-        .flatten();
         self.report_tracked();
         if fx.duplicate {
             metrics::counter!(metric::FLUXPIPE_EVENTS_DUPLICATE_TOTAL).increment(1);
         }
-        if let Some(ev) = event_out
-            && !fx.duplicate
-            && !refused_time
-        {
-            self.outputs
-                .emit(OutputRecord::new(OutputStream::Events, &ev))
-                .await;
+        let at = fx.event.as_ref().map_or(f64::NAN, |(_, ts)| *ts);
+        for (cluster, change) in &fx.rank_changes {
+            self.metrics
+                .nodes
+                .update(cluster, change.rank, change.after.as_ref(), at);
         }
-        let event_name = &fx.event;
-        let name = event_name.as_ref().map(|(n, _)| n.as_str()).unwrap_or("");
-        let (transitions, jobs, updates) = (
-            self.outputs.wants(OutputStream::Transitions),
-            self.outputs.wants(OutputStream::Jobs),
-            self.outputs.wants(OutputStream::JobUpdates),
+        count_anomalies(&fx.anomalies);
+        effects::effects(
+            &mut self.outputs,
+            &self.processor.state,
+            stream,
+            (outcome, done),
+            input,
         );
-        if updates && let Some(key) = &submitted {
-            self.emit_job(key, false).await;
-        }
-        for t in &fx.transitions {
-            if transitions {
-                self.outputs.emit(OutputRecord::transition(t, name)).await;
-            }
-            let ended = t.transition.to == JobState::Inactive;
-            if (ended && jobs) || (!ended && updates) {
-                self.emit_job(&t.key, ended).await;
-            }
-        }
-        for (cluster, change) in fx.rank_changes {
-            self.metrics.nodes.update(
-                &cluster,
-                change.rank,
-                change.after.as_ref(),
-                event_name.as_ref().map_or(f64::NAN, |(_, ts)| *ts),
-            );
-            let ev = event_name
-                .as_ref()
-                .map(|(n, ts)| crate::flux::Event::new(*ts, n.clone()));
-            self.outputs
-                .emit(OutputRecord::rank_change(&cluster, change, ev))
-                .await;
-        }
-        // Most records have none: no future made and polled for nothing.
-        if !fx.anomalies.is_empty() {
-            self.emit_anomalies(&fx.anomalies).await;
-        }
+        self.outputs.flush_if_full().await;
         outcome
-    }
-
-    /// A job's record as it stands now: to `jobs` once it `ended`, to
-    /// `job_updates` before.
-    async fn emit_job(&mut self, key: &JobKey, ended: bool) {
-        let Some(entry) = self.processor.state.jobs.get(key) else {
-            return;
-        };
-        let record = JobRecord::new(key, entry);
-        let out = if ended {
-            OutputRecord::job(record)
-        } else {
-            OutputRecord::job_update(record)
-        };
-        self.outputs.emit(out).await;
     }
 
     /// Fire a batch of the alerts that are due.
@@ -873,9 +793,8 @@ impl Shard {
         self.fired = out;
     }
 
-    /// Alert records for `events`; `restored` ones were firing when the
-    /// state was saved and are announced again (say so: a receiver may
-    /// have been paged for them already).
+    /// Alert records for `events` (see [`effects::alerts`]), and the
+    /// alert series and changelog that follow them.
     async fn emit_alerts(&mut self, events: &[AlertEvent], restored: bool) {
         for a in events {
             // Fired or resolved: the subject's saved conditions changed.
@@ -894,31 +813,14 @@ impl Shard {
                 }
             }
             metrics::counter!(metric::FLUXPIPE_ALERTS_TOTAL, "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
-            let mut record = output::alert(rule, a);
-            if restored {
-                output::mark_restored(&mut record);
-            }
-            self.outputs
-                .emit(OutputRecord::new(OutputStream::Alerts, &record))
-                .await;
         }
-    }
-
-    async fn emit_anomalies(&mut self, anomalies: &[KeyedAnomaly]) {
-        for a in anomalies {
-            metrics::counter!(
-                metric::FLUXPIPE_ANOMALIES_TOTAL,
-                "stream" => a.anomaly.stream.as_str(),
-                "kind" => a.anomaly.kind.as_str()
-            )
-            .increment(1);
-            self.outputs
-                .emit(OutputRecord::new(
-                    OutputStream::Anomalies,
-                    &output::anomaly(a),
-                ))
-                .await;
-        }
+        effects::alerts(
+            &mut self.outputs,
+            self.processor.alerts.rules(),
+            events,
+            restored,
+        );
+        self.outputs.flush_if_full().await;
     }
 
     /// Drop the state whose time is up.
@@ -929,7 +831,8 @@ impl Shard {
             metrics::counter!(metric::FLUXPIPE_JOBS_EVICTED_TOTAL, "reason" => why.as_str())
                 .increment(1);
         }
-        self.emit_anomalies(&expired.anomalies).await;
+        count_anomalies(&expired.anomalies);
+        effects::anomalies(&mut self.outputs, expired.anomalies);
         self.emit_alerts(&expired.alerts, false).await;
         self.report_tracked();
         self.metrics.report_finished(self.processor.finished.len());
@@ -983,6 +886,18 @@ impl Shard {
     /// Jobs currently held.
     pub fn jobs_tracked(&self) -> usize {
         self.processor.state.jobs.len()
+    }
+}
+
+/// Anomalies found, by stream and kind.
+fn count_anomalies(anomalies: &[KeyedAnomaly]) {
+    for a in anomalies {
+        metrics::counter!(
+            metric::FLUXPIPE_ANOMALIES_TOTAL,
+            "stream" => a.anomaly.stream.as_str(),
+            "kind" => a.anomaly.kind.as_str()
+        )
+        .increment(1);
     }
 }
 

@@ -872,8 +872,8 @@ inputs = ["transitions", "jobs", "alerts", "anomalies"]
         assert_eq!(c.sources["journal"].decode().cluster, "picl");
         assert_eq!(c.sources["dumps"].decode().cluster, "default");
         assert_eq!(c.sinks["out"].common().inputs.len(), 4);
-        let bits = c.sinks["out"].common().stream_bits();
-        assert!(bits & OutputStream::Jobs.bit() != 0 && bits & OutputStream::Events.bit() == 0);
+        let streams = c.sinks["out"].common().streams();
+        assert!(streams.contains(OutputStream::Jobs) && !streams.contains(OutputStream::Events));
     }
 
     #[test]

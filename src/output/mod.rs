@@ -2,6 +2,8 @@
 //! `fluxpipe replay --format json` and every sink of the pipeline so both
 //! use the same field names.
 
+pub mod effects;
+
 use crate::decode::EventStream;
 use crate::flux::event::Event;
 use crate::flux::job::{JobResult, JobState, Transition};
@@ -70,10 +72,56 @@ impl OutputStream {
     pub fn parse(s: &str) -> Option<Self> {
         OutputStream::ALL.into_iter().find(|o| o.as_str() == s)
     }
+}
 
-    /// A bit for sets of streams.
-    pub fn bit(self) -> u8 {
-        1 << (self as u8)
+/// A set of output streams: a bit per stream, with room for 32 (a stream
+/// added past that fails to build, not to route).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamSet(u32);
+
+const _: () = assert!(OutputStream::ALL.len() <= u32::BITS as usize);
+
+impl StreamSet {
+    pub const EMPTY: StreamSet = StreamSet(0);
+
+    pub fn contains(self, stream: OutputStream) -> bool {
+        self.0 & Self::bit(stream) != 0
+    }
+
+    pub fn insert(&mut self, stream: OutputStream) {
+        self.0 |= Self::bit(stream);
+    }
+
+    pub fn union(self, other: StreamSet) -> StreamSet {
+        StreamSet(self.0 | other.0)
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The set as bits, for an atomic that holds one; [`StreamSet::from_bits`]
+    /// reads them back.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    pub fn from_bits(bits: u32) -> StreamSet {
+        StreamSet(bits)
+    }
+
+    fn bit(stream: OutputStream) -> u32 {
+        1 << (stream as u32)
+    }
+}
+
+impl FromIterator<OutputStream> for StreamSet {
+    fn from_iter<I: IntoIterator<Item = OutputStream>>(streams: I) -> Self {
+        let mut set = StreamSet::EMPTY;
+        for s in streams {
+            set.insert(s);
+        }
+        set
     }
 }
 
@@ -847,6 +895,25 @@ pub fn dead_letter(source: &str, location: &str, error: &str, line: &[u8]) -> Va
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_set_holds_each_stream_apart() {
+        let all: StreamSet = OutputStream::ALL.into_iter().collect();
+        for s in OutputStream::ALL {
+            let one = StreamSet::from_iter([s]);
+            assert!(one.contains(s) && all.contains(s));
+            assert_eq!(
+                OutputStream::ALL
+                    .iter()
+                    .filter(|o| one.contains(**o))
+                    .count(),
+                1
+            );
+            assert_eq!(StreamSet::from_bits(one.bits()), one);
+        }
+        assert!(StreamSet::EMPTY.is_empty() && !all.is_empty());
+        assert_eq!(StreamSet::EMPTY.union(all), all);
+    }
 
     #[test]
     fn a_transition_line_is_the_json_object_of_its_fields() {
