@@ -182,7 +182,7 @@ fn bytes_per_active_job_keep_their_budget() {
     }
     alerts.shrink_to_fit();
     let held = live_bytes() - before;
-    let jobs = processor.state.jobs.len() as f64;
+    let jobs = processor.state().jobs.len() as f64;
     assert_eq!(jobs, ACTIVE_JOBS as f64, "every job held");
     let per_job = held as f64 / jobs;
     drop(processor);

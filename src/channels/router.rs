@@ -6,8 +6,8 @@
 
 use crate::decode::Record;
 use crate::keyed::processor::Outcome;
+use crate::keyed::saved::SavedState;
 use crate::snapshot::changelog::Change;
-use crate::snapshot::checkpoint::ShardState;
 use foldhash::fast::FixedState;
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -78,7 +78,7 @@ pub enum ShardMsg {
         partitions: BTreeSet<i32>,
     },
     /// Take over state restored from a changelog (a partition assigned).
-    Adopt(Box<ShardState>),
+    Adopt(Box<SavedState>),
     /// A question about the state (the query API), answered between
     /// records.
     Query(Box<super::query::Asked>),
@@ -246,7 +246,7 @@ impl Router {
     }
 
     /// Deal restored state out to the shards that own its keys.
-    pub async fn adopt(&self, state: ShardState) -> Result<(), Closed> {
+    pub async fn adopt(&self, state: SavedState) -> Result<(), Closed> {
         let n = self.shards.len();
         let parts = state.split(n, |c, id| Self::shard_index(n, c, id));
         for (shard, part) in self.shards.iter().zip(parts) {

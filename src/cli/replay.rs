@@ -357,9 +357,9 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let fired = replay.fired.len();
     replay.processor.finish(&mut replay.fired);
     if let Some(mut printer) = replay.printer.take() {
-        let rules = replay.processor.alerts.rules();
+        let rules = replay.processor.alerts().rules();
         effects::alerts(&mut printer, rules, &replay.fired[fired..], false);
-        effects::anomalies(&mut printer, replay.processor.state.finish());
+        effects::anomalies(&mut printer, replay.processor.state().finish());
         if let Some(e) = printer.error {
             return Err(e).context("cannot write the records");
         }
@@ -377,15 +377,15 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         .fired
         .iter()
         .filter_map(|a| {
-            let rule = replay.processor.alerts.rules().get(a.rule)?;
+            let rule = replay.processor.alerts().rules().get(a.rule)?;
             Some(output::alert(rule, a))
         })
         .collect();
     let mut anomalies = replay.anomalies;
-    anomalies.extend(replay.processor.state.finish());
+    anomalies.extend(replay.processor.state().finish());
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let state = &replay.processor.state;
+    let state = &replay.processor.state();
     let jobs = jobs_listed(state, listing.as_ref());
     match (jobs_format, args.format) {
         (Some(format), _) => {
@@ -441,11 +441,11 @@ impl Replay {
         let input = effects::input(printer, cluster, rec.stream, rec.id, &rec.body, SOURCE);
         let stream = rec.stream;
         let done = self.processor.process(cluster, rec, &mut self.fired);
-        let rules = self.processor.alerts.rules();
+        let rules = self.processor.alerts().rules();
         effects::alerts(printer, rules, &self.fired, false);
         // Printed: not kept for an end that prints none.
         self.fired.clear();
-        effects::effects(printer, &self.processor.state, stream, done, input);
+        effects::effects(printer, self.processor.state(), stream, done, input);
     }
 
     /// A line that could not be read or decoded.

@@ -9,8 +9,11 @@ pub mod expiry;
 pub mod finished;
 pub mod key;
 pub mod listing;
+pub mod owners;
 pub mod processor;
 pub mod query;
+pub mod restore;
+pub mod saved;
 pub mod state;
 
 pub use key::{JobKey, Owner};

@@ -5,18 +5,20 @@
 //! one processor, so the two cannot drift apart. No I/O, no async: what a
 //! record did comes back as values for the caller to emit.
 
-use super::alerts::engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsRef, NodeKey};
+use super::alerts::engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsRef, NodeKey, Subject};
 use super::alerts::rule::{Rule, RuleKind, job_condition, job_view, node_condition};
 use super::alerts::{Clock, EventClock, JobView, wall_now};
 use super::expiry::{Eviction, Expiry, StateTtl};
 use super::finished::FinishedJobs;
-use super::key::JobKey;
+use super::key::{JobKey, Owner};
+use super::owners::{Dirty, Owners};
 use super::state::{Effects, JobEntry, KeyedAnomaly, State};
 use crate::decode::{Body, EventStream, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
 use crate::flux::resource::RankChange;
 use smallvec::SmallVec;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What became of one record.
@@ -67,12 +69,17 @@ pub struct DrainFlip {
     pub at: f64,
 }
 
-/// The keyed processor: state, alert engine and event clock.
+/// The keyed processor: state, alert engine and event clock, its own:
+/// read through [`Processor::state`] and the like, changed only by
+/// applying records, by its timers, and by taking over saved state or
+/// giving back what revoked partitions owned ([`super::restore`]).
 pub struct Processor {
-    pub state: State,
-    pub alerts: Engine,
+    pub(super) state: State,
+    pub(super) alerts: Engine,
     /// Newest event timestamp per cluster, as this processor knows it.
-    pub event_clock: EventClock,
+    pub(super) event_clock: EventClock,
+    /// The partitions state belongs to, and what changed for changelogs.
+    pub(super) owners: Owners,
     clock: Clock,
     /// Most alerts fired in one go (a replay fires everything due at once;
     /// a shard fires in batches so input keeps flowing).
@@ -83,7 +90,7 @@ pub struct Processor {
     max_jobs: usize,
     /// Jobs that ended and were dropped, so their records sent again are
     /// recognised (empty unless the caller drops jobs: replay keeps all).
-    pub finished: FinishedJobs,
+    pub(super) finished: FinishedJobs,
     /// Events dated more than this ahead of the wall clock are refused.
     max_clock_skew: f64,
     /// The latest time an event may carry, as last read from the wall
@@ -117,6 +124,7 @@ impl Processor {
             state: State::new(),
             alerts: Engine::new(rules),
             event_clock: EventClock::default(),
+            owners: Owners::default(),
             clock,
             fire_batch: usize::MAX,
             due: false,
@@ -181,6 +189,76 @@ impl Processor {
     /// The most the wall clock allows an event time to be, now.
     pub fn latest_plausible(&self) -> f64 {
         (self.wall)() + self.max_clock_skew
+    }
+
+    /// Share the ranks jobs hold with the other processors, so the one
+    /// keeping a cluster's resource state knows which drained ranks still
+    /// run a job.
+    pub fn with_allocations(mut self, allocations: super::state::SharedAllocations) -> Self {
+        self.state.share_allocations(allocations);
+        self
+    }
+
+    /// Share the clusters followed with the other processors.
+    pub fn with_cluster_budget(mut self, budget: super::state::ClusterBudget) -> Self {
+        self.state.share_cluster_budget(budget);
+        self
+    }
+
+    /// Share the budget of ranks with the other processors.
+    pub fn with_rank_budget(mut self, budget: super::state::RankBudget) -> Self {
+        self.state.share_rank_budget(budget);
+        self
+    }
+
+    /// Note the changes to state these sources own, for their changelogs
+    /// ([`Processor::take_changes`]).
+    pub fn with_changelog(mut self, sources: impl IntoIterator<Item = Arc<str>>) -> Self {
+        self.owners.log(sources);
+        self
+    }
+
+    /// Every job and rank held.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The alert rules and their conditions.
+    pub fn alerts(&self) -> &Engine {
+        &self.alerts
+    }
+
+    /// Newest event timestamp per cluster.
+    pub fn event_clock(&self) -> &EventClock {
+        &self.event_clock
+    }
+
+    /// Jobs remembered after they were dropped.
+    pub fn finished(&self) -> &FinishedJobs {
+        &self.finished
+    }
+
+    /// The partitions clusters' resource state belongs to.
+    pub fn resource_owners(&self) -> &foldhash::HashMap<String, Owner> {
+        self.owners.resources()
+    }
+
+    /// The processor's copy of a cluster's name (keys share it).
+    pub fn intern(&mut self, cluster: &str) -> Arc<str> {
+        self.state.intern(cluster)
+    }
+
+    /// Merge this processor's event clock into one shared with others,
+    /// and take theirs.
+    pub fn sync_event_clock(&mut self, shared: &super::alerts::SharedEventClock) {
+        shared.sync(&mut self.event_clock);
+    }
+
+    /// What changed since the last call, for the changelogs: the keys,
+    /// with the partition each belongs to (read each one's value from
+    /// [`Processor::state`]; one no longer there is a tombstone).
+    pub fn take_changes(&mut self) -> foldhash::HashMap<Dirty, Owner> {
+        self.owners.take_dirty()
     }
 
     /// Fire at most `n` alerts per call of [`Processor::fire_due`].
@@ -318,6 +396,51 @@ impl Processor {
         )
     }
 
+    /// [`Processor::process`] for a record read from partition `owner` (a
+    /// partitioned source's): the state it changed is owned by it, and
+    /// noted for its changelog, as is whatever its alerts changed.
+    #[inline(always)]
+    pub fn process_from(
+        &mut self,
+        owner: Option<&Owner>,
+        cluster: &str,
+        record: Record,
+        alerts: &mut Vec<AlertEvent>,
+    ) -> (Outcome, Processed) {
+        let stream = record.stream;
+        let fired = alerts.len();
+        let (outcome, done) = self.process(cluster, record, alerts);
+        if outcome == Outcome::Refused || done.of_finished_job {
+            return (outcome, done);
+        }
+        let fx = &done.fx;
+        if !fx.duplicate {
+            match &done.key {
+                Some(key) => self.owners.job_changed(&mut self.state, key, owner),
+                None if stream == EventStream::Resource => {
+                    self.owners.resource_changed(&self.state, cluster, owner);
+                }
+                None => {}
+            }
+        }
+        // A job took or gave back drained ranks of a cluster kept here.
+        if done.key.is_some() && !fx.rank_changes.is_empty() {
+            self.owners.resource_changed(&self.state, cluster, None);
+        }
+        self.alerted(&alerts[fired..]);
+        (outcome, done)
+    }
+
+    /// Fired or resolved: the subjects' saved conditions changed.
+    fn alerted(&mut self, events: &[AlertEvent]) {
+        for a in events {
+            match &a.subject {
+                Subject::Job(k) => self.owners.job_changed(&mut self.state, k, None),
+                Subject::Node(n) => self.owners.resource_changed(&self.state, &n.cluster, None),
+            }
+        }
+    }
+
     /// An event of implausible time: an anomaly, nothing applied.
     fn refuse_time(&self, cluster: &str, record: &Record) -> (Outcome, Processed) {
         let (name, t) = match &record.body {
@@ -372,7 +495,7 @@ impl Processor {
         };
         // What came due before this record goes first, in time order.
         if self.clock == Clock::Event {
-            self.fire_due(out);
+            self.fire_due_now(out);
         }
         let known = event_ts.or_else(|| self.event_clock.now(cluster));
         let at = match (known, self.clock) {
@@ -395,6 +518,19 @@ impl Processor {
 
     /// Fire a batch of the alerts that are due.
     pub fn fire_due(&mut self, out: &mut Vec<AlertEvent>) {
+        let fired = out.len();
+        self.fire_due_now(out);
+        self.alerted(&out[fired..]);
+    }
+
+    /// Fire every alert due at `now`, on any clock (for tests).
+    #[cfg(test)]
+    pub fn fire_due_at(&mut self, now: f64, out: &mut Vec<AlertEvent>) {
+        let jobs = &mut self.state.jobs;
+        self.alerts.advance(|_| Some(now), usize::MAX, jobs, out);
+    }
+
+    fn fire_due_now(&mut self, out: &mut Vec<AlertEvent>) {
         let jobs = &mut self.state.jobs;
         self.due = match self.clock {
             Clock::Wall => {
@@ -419,6 +555,7 @@ impl Processor {
         fallback: impl Fn(&str) -> Option<f64>,
         out: &mut Vec<AlertEvent>,
     ) -> Vec<DrainFlip> {
+        let fired = out.len();
         let changes = self.state.refresh_draining();
         let mut flips = Vec::with_capacity(changes.len());
         for (cluster, change) in changes {
@@ -430,12 +567,14 @@ impl Processor {
             if self.alerting() {
                 observe_rank(&mut self.alerts, &cluster, &change, at, 0.0, out);
             }
+            self.owners.resource_changed(&self.state, &cluster, None);
             flips.push(DrainFlip {
                 cluster,
                 change,
                 at,
             });
         }
+        self.alerted(&out[fired..]);
         flips
     }
 
@@ -479,8 +618,12 @@ impl Processor {
             let conditions = std::mem::take(&mut entry.alerts);
             self.alerts
                 .forget_job(conditions, &key, at, &mut out.alerts);
+            self.owners.job_dropped(&key, &entry);
             out.dropped.push((key, entry, why));
         }
+        let alerts = std::mem::take(&mut out.alerts);
+        self.alerted(&alerts);
+        out.alerts = alerts;
         out
     }
 

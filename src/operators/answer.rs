@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 /// This processor's part of the answer to `query`.
 pub fn answer(processor: &Processor, query: &Query) -> Answer {
-    let state = &processor.state;
+    let state = &processor.state();
     match query {
         Query::Jobs {
             filter,
@@ -68,7 +68,7 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
         ),
         Query::Clusters => {
             let mut counts = query::cluster_counts(state);
-            for (cluster, now) in processor.event_clock.clusters() {
+            for (cluster, now) in processor.event_clock().clusters() {
                 counts.entry(cluster.to_string()).or_default().clock = Some(now);
             }
             Answer::Clusters(counts)
@@ -78,8 +78,8 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
             after,
             limit,
         } => {
-            let rules = processor.alerts.rules();
-            let (page, total) = processor.alerts.firing_page(
+            let rules = processor.alerts().rules();
+            let (page, total) = processor.alerts().firing_page(
                 &state.jobs,
                 cluster.as_deref(),
                 after.as_ref(),
@@ -97,9 +97,9 @@ pub fn answer(processor: &Processor, query: &Query) -> Answer {
 fn job_now(processor: &Processor, key: &JobKey, entry: &JobEntry, detail: bool) -> JobNow {
     let job = &entry.job;
     let (alerts, exec) = if detail {
-        let rules = processor.alerts.rules();
+        let rules = processor.alerts().rules();
         let alerts = processor
-            .alerts
+            .alerts()
             .job_conditions(key, &entry.alerts)
             .into_iter()
             .filter_map(|(event, fired)| {

@@ -6,28 +6,26 @@
 //! got exec events after `orphan_ttl` (see [`crate::keyed::expiry`]); the
 //! shard asks it to on every tick.
 
-use super::shard_metrics::ShardMetrics;
+use super::shard_metrics::{ShardMetrics, exception_of};
 use crate::channels::fanout::{OutputBuffer, Outputs};
 use crate::channels::router::{BarrierReply, Routed, ShardMsg, ShardSnapshot, SourceInfo};
-use crate::decode::{Body, EventStream};
-use crate::flux::job::{Job, JobState};
-use crate::keyed::JobKey;
+
 use crate::keyed::Owner;
 use crate::keyed::alerts::Clock;
-use crate::keyed::alerts::engine::{AlertEvent, SavedCondition, Status, Subject};
+use crate::keyed::alerts::engine::{AlertEvent, Status};
 use crate::keyed::alerts::rule::Rule;
 use crate::keyed::expiry::StateTtl;
 use crate::keyed::processor::Outcome;
 use crate::keyed::processor::Processor;
-use crate::keyed::state::{JobEntry, KeyedAnomaly};
+use crate::keyed::restore::{Gone, is_active};
+use crate::keyed::saved::SavedState;
+use crate::keyed::state::KeyedAnomaly;
 use crate::output::OutputRecord;
 use crate::output::effects;
-use crate::snapshot::changelog::{self, Change, EntryRef};
-use crate::snapshot::checkpoint::{ShardState, ShardStateRef, spill_path};
+use crate::snapshot::changelog;
+use crate::snapshot::checkpoint::{ShardStateRef, spill_path};
 use crate::telemetry::metric;
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
-use compact_str::CompactString;
-use foldhash::{HashMap, HashSet};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -86,14 +84,6 @@ pub struct Shard {
     /// Alerts that were firing when the checkpoint restored was taken,
     /// announced again once the shard runs.
     restored_alerts: Vec<AlertEvent>,
-    /// The partitions clusters' resource state belongs to.
-    resource_owners: HashMap<String, Owner>,
-    /// Sources that keep a changelog: changes to state they own are
-    /// collected for it.
-    logged: HashSet<Arc<str>>,
-    /// State changed since the last barrier, with the partition it belongs
-    /// to (so a dropped job's tombstone finds its partition).
-    dirty: HashMap<Dirty, Owner>,
     /// Where to encode the state at a barrier (data folder, shard index,
     /// rounds so far); in memory when unset.
     spill: Option<(PathBuf, usize, u64)>,
@@ -105,21 +95,10 @@ pub struct Shard {
     sources: Vec<SourceInfo>,
 }
 
-/// A changelog key: a job, or a cluster's resource state.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Dirty {
-    Job(JobKey),
-    Resource(String),
-}
-
-fn is_job_condition(c: &SavedCondition) -> bool {
-    matches!(c.subject, Subject::Job(_))
-}
-
 /// Each shard takes over its part of a restored checkpoint, side by side
 /// on threads of their own (a million jobs' take-over is about a second of
 /// one core's work).
-pub fn restore_all(shards: &mut [Shard], saved: Vec<ShardState>) {
+pub fn restore_all(shards: &mut [Shard], saved: Vec<SavedState>) {
     std::thread::scope(|scope| {
         for (shard, saved) in shards.iter_mut().zip(saved) {
             scope.spawn(move || shard.restore(saved));
@@ -151,9 +130,6 @@ impl Shard {
             metrics: ShardMetrics::new(nodes, ages),
             restored_alerts: Vec::new(),
             refused: 0,
-            resource_owners: HashMap::default(),
-            logged: HashSet::default(),
-            dirty: HashMap::default(),
             spill: None,
             encode_threads: 1,
             sources: Vec::new(),
@@ -171,20 +147,20 @@ impl Shard {
     /// Share the ranks jobs hold with the other shards, so the one keeping
     /// a cluster's resource state knows which drained ranks still run a job.
     pub fn with_allocations(mut self, allocations: crate::keyed::state::SharedAllocations) -> Self {
-        self.processor.state.share_allocations(allocations);
+        self.processor = self.processor.with_allocations(allocations);
         self
     }
 
     /// Share the clusters followed (`operators.max_clusters`) with the
     /// other shards.
     pub fn with_cluster_budget(mut self, budget: crate::keyed::state::ClusterBudget) -> Self {
-        self.processor.state.share_cluster_budget(budget);
+        self.processor = self.processor.with_cluster_budget(budget);
         self
     }
 
     /// Share the budget of ranks with the other shards.
     pub fn with_rank_budget(mut self, budget: crate::keyed::state::RankBudget) -> Self {
-        self.processor.state.share_rank_budget(budget);
+        self.processor = self.processor.with_rank_budget(budget);
         self
     }
 
@@ -202,7 +178,7 @@ impl Shard {
             .map(|s| SourceInfo {
                 name: Arc::from(&*s.name),
                 // The state's own copy, which its job keys share.
-                cluster: self.processor.state.intern(&s.cluster),
+                cluster: self.processor.intern(&s.cluster),
             })
             .collect();
         self
@@ -210,21 +186,14 @@ impl Shard {
 
     /// Collect changes for the changelog of these sources.
     pub fn with_changelog(mut self, sources: impl IntoIterator<Item = Arc<str>>) -> Self {
-        self.logged = sources.into_iter().collect();
+        self.processor = self.processor.with_changelog(sources);
         self
     }
 
     /// This shard's state, encoded for a checkpoint, and the changes since
     /// the last one for the changelog.
     pub fn snapshot(&mut self) -> ShardSnapshot {
-        let saved = ShardStateRef {
-            jobs: &self.processor.state.jobs,
-            resources: &self.processor.state.resources,
-            alerts: &self.processor.alerts,
-            clock: &self.processor.event_clock,
-            resource_owners: &self.resource_owners,
-            finished: &self.processor.finished,
-        };
+        let saved = ShardStateRef::of(&self.processor);
         let state = match &mut self.spill {
             Some((dir, index, n)) => {
                 *n += 1;
@@ -234,323 +203,98 @@ impl Shard {
         };
         Ok(BarrierReply {
             state,
-            changes: self.changes(),
+            changes: changelog::changes(&mut self.processor),
         })
-    }
-
-    /// The changed state, encoded (a tombstone for what is gone).
-    fn changes(&mut self) -> Vec<Change> {
-        let mut out = Vec::with_capacity(self.dirty.len());
-        for (dirty, owner) in std::mem::take(&mut self.dirty) {
-            let (key, value) = match &dirty {
-                Dirty::Job(key) => {
-                    let value = self.processor.state.jobs.get(key).map(|entry| {
-                        EntryRef::Job {
-                            key,
-                            entry,
-                            alerts: self.processor.alerts.saved_job(key, &entry.alerts),
-                            clock: self.processor.event_clock.now(&key.cluster),
-                        }
-                        .encode()
-                    });
-                    (changelog::job_key(key), value)
-                }
-                Dirty::Resource(cluster) => {
-                    let value = self.processor.state.resources.get(cluster).map(|state| {
-                        EntryRef::Resource {
-                            cluster,
-                            state,
-                            alerts: self.processor.alerts.saved_for_nodes(cluster),
-                            clock: self.processor.event_clock.now(cluster),
-                        }
-                        .encode()
-                    });
-                    (changelog::resource_key(cluster), value)
-                }
-            };
-            let value = match value.transpose() {
-                Ok(v) => v,
-                Err(e) => {
-                    // Cannot happen for state that was just applied; the
-                    // key keeps its previous value in the changelog.
-                    tracing::error!(%key, "cannot encode a changelog value: {e}");
-                    continue;
-                }
-            };
-            out.push(Change { owner, key, value });
-        }
-        out
-    }
-
-    /// Note that a job's state changed; `owner`: where its record came
-    /// from (a job keeps the partition that first sent it).
-    fn touch_job(&mut self, key: &JobKey, owner: Option<&Owner>) {
-        // Nothing to record, nor a changelog to write it to (most records).
-        if owner.is_none() && self.logged.is_empty() {
-            return;
-        }
-        let Some(entry) = self.processor.state.jobs.get_mut(key) else {
-            return;
-        };
-        if entry.owner.is_none() {
-            entry.owner = owner.cloned().map(Box::new);
-        }
-        if let Some(o) = &entry.owner
-            && self.logged.contains(&o.source)
-        {
-            self.dirty.insert(Dirty::Job(key.clone()), (**o).clone());
-        }
-    }
-
-    /// The same for a cluster's resource state.
-    fn touch_resource(&mut self, cluster: &str, owner: Option<&Owner>) {
-        if !self.processor.state.resources.contains_key(cluster) {
-            return;
-        }
-        if let Some(o) = owner {
-            self.resource_owners
-                .entry(cluster.to_string())
-                .or_insert_with(|| o.clone());
-        }
-        if let Some(o) = self.resource_owners.get(cluster)
-            && self.logged.contains(&o.source)
-        {
-            self.dirty
-                .insert(Dirty::Resource(cluster.to_string()), o.clone());
-        }
-    }
-
-    /// The processor dropped a job: its changelog gets a tombstone.
-    fn dropped(&mut self, key: &JobKey, entry: &JobEntry) {
-        if let Some(o) = &entry.owner
-            && self.logged.contains(&o.source)
-        {
-            self.dirty.insert(Dirty::Job(key.clone()), (**o).clone());
-        }
     }
 
     /// Drop the state owned by these partitions of `source`, as if it had
     /// never been here: gauges and alerts go with it, nothing is emitted.
     pub fn release(&mut self, source: &str, partitions: &BTreeSet<i32>) {
-        let owned = |o: Option<&Owner>| {
-            o.is_some_and(|o| &*o.source == source && partitions.contains(&o.partition))
-        };
-        let keys: Vec<JobKey> = self
-            .processor
-            .state
-            .jobs
-            .iter()
-            .filter(|(_, e)| owned(e.owner.as_deref()))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in &keys {
-            if let Some(entry) = self.processor.state.remove_job(key) {
-                self.uncount(key, entry);
-            }
-            self.dirty.remove(&Dirty::Job(key.clone()));
+        let released = self.processor.release(source, partitions);
+        for gone in &released.jobs {
+            self.uncount(gone);
         }
-        let clusters: Vec<String> = self
-            .resource_owners
-            .iter()
-            .filter(|(_, o)| owned(Some(o)))
-            .map(|(c, _)| c.clone())
-            .collect();
-        for cluster in &clusters {
-            self.resource_owners.remove(cluster);
-            self.processor.state.remove_resources(cluster);
+        for cluster in &released.clusters {
             self.metrics.nodes.forget(cluster);
-            for node in self.processor.alerts.node_subjects(cluster) {
-                self.processor.alerts.release_node(&node);
-            }
-            self.dirty.remove(&Dirty::Resource(cluster.clone()));
         }
         self.report_tracked();
-        if !keys.is_empty() || !clusters.is_empty() {
-            tracing::info!(%source, ?partitions, jobs = keys.len(), clusters = clusters.len(), "released the state of revoked partitions");
+        let (jobs, clusters) = (released.jobs.len(), released.clusters.len());
+        if jobs + clusters > 0 {
+            tracing::info!(%source, ?partitions, jobs, clusters, "released the state of revoked partitions");
         }
     }
 
-    /// Take a removed job out of the gauges and alerts, silently.
-    fn uncount(&mut self, key: &JobKey, mut entry: Box<JobEntry>) {
-        let job = &entry.job;
-        if job.submitted && !job.invalidated && job.state != JobState::Inactive {
-            self.count_job(&key.cluster, job, -1);
+    /// Take a job that left out of the gauges, silently.
+    fn uncount(&mut self, gone: &Gone) {
+        let job = &gone.entry.job;
+        if is_active(job) {
+            self.metrics.count_job(&gone.key.cluster, job, -1);
         }
-        let conditions = std::mem::take(&mut entry.alerts);
-        for rule in self.processor.alerts.release_job(conditions, key) {
-            if let Some(rule) = self.processor.alerts.rules().get(rule) {
-                metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => key.cluster.clone(), "rule" => rule.name.clone())
+        for rule in &gone.rules {
+            if let Some(rule) = self.processor.alerts().rules().get(*rule) {
+                metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => gone.key.cluster.clone(), "rule" => rule.name.clone())
                     .decrement(1.0);
             }
         }
     }
 
     /// Take over state from a checkpoint, before the first record: the
-    /// jobs and ranks, their metrics, the alert conditions (fired ones stay
-    /// fired) and the eviction deadlines (counted from now: the clock of
-    /// the run that saved them is gone).
-    pub fn restore(&mut self, saved: ShardState) {
+    /// processor's state (see [`Processor::restore`]) and its metrics.
+    pub fn restore(&mut self, saved: SavedState) {
         self.restored_alerts = self.take_over(saved);
     }
 
     /// Take over state restored from a changelog while running; alerts that
     /// were firing are announced again (same identity: a repeat).
-    pub async fn adopt(&mut self, saved: ShardState) {
+    pub async fn adopt(&mut self, saved: SavedState) {
         let jobs = saved.jobs.len();
         let alerts = self.take_over(saved);
         tracing::debug!(jobs, "adopted restored state");
         self.emit_alerts(&alerts, true).await;
     }
 
-    fn take_over(&mut self, saved: ShardState) -> Vec<AlertEvent> {
-        // A clock an older fluxpipe let a made-up date move stays behind.
-        let latest = self.processor.latest_plausible();
-        for (cluster, t) in saved.clock.clusters() {
-            if t <= latest {
-                self.processor.event_clock.advance(cluster, t);
-            } else {
-                tracing::warn!(
-                    cluster,
-                    t,
-                    "a restored event clock beyond belief is set aside"
-                );
-            }
+    fn take_over(&mut self, saved: SavedState) -> Vec<AlertEvent> {
+        let restored = self.processor.restore(saved);
+        for gone in &restored.replaced {
+            self.uncount(gone);
         }
-        for (cluster, owner) in saved.resource_owners {
-            self.resource_owners.insert(cluster, owner);
+        for cluster in &restored.clusters {
+            self.register_cluster(cluster);
         }
-        for (cluster, ids) in saved.finished {
-            let cluster = self.processor.state.intern(&cluster);
-            self.processor.finished.restore(&cluster, ids);
-        }
-        self.metrics.report_finished(self.processor.finished.len());
-        let restored_clusters: Vec<String> =
-            saved.resources.iter().map(|(c, _)| c.clone()).collect();
-        for (cluster, res) in saved.resources {
+        for cluster in &restored.resources {
             self.register_cluster(&Arc::from(cluster.as_str()));
-            self.processor.state.insert_resources(cluster, res);
-        }
-        // Room for all at once, and the state-entry times sorted and added
-        // in one go: a million restored jobs, one table growth and one
-        // ordered build instead of a million of each. Nothing in this loop
-        // touches a reference count or a metric per job: each is an atomic
-        // operation, which waits for the table's pending cache misses.
-        self.processor.state.jobs.reserve(saved.jobs.len());
-        // The clusters met, and each active job's (cluster, state, entered).
-        let mut clusters: Vec<Arc<str>> = Vec::new();
-        let mut entered: Vec<(u32, JobState, Option<f64>)> = Vec::with_capacity(saved.jobs.len());
-        type CountKey = (u32, Option<CompactString>, JobState, Option<i64>);
-        let mut counts: HashMap<CountKey, i64> = HashMap::default();
-        // A checkpoint lists jobs' conditions in the order of the jobs: each
-        // goes into its job's entry while the entry is at hand. What is out
-        // of that order (nodes', an older layout's) is looked up after.
-        let mut conditions = saved.alerts.into_iter().peekable();
-        let mut out_of_order = Vec::new();
-        let mut firing = Vec::new();
-        let mut last: Option<(Arc<str>, u32)> = None;
-        for (key, mut entry) in saved.jobs {
-            let own = |c: &SavedCondition| matches!(&c.subject, Subject::Job(k) if *k == key);
-            while conditions
-                .peek()
-                .is_some_and(|c| !own(c) && !is_job_condition(c))
-            {
-                out_of_order.extend(conditions.next());
-            }
-            // Held already (left from a checkpoint): the restored one wins.
-            // The held one goes first, so releasing its conditions cannot
-            // take the restored ones' places in the firing index.
-            if let Some(old) = self.processor.state.remove_job(&key) {
-                self.uncount(&key, old);
-            }
-            let mine = std::iter::from_fn(|| conditions.next_if(own));
-            self.processor
-                .alerts
-                .restore_job(mine, &mut entry.alerts, &mut firing);
-            // Decoded keys share a copy of their cluster's name per decoding
-            // thread: the shard takes the first it meets as its own and
-            // leaves the keys as they are (keys compare equal by name).
-            let cluster = match &last {
-                Some((name, i)) if Arc::ptr_eq(name, &key.cluster) => *i,
-                _ => {
-                    let i = match clusters.iter().position(|c| *c == key.cluster) {
-                        Some(i) => i,
-                        None => {
-                            clusters.push(self.processor.state.adopt(&key.cluster));
-                            self.register_cluster(&key.cluster);
-                            clusters.len() - 1
-                        }
-                    };
-                    let i = u32::try_from(i).unwrap_or(u32::MAX);
-                    last = Some((key.cluster.clone(), i));
-                    i
-                }
-            };
-            let job = &entry.job;
-            self.processor.track_restored(&key, &entry);
-            if job.submitted && !job.invalidated && job.state != JobState::Inactive {
-                let queue = job.queue().map(CompactString::from);
-                *counts
-                    .entry((cluster, queue, job.state, job.userid))
-                    .or_insert(0) += 1;
-                entered.push((cluster, job.state, job.t_state()));
-            }
-            self.processor.state.insert_job(key, entry);
-        }
-        // Draining as the jobs held now say (the shards restore side by
-        // side: holds of other shards' jobs come in as they do, and the
-        // next refresh looks at them), then the nodes as restored.
-        self.processor.state.recheck_draining();
-        for cluster in &restored_clusters {
-            if let Some(res) = self.processor.state.resources.get(cluster) {
-                self.metrics
-                    .nodes
-                    .set_instance_down(cluster, res.down_since().is_some());
-                self.metrics.nodes.set_queues(cluster, res.queue_slices());
-                for rank in res.ranks() {
-                    let at = rank.drain_timestamp.or(res.last_timestamp());
-                    self.metrics.nodes.update(
-                        cluster,
-                        rank.rank,
-                        Some(rank),
-                        at.unwrap_or(f64::NAN),
-                    );
-                }
+            if let Some(res) = self.processor.state().resources.get(cluster) {
+                self.metrics.restored_nodes(cluster, res);
             }
         }
-        let name = |i: u32| clusters.get(i as usize).map_or("", |c| &**c);
-        for ((cluster, queue, state, userid), n) in counts {
+        let name = |i: u32| restored.clusters.get(i as usize).map_or("", |c| &**c);
+        for ((cluster, queue, state, userid), n) in &restored.active {
             self.metrics
-                .count_active(name(cluster), queue.as_deref(), state, userid, n);
+                .count_active(name(*cluster), queue.as_deref(), *state, *userid, *n);
         }
-        self.metrics
-            .ages
-            .add_all(entered.into_iter().map(|(c, state, t)| (name(c), state, t)));
-        out_of_order.extend(conditions);
-        firing.extend(
-            self.processor
-                .alerts
-                .restore(out_of_order, &mut self.processor.state.jobs),
+        self.metrics.ages.add_all(
+            restored
+                .entered
+                .iter()
+                .map(|(c, state, t)| (name(*c), *state, *t)),
         );
-        let alerts = firing;
+        self.metrics
+            .report_finished(self.processor.finished().len());
         self.report_tracked();
-        alerts
-    }
-
-    /// Count an active job into (`delta` 1) or out of (-1) the gauges.
-    fn count_job(&mut self, cluster: &str, job: &Job, delta: i64) {
-        self.metrics.count_job(cluster, job, delta);
+        restored.firing
     }
 
     /// Every known label value of the job series is exported, with 0 until
     /// it happens.
     fn register_cluster(&mut self, cluster: &Arc<str>) {
-        let rules = self.processor.alerts.rules_for(true).map(|(_, r)| r);
+        let rules = self.processor.alerts().rules_for(true).map(|(_, r)| r);
         self.metrics.register_cluster(cluster, rules);
     }
 
     /// Shards share one gauge: each adds the change in its own count.
     fn report_tracked(&mut self) {
-        self.metrics.report_tracked(self.processor.state.jobs.len());
+        self.metrics
+            .report_tracked(self.processor.state().jobs.len());
     }
 
     async fn handle(&mut self, msg: ShardMsg) {
@@ -653,18 +397,11 @@ impl Shard {
         let id = record.id;
         // The record as it came, for the `events` feed, built only if wanted.
         let input = effects::input(&self.outputs, &cluster, stream, id, &record.body, source);
-        let exception = match &record.body {
-            Body::Event(ev) if stream == EventStream::Job && ev.name == "exception" => {
-                let values = ev.values(["type", "severity"]);
-                match (values.str("type"), values.int("severity")) {
-                    (Ok(t), Ok(sev)) => Some((t.to_string(), sev)),
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
+        let exception = exception_of(&record);
         let mut fired = std::mem::take(&mut self.fired);
-        let (outcome, done) = self.processor.process(&cluster, record, &mut fired);
+        let (outcome, done) =
+            self.processor
+                .process_from(owner.as_ref(), &cluster, record, &mut fired);
         if outcome == Outcome::Refused {
             self.fired = fired;
             self.refused += 1;
@@ -698,82 +435,20 @@ impl Shard {
             return outcome;
         }
         self.register_cluster(&cluster);
-        let fx = &done.fx;
-        let key = done.key.as_ref();
-        if !fx.duplicate {
-            match key {
-                Some(key) => self.touch_job(key, owner.as_ref()),
-                None if stream == EventStream::Resource => {
-                    self.touch_resource(&cluster, owner.as_ref());
-                }
-                None => {}
-            }
-        }
-        if let Some((name, _)) = fx.event.as_ref().filter(|_| key.is_none())
-            && matches!(name.as_str(), "instance-down" | "restart" | "resource-init")
-            && let Some(res) = self.processor.state.resources.get(&*cluster)
-        {
-            self.metrics
-                .nodes
-                .set_instance_down(&cluster, res.down_since().is_some());
-        }
-        // A queue table, or the instance's ranks and properties (R, a
-        // restart), changed: the queues' nodes as they are now.
-        if key.is_none()
-            && stream == EventStream::Resource
-            && !fx.duplicate
-            && fx.event.as_ref().is_none_or(|(n, _)| {
-                matches!(n.as_str(), "queue-config" | "restart" | "resource-init")
-            })
-            && let Some(res) = self.processor.state.resources.get(&*cluster)
-        {
-            self.metrics.nodes.set_queues(&cluster, res.queue_slices());
-        }
-        // A job took or gave back drained ranks of a cluster kept here.
-        if key.is_some() && !fx.rank_changes.is_empty() {
-            self.touch_resource(&cluster, None);
-        }
         // Most records fire nothing: no future made and polled for nothing.
         if !fired.is_empty() {
             self.emit_alerts(&fired, false).await;
             fired.clear();
         }
         self.fired = fired;
-        if !fx.duplicate {
-            if let Some(entry) = key.and_then(|k| self.processor.state.jobs.get(k)) {
-                self.metrics.job_changed(
-                    &cluster,
-                    &entry.job,
-                    done.before,
-                    done.queue_before.as_deref(),
-                    &fx.transitions,
-                );
-            }
-            if let Some((kind, severity)) = exception {
-                metrics::counter!(metric::FLUX_JOB_EXCEPTIONS_TOTAL, "flux_cluster" => cluster.to_string(), "type" => kind, "severity" => severity.to_string()).increment(1);
-            }
-            if let Some((name, _)) = fx
-                .event
-                .as_ref()
-                .filter(|_| stream == EventStream::Resource)
-            {
-                metrics::counter!(metric::FLUX_RESOURCE_EVENTS_TOTAL, "flux_cluster" => cluster.to_string(), "event" => name.to_string()).increment(1);
-            }
-        }
+        let state = self.processor.state();
+        self.metrics
+            .applied(&cluster, stream, &done, exception, state);
         self.report_tracked();
-        if fx.duplicate {
-            metrics::counter!(metric::FLUXPIPE_EVENTS_DUPLICATE_TOTAL).increment(1);
-        }
-        let at = fx.event.as_ref().map_or(f64::NAN, |(_, ts)| *ts);
-        for (cluster, change) in &fx.rank_changes {
-            self.metrics
-                .nodes
-                .update(cluster, change.rank, change.after.as_ref(), at);
-        }
-        count_anomalies(&fx.anomalies);
+        count_anomalies(&done.fx.anomalies);
         effects::effects(
             &mut self.outputs,
-            &self.processor.state,
+            self.processor.state(),
             stream,
             (outcome, done),
             input,
@@ -797,12 +472,7 @@ impl Shard {
     /// alert series and changelog that follow them.
     async fn emit_alerts(&mut self, events: &[AlertEvent], restored: bool) {
         for a in events {
-            // Fired or resolved: the subject's saved conditions changed.
-            match &a.subject {
-                Subject::Job(k) => self.touch_job(k, None),
-                Subject::Node(n) => self.touch_resource(&n.cluster, None),
-            }
-            let Some(rule) = self.processor.alerts.rules().get(a.rule) else {
+            let Some(rule) = self.processor.alerts().rules().get(a.rule) else {
                 continue;
             };
             if rule.kind.is_job() {
@@ -816,7 +486,7 @@ impl Shard {
         }
         effects::alerts(
             &mut self.outputs,
-            self.processor.alerts.rules(),
+            self.processor.alerts().rules(),
             events,
             restored,
         );
@@ -826,8 +496,7 @@ impl Shard {
     /// Drop the state whose time is up.
     pub async fn expire(&mut self, now: Instant) {
         let expired = self.processor.expire(now.into_std());
-        for (key, entry, why) in &expired.dropped {
-            self.dropped(key, entry);
+        for (_, _, why) in &expired.dropped {
             metrics::counter!(metric::FLUXPIPE_JOBS_EVICTED_TOTAL, "reason" => why.as_str())
                 .increment(1);
         }
@@ -835,14 +504,15 @@ impl Shard {
         effects::anomalies(&mut self.outputs, expired.anomalies);
         self.emit_alerts(&expired.alerts, false).await;
         self.report_tracked();
-        self.metrics.report_finished(self.processor.finished.len());
+        self.metrics
+            .report_finished(self.processor.finished().len());
         self.refresh_draining().await;
         // The event clock is shared for the alert rules and for the
         // node-seconds counters of the metrics.
         if self.processor.clock() == Clock::Event {
-            self.shared_clock.sync(&mut self.processor.event_clock);
+            self.processor.sync_event_clock(&self.shared_clock);
         }
-        if !self.processor.alerts.rules().is_empty() {
+        if self.processor.alerting() {
             self.fire_due().await;
         }
     }
@@ -855,7 +525,6 @@ impl Shard {
         let shared = &self.shared_clock;
         let flips = self.processor.refresh_draining(|c| shared.now(c), &mut out);
         for flip in flips {
-            self.touch_resource(&flip.cluster, None);
             self.metrics.nodes.update(
                 &flip.cluster,
                 flip.change.rank,
@@ -878,14 +547,14 @@ impl Shard {
     /// Alert conditions holding now, fired or waiting.
     pub fn alert_conditions(&self) -> usize {
         self.processor
-            .alerts
-            .saved(&self.processor.state.jobs)
+            .alerts()
+            .saved(&self.processor.state().jobs)
             .len()
     }
 
     /// Jobs currently held.
     pub fn jobs_tracked(&self) -> usize {
-        self.processor.state.jobs.len()
+        self.processor.state().jobs.len()
     }
 }
 
@@ -904,9 +573,12 @@ fn count_anomalies(anomalies: &[KeyedAnomaly]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{EventStream, Record};
+    use crate::decode::{Body, EventStream, Record};
     use crate::flux::Event;
+    use crate::flux::job::JobState;
     use crate::flux::jobid::JobId;
+    use crate::keyed::JobKey;
+    use crate::keyed::alerts::engine::{SavedCondition, Subject};
     use crate::keyed::alerts::rule::RuleKind;
     use crate::output::OutputStream;
     use crate::pipeline::config;
@@ -1069,8 +741,8 @@ mod tests {
         let (_, states) = saved.split(2, |_, id| id.unwrap_or(0) as usize % 2);
         let mut shards: Vec<Shard> = (0..2).map(|_| plain_shard(sink(r#"["jobs"]"#).0)).collect();
         restore_all(&mut shards, states);
-        assert_eq!(shards[0].processor.finished.len(), 0);
-        assert_eq!(shards[1].processor.finished.len(), 1);
+        assert_eq!(shards[0].processor.finished().len(), 0);
+        assert_eq!(shards[1].processor.finished().len(), 1);
         for ev in job_events() {
             assert_eq!(
                 shards[1].apply(routed(7, EventStream::Job, ev)).await,
@@ -1145,8 +817,8 @@ mod tests {
         b.adopt(restored.state).await;
         assert_eq!(b.jobs_tracked(), 1);
         assert_eq!(
-            b.processor.state.jobs[&key(7)].summary(),
-            a.processor.state.jobs[&key(7)].summary()
+            b.processor.state().jobs[&key(7)].summary(),
+            a.processor.state().jobs[&key(7)].summary()
         );
         // The rest of job 7 goes on in b as it would have in a.
         for ev in evs.iter().skip(4) {
@@ -1156,11 +828,11 @@ mod tests {
                 .await;
         }
         assert_eq!(
-            b.processor.state.jobs[&key(7)].summary(),
-            a.processor.state.jobs[&key(7)].summary()
+            b.processor.state().jobs[&key(7)].summary(),
+            a.processor.state().jobs[&key(7)].summary()
         );
         assert_eq!(
-            b.processor.state.jobs[&key(7)].job.state,
+            b.processor.state().jobs[&key(7)].job.state,
             JobState::Inactive
         );
 
@@ -1168,7 +840,7 @@ mod tests {
         a.snapshot().unwrap();
         a.release("k", &BTreeSet::from([2]));
         assert_eq!(a.jobs_tracked(), 2);
-        assert!(!a.processor.state.jobs.contains_key(&key(7)));
+        assert!(!a.processor.state().jobs.contains_key(&key(7)));
         assert!(a.snapshot().unwrap().changes.is_empty());
 
         // Dropped after the grace: a tombstone for the owned job only.
@@ -1311,7 +983,7 @@ mod tests {
         }
         let conditions = |s: &Shard| {
             let bytes =
-                rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
+                rmp_serde::to_vec(&s.processor.alerts().saved(&s.processor.state().jobs)).unwrap();
             let v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
             v.into_iter()
                 .map(|c| (c.fired, c.since))
@@ -1352,7 +1024,7 @@ mod tests {
         a.apply(to_sched(21, 1200.0).swap_remove(0)).await;
         let saved = |s: &Shard| {
             let bytes =
-                rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
+                rmp_serde::to_vec(&s.processor.alerts().saved(&s.processor.state().jobs)).unwrap();
             let mut v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
             v.sort_by_key(|c| format!("{c:?}"));
             v
@@ -1367,7 +1039,7 @@ mod tests {
             panic!("one part");
         };
         for order in ["as saved", "reversed", "an orphan first"] {
-            let mut state: ShardState = rmp_serde::from_slice(bytes).unwrap();
+            let mut state: SavedState = rmp_serde::from_slice(bytes).unwrap();
             match order {
                 "reversed" => state.alerts.reverse(),
                 "an orphan first" => {
@@ -1382,12 +1054,7 @@ mod tests {
             assert_eq!(saved(&b), before, "{order}");
             assert_eq!(b.restored_alerts.len(), 10, "{order}: fired ones announced");
             let mut out = Vec::new();
-            b.processor.alerts.advance(
-                |_| Some(1300.0),
-                usize::MAX,
-                &mut b.processor.state.jobs,
-                &mut out,
-            );
+            b.processor.fire_due_at(1300.0, &mut out);
             assert_eq!(out.len(), 10, "{order}: the waiting ones fire when due");
         }
     }
@@ -1404,18 +1071,18 @@ mod tests {
             }
         }
         a.apply(to_sched(11, 1200.0).swap_remove(0)).await;
-        assert_eq!(a.processor.alerts.firing(), 10);
+        assert_eq!(a.processor.alerts().firing(), 10);
         let ShardBytes::Memory(parts) = a.snapshot().unwrap().state else {
             panic!("encoded in memory");
         };
-        let decoded = || -> ShardState { rmp_serde::from_slice(&parts[0]).unwrap() };
+        let decoded = || -> SavedState { rmp_serde::from_slice(&parts[0]).unwrap() };
         let mut b = sched_shard();
         b.restore(decoded());
         for again in 1..=2 {
             b.adopt(decoded()).await;
-            assert_eq!(b.processor.alerts.firing(), 10, "adopted {again} times");
-            let (page, total) = b.processor.alerts.firing_page(
-                &b.processor.state.jobs,
+            assert_eq!(b.processor.alerts().firing(), 10, "adopted {again} times");
+            let (page, total) = b.processor.alerts().firing_page(
+                &b.processor.state().jobs,
                 Some("c"),
                 None,
                 usize::MAX,
@@ -1439,7 +1106,7 @@ mod tests {
         }
         let conditions = |s: &Shard| {
             let bytes =
-                rmp_serde::to_vec(&s.processor.alerts.saved(&s.processor.state.jobs)).unwrap();
+                rmp_serde::to_vec(&s.processor.alerts().saved(&s.processor.state().jobs)).unwrap();
             let v: Vec<SavedCondition> = rmp_serde::from_slice(&bytes).unwrap();
             let mut v: Vec<(String, f64, bool)> = v
                 .into_iter()

@@ -5,9 +5,13 @@
 
 use super::ages::OldestEntries;
 use super::job_metrics::ClusterMetrics;
+use crate::decode::{Body, EventStream, Record};
 use crate::flux::job::{Job, JobState};
+use crate::flux::resource::ResourceState;
 use crate::keyed::alerts::rule::Rule;
+use crate::keyed::processor::Processed;
 use crate::keyed::state::KeyedTransition;
+use crate::keyed::state::State;
 use crate::telemetry::metric;
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use foldhash::HashMap;
@@ -101,6 +105,73 @@ impl ShardMetrics {
 
     /// Shards share one gauge: each adds the change in its own count of
     /// jobs held, `now`.
+    /// What a record applied did to the job and node series.
+    pub fn applied(
+        &mut self,
+        cluster: &str,
+        stream: EventStream,
+        done: &Processed,
+        exception: Option<(String, i64)>,
+        state: &State,
+    ) {
+        let fx = &done.fx;
+        let key = done.key.as_ref();
+        let event = fx.event.as_ref().map(|(n, _)| n.as_str());
+        if key.is_none()
+            && let Some(res) = state.resources.get(cluster)
+        {
+            if event.is_some_and(|n| matches!(n, "instance-down" | "restart" | "resource-init")) {
+                self.nodes
+                    .set_instance_down(cluster, res.down_since().is_some());
+            }
+            // A queue table, or the instance's ranks and properties (R, a
+            // restart), changed: the queues' nodes as they are now.
+            if stream == EventStream::Resource
+                && !fx.duplicate
+                && event.is_none_or(|n| matches!(n, "queue-config" | "restart" | "resource-init"))
+            {
+                self.nodes.set_queues(cluster, res.queue_slices());
+            }
+        }
+        if fx.duplicate {
+            metrics::counter!(metric::FLUXPIPE_EVENTS_DUPLICATE_TOTAL).increment(1);
+        } else {
+            if let Some(entry) = key.and_then(|k| state.jobs.get(k)) {
+                self.job_changed(
+                    cluster,
+                    &entry.job,
+                    done.before,
+                    done.queue_before.as_deref(),
+                    &fx.transitions,
+                );
+            }
+            if let Some((kind, severity)) = exception {
+                metrics::counter!(metric::FLUX_JOB_EXCEPTIONS_TOTAL, "flux_cluster" => cluster.to_string(), "type" => kind, "severity" => severity.to_string()).increment(1);
+            }
+            if let Some(name) = event.filter(|_| stream == EventStream::Resource) {
+                metrics::counter!(metric::FLUX_RESOURCE_EVENTS_TOTAL, "flux_cluster" => cluster.to_string(), "event" => name.to_string()).increment(1);
+            }
+        }
+        let at = fx.event.as_ref().map_or(f64::NAN, |(_, ts)| *ts);
+        for (cluster, change) in &fx.rank_changes {
+            self.nodes
+                .update(cluster, change.rank, change.after.as_ref(), at);
+        }
+    }
+
+    /// A cluster's nodes as restored: the instance up or down, the
+    /// queues' nodes, and each rank.
+    pub fn restored_nodes(&mut self, cluster: &str, res: &ResourceState) {
+        self.nodes
+            .set_instance_down(cluster, res.down_since().is_some());
+        self.nodes.set_queues(cluster, res.queue_slices());
+        for rank in res.ranks() {
+            let at = rank.drain_timestamp.or(res.last_timestamp());
+            self.nodes
+                .update(cluster, rank.rank, Some(rank), at.unwrap_or(f64::NAN));
+        }
+    }
+
     pub fn report_tracked(&mut self, now: usize) {
         report_share(metric::FLUXPIPE_JOBS_TRACKED, &mut self.reported, now);
     }
@@ -217,4 +288,19 @@ fn report_share(gauge: &'static str, reported: &mut usize, now: usize) {
         gauge.decrement((*reported - now) as f64);
     }
     *reported = now;
+}
+
+/// The type and severity of a job's `exception` event, for its counter
+/// (read before the record is applied, which takes it).
+pub fn exception_of(record: &Record) -> Option<(String, i64)> {
+    match &record.body {
+        Body::Event(ev) if record.stream == EventStream::Job && ev.name == "exception" => {
+            let values = ev.values(["type", "severity"]);
+            match (values.str("type"), values.int("severity")) {
+                (Ok(t), Ok(sev)) => Some((t.to_string(), sev)),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
 }

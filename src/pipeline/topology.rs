@@ -20,11 +20,12 @@ use crate::channels::feeds::Feeds;
 use crate::channels::query::{Questions, WatchFiring};
 use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::keyed::alerts::watch::Watch;
+use crate::keyed::saved::SavedState;
 use crate::operators::feed_watch;
 use crate::operators::shard::{self, AlertSetup, Retention, Shard};
 use crate::sinks::SinkConfig;
 use crate::sinks::{self, SinkContext};
-use crate::snapshot::checkpoint::{self, Head, ShardState};
+use crate::snapshot::checkpoint::{self, Head};
 use crate::sources::{self, SourceContext, SourceSpec};
 use crate::telemetry;
 use anyhow::{Context, Result};
@@ -96,7 +97,7 @@ fn on_own_thread(
 const SERVER_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Read the checkpoint and deal its state out to `workers` shards.
-fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<ShardState>)> {
+fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<SavedState>)> {
     let dir = &config.data_dir;
     let stale = checkpoint::remove_spills(dir);
     if stale > 0 {
@@ -108,7 +109,7 @@ fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<ShardSt
     let Some(saved) = checkpoint::load(dir)
         .with_context(|| "cannot restore the checkpoint; `fluxpipe run --reset-state` sets it aside and starts from nothing")?
     else {
-        return Ok((None, (0..workers).map(|_| ShardState::default()).collect()));
+        return Ok((None, (0..workers).map(|_| SavedState::default()).collect()));
     };
     // Another pipeline's state (a data folder shared by two configs) is
     // not taken silently.

@@ -20,8 +20,10 @@ use crate::keyed::JobKey;
 use crate::keyed::Owner;
 use crate::keyed::alerts::EventClock;
 use crate::keyed::alerts::engine::SavedCondition;
+use crate::keyed::owners::Dirty;
+use crate::keyed::processor::Processor;
+use crate::keyed::saved::SavedState;
 use crate::keyed::state::JobEntry;
-use crate::snapshot::checkpoint::ShardState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use thiserror::Error;
@@ -85,6 +87,57 @@ pub enum ChangelogError {
     Empty,
     #[error("cannot decode: {0}")]
     Decode(#[from] rmp_serde::decode::Error),
+}
+
+/// The processor's changes since the last call, encoded: each changed
+/// job's or cluster's state as it is now, a tombstone for what is gone.
+pub fn changes(processor: &mut Processor) -> Vec<Change> {
+    let dirty = processor.take_changes();
+    let (state, alerts, clock) = (
+        processor.state(),
+        processor.alerts(),
+        processor.event_clock(),
+    );
+    let mut out = Vec::with_capacity(dirty.len());
+    for (dirty, owner) in dirty {
+        let (key, value) = match &dirty {
+            Dirty::Job(key) => {
+                let value = state.jobs.get(key).map(|entry| {
+                    EntryRef::Job {
+                        key,
+                        entry,
+                        alerts: alerts.saved_job(key, &entry.alerts),
+                        clock: clock.now(&key.cluster),
+                    }
+                    .encode()
+                });
+                (job_key(key), value)
+            }
+            Dirty::Resource(cluster) => {
+                let value = state.resources.get(cluster).map(|res| {
+                    EntryRef::Resource {
+                        cluster,
+                        state: res,
+                        alerts: alerts.saved_for_nodes(cluster),
+                        clock: clock.now(cluster),
+                    }
+                    .encode()
+                });
+                (resource_key(cluster), value)
+            }
+        };
+        let value = match value.transpose() {
+            Ok(v) => v,
+            Err(e) => {
+                // Cannot happen for state that was just applied; the key
+                // keeps its previous value in the changelog.
+                tracing::error!(%key, "cannot encode a changelog value: {e}");
+                continue;
+            }
+        };
+        out.push(Change { owner, key, value });
+    }
+    out
 }
 
 pub fn job_key(key: &JobKey) -> String {
@@ -151,7 +204,7 @@ pub struct Restorer {
 /// What a partition's changelog holds.
 #[derive(Debug, Default)]
 pub struct Restored {
-    pub state: ShardState,
+    pub state: SavedState,
     /// The input offset the state is exactly the state after.
     pub offset: Option<i64>,
     /// Records that could not be read (counted, logged by the caller).
@@ -200,7 +253,7 @@ impl Restorer {
             skipped: self.skipped,
             offset: self.marker,
             unfinished: self.pending.len(),
-            state: ShardState::default(),
+            state: SavedState::default(),
         };
         let mut clock = EventClock::default();
         for value in self.applied.values() {

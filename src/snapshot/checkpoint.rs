@@ -4,7 +4,7 @@
 //! Layout: a magic line, the format version (u32), the payload length
 //! (u64), the payload's XXH3-64 (u64), all little-endian; then the payload:
 //! a MessagePack [`Head`] followed by the shards' states in parts, each a
-//! length-prefixed MessagePack [`ShardState`] of at most [`PART_JOBS`]
+//! length-prefixed MessagePack [`SavedState`] of at most [`PART_JOBS`]
 //! jobs. Shards encode their own state (in parallel, without copying it,
 //! each on its share of the cores, a run of parts per thread) into scratch
 //! files in `data_dir` ([`Spill`]), which are copied into the checkpoint
@@ -23,8 +23,10 @@ use crate::flux::resource::ResourceState;
 use crate::keyed::JobKey;
 use crate::keyed::Owner;
 use crate::keyed::alerts::EventClock;
-use crate::keyed::alerts::engine::{Engine, SavedCondition, Subject};
+use crate::keyed::alerts::engine::Engine;
 use crate::keyed::finished::FinishedJobs;
+use crate::keyed::processor::Processor;
+use crate::keyed::saved::SavedState;
 use crate::keyed::state::JobEntry;
 use foldhash::HashMap;
 use serde::{Deserialize, Serialize};
@@ -143,119 +145,8 @@ pub fn mismatch(
     None
 }
 
-/// One shard's state, as restored.
-#[derive(Debug, Default, Deserialize)]
-pub struct ShardState {
-    /// Boxed as decoded: the shard keeps the box, nothing is moved again.
-    pub jobs: Vec<(JobKey, Box<JobEntry>)>,
-    pub resources: Vec<(String, ResourceState)>,
-    pub alerts: Vec<SavedCondition>,
-    pub clock: EventClock,
-    /// The partitions clusters' resource state belongs to (partitioned
-    /// sources only; jobs carry theirs).
-    #[serde(default)]
-    pub resource_owners: Vec<(String, Owner)>,
-    /// Jobs that ended and were dropped, per cluster: id and submit second
-    /// ([`crate::keyed::finished`]). Last, with a default: older
-    /// checkpoints read as remembering none.
-    #[serde(default)]
-    pub finished: Vec<(String, Vec<(u64, u32)>)>,
-}
-
-impl ShardState {
-    pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty() && self.resources.is_empty() && self.alerts.is_empty()
-    }
-
-    /// The one shard `pick(cluster, job id)` gives for every entry, if it
-    /// gives one (an empty state: the first).
-    fn owner(&self, pick: impl Fn(&str, Option<u64>) -> usize) -> Option<usize> {
-        let i = match (self.jobs.first(), self.resources.first()) {
-            (Some((k, _)), _) => pick(&k.cluster, Some(k.id.0)),
-            (None, Some((c, _))) => pick(c, None),
-            (None, None) => 0,
-        };
-        let all = self
-            .jobs
-            .iter()
-            .all(|(k, _)| pick(&k.cluster, Some(k.id.0)) == i)
-            && self.resources.iter().all(|(c, _)| pick(c, None) == i)
-            && self.resource_owners.iter().all(|(c, _)| pick(c, None) == i)
-            && self
-                .finished
-                .iter()
-                .all(|(c, ids)| ids.iter().all(|(id, _)| pick(c, Some(*id)) == i))
-            && self.alerts.iter().all(|a| match &a.subject {
-                Subject::Job(k) => pick(&k.cluster, Some(k.id.0)) == i,
-                Subject::Node(node) => pick(&node.cluster, None) == i,
-            });
-        all.then_some(i)
-    }
-
-    /// Take `other`'s entries after these (the clock is not merged).
-    fn append(&mut self, mut other: ShardState) {
-        self.jobs.append(&mut other.jobs);
-        self.resources.append(&mut other.resources);
-        self.alerts.append(&mut other.alerts);
-        self.resource_owners.append(&mut other.resource_owners);
-        self.finished.append(&mut other.finished);
-    }
-
-    /// Deal the entries out to `out` by `pick(cluster, job id)`.
-    pub fn split_into(self, out: &mut [ShardState], pick: impl Fn(&str, Option<u64>) -> usize) {
-        let n = out.len();
-        if n == 0 {
-            return;
-        }
-        let pick = |cluster: &str, id: Option<u64>| pick(cluster, id).min(n - 1);
-        for (key, entry) in self.jobs {
-            out[pick(&key.cluster, Some(key.id.0))]
-                .jobs
-                .push((key, entry));
-        }
-        for (cluster, res) in self.resources {
-            out[pick(&cluster, None)].resources.push((cluster, res));
-        }
-        for (cluster, owner) in self.resource_owners {
-            out[pick(&cluster, None)]
-                .resource_owners
-                .push((cluster, owner));
-        }
-        for (cluster, ids) in self.finished {
-            let mut dealt: Vec<Vec<(u64, u32)>> = vec![Vec::new(); n];
-            for (id, t) in ids {
-                dealt[pick(&cluster, Some(id))].push((id, t));
-            }
-            for (to, ids) in out.iter_mut().zip(dealt) {
-                if !ids.is_empty() {
-                    to.finished.push((cluster.clone(), ids));
-                }
-            }
-        }
-        for c in self.alerts {
-            let i = match &c.subject {
-                Subject::Job(k) => pick(&k.cluster, Some(k.id.0)),
-                Subject::Node(node) => pick(&node.cluster, None),
-            };
-            out[i].alerts.push(c);
-        }
-        for s in out.iter_mut() {
-            for (c, t) in self.clock.clusters() {
-                s.clock.advance(c, t);
-            }
-        }
-    }
-
-    /// The entries dealt out to `n` shards.
-    pub fn split(self, n: usize, pick: impl Fn(&str, Option<u64>) -> usize) -> Vec<ShardState> {
-        let mut out: Vec<ShardState> = (0..n.max(1)).map(|_| ShardState::default()).collect();
-        self.split_into(&mut out, pick);
-        out
-    }
-}
-
 /// One shard's state, borrowed for encoding. It is saved in parts of at
-/// most [`PART_JOBS`] jobs, each in [`ShardState`]'s layout (the first
+/// most [`PART_JOBS`] jobs, each in [`SavedState`]'s layout (the first
 /// with everything but jobs): restore decodes parts side by side whatever
 /// the number of shards, and holds one part's bytes per thread at a time.
 pub struct ShardStateRef<'a> {
@@ -284,6 +175,18 @@ pub fn encode_threads(shards: usize) -> usize {
 }
 
 impl<'a> ShardStateRef<'a> {
+    /// A processor's state, to encode.
+    pub fn of(processor: &'a Processor) -> Self {
+        ShardStateRef {
+            jobs: &processor.state().jobs,
+            resources: &processor.state().resources,
+            alerts: processor.alerts(),
+            clock: processor.event_clock(),
+            resource_owners: processor.resource_owners(),
+            finished: processor.finished(),
+        }
+    }
+
     /// The parts, of about equal size: as many as [`PART_JOBS`] makes,
     /// and at least one per encoding thread for a state worth sharing out.
     fn parts(&self, threads: usize) -> Vec<PartRef<'_, 'a>> {
@@ -395,7 +298,7 @@ fn spill_parts(parts: &[PartRef<'_, '_>], path: PathBuf) -> Result<SpillFile, Ch
     Ok(spill)
 }
 
-/// One part of a shard's state, encoding as a [`ShardState`] does.
+/// One part of a shard's state, encoding as a [`SavedState`] does.
 struct PartRef<'s, 'a> {
     state: &'s ShardStateRef<'a>,
     /// Its jobs, as a range of the job table's order.
@@ -411,7 +314,7 @@ impl Serialize for PartRef<'_, '_> {
         let (skip, take) = (self.jobs.start, self.jobs.len());
         // The rest of the state, in the first part only.
         let rest = if self.first { usize::MAX } else { 0 };
-        let mut out = s.serialize_struct("ShardState", 6)?;
+        let mut out = s.serialize_struct("SavedState", 6)?;
         out.serialize_field("jobs", &Seq(st.jobs.iter().skip(skip).take(take)))?;
         out.serialize_field("resources", &Seq(st.resources.iter().take(rest)))?;
         out.serialize_field(
@@ -619,7 +522,7 @@ impl<W: Write> Write for Summing<W> {
 pub struct Checkpoint {
     pub head: Head,
     /// The shards' states in the parts they were saved in.
-    pub parts: Vec<ShardState>,
+    pub parts: Vec<SavedState>,
 }
 
 impl Checkpoint {
@@ -629,7 +532,7 @@ impl Checkpoint {
         self,
         n: usize,
         shard_of: impl Fn(&str, Option<u64>) -> usize,
-    ) -> (Head, Vec<ShardState>) {
+    ) -> (Head, Vec<SavedState>) {
         let n = n.max(1);
         let shard_of = |cluster: &str, id: Option<u64>| shard_of(cluster, id).min(n - 1);
         // Every shard learns every cluster's clock.
@@ -639,16 +542,16 @@ impl Checkpoint {
                 clock.advance(c, t);
             }
         }
-        let mut out: Vec<ShardState> = (0..n)
-            .map(|_| ShardState {
+        let mut out: Vec<SavedState> = (0..n)
+            .map(|_| SavedState {
                 clock: clock.clone(),
-                ..ShardState::default()
+                ..SavedState::default()
             })
             .collect();
         // Restarted with as many workers, a part belongs to one shard
         // whole: it is taken as it is, not moved entry by entry.
         let mut dealt = Vec::new();
-        let mut whole: Vec<Vec<ShardState>> = (0..n).map(|_| Vec::new()).collect();
+        let mut whole: Vec<Vec<SavedState>> = (0..n).map(|_| Vec::new()).collect();
         for part in self.parts {
             match part.owner(shard_of) {
                 Some(i) => whole[i].push(part),
@@ -853,7 +756,7 @@ fn read(
             bytes.reserve(usize::try_from(n).unwrap_or(0));
             let mut r = src.open_at(offset).map_err(unreadable)?.take(n);
             r.read_to_end(&mut bytes).map_err(unreadable)?;
-            let state: ShardState =
+            let state: SavedState =
                 rmp_serde::from_slice(&bytes).map_err(|e| corrupt(format!("part {i}: {e}")))?;
             out.push((i, state));
         }
@@ -899,7 +802,7 @@ fn read(
             } else {
                 1
             };
-            let mut shards: Vec<(usize, ShardState)> = if threads == 1 {
+            let mut shards: Vec<(usize, SavedState)> = if threads == 1 {
                 decode_parts(parts.iter().copied().enumerate().collect())?
             } else {
                 let decoders: Vec<_> = (0..threads)
@@ -1087,7 +990,7 @@ mod tests {
         let st = state_with(10);
         let mut saved = Vec::new();
         for i in 0..2u64 {
-            let mut part = ShardState::default();
+            let mut part = SavedState::default();
             for (k, e) in &st.jobs {
                 if k.id.0 % 2 == i {
                     part.jobs.push((k.clone(), e.clone()));
