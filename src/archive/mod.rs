@@ -743,7 +743,7 @@ mod tests {
         assert!(jobs.ends_with(" WHERE jobs.state <> 'INACTIVE' OR excluded.state = 'INACTIVE'"));
     }
 
-    /// SQLite end to end (PostgreSQL: tests/database.rs, with a real server).
+    /// SQLite end to end (PostgreSQL: tests/integration/database.rs, with a real server).
     #[tokio::test]
     async fn a_batch_is_stored_once_and_read_back() {
         let dir = tempfile::tempdir().unwrap();

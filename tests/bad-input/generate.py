@@ -7,7 +7,7 @@ jobs interleaved) and expected.txt (one outcome per line):
   duplicate             an exact repeat: skipped and counted, nothing emitted
   anomaly:K1,K2@ID      applied or ignored with these anomaly kinds for job ID
 
-tests/bad_input.rs feeds lines.jsonl through `fluxpipe run` (adding the
+tests/integration/bad_input.rs feeds lines.jsonl through `fluxpipe run` (adding the
 binary and huge lines that do not belong in a text file) and checks every
 outcome. Run this script again after changing it."""
 import json

@@ -1,5 +1,5 @@
-//! Helpers shared by the integration tests (each test file is its own
-//! crate and uses what it needs).
+//! Helpers shared by the integration tests (`tests/integration/`) and the
+//! cost gate (`tests/cost.rs`), which each use what they need.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};

@@ -1,7 +1,7 @@
 //! `fluxpipe run` as a process: real stdin, stdout, files and signals.
 
-mod common;
-use common::{corpus, fluxpipe};
+use crate::common;
+use crate::common::{corpus, fluxpipe};
 
 use serde_json::Value;
 use std::collections::BTreeMap;

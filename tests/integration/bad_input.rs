@@ -5,8 +5,7 @@
 //! outcome `expected.txt` gives it; the good jobs come out whole; nothing
 //! panics or stalls.
 
-mod common;
-use common::fluxpipe;
+use crate::common::fluxpipe;
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};

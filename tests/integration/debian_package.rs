@@ -12,7 +12,7 @@
 //! elsewhere it says it was skipped, unless FLUXPIPE_REQUIRE_PACKAGE=1
 //! (tests/run-all sets it where it runs as root, as CI does).
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -23,7 +23,7 @@ const UNIT: &str = "/usr/lib/systemd/system/fluxpipe.service";
 /// The user the unit's command runs as here: `nobody`.
 const USER: u32 = 65534;
 
-use common::run_ok as run;
+use crate::common::run_ok as run;
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()

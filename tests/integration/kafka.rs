@@ -4,8 +4,8 @@
 //! Kafka-compatible broker.
 #![cfg(feature = "kafka")]
 
-mod common;
-use common::{fluxpipe, job_summaries, sigterm, wait_until};
+use crate::common;
+use crate::common::{fluxpipe, job_summaries, sigterm, wait_until};
 
 use rdkafka::ClientConfig;
 use rdkafka::Message;

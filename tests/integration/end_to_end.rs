@@ -3,8 +3,7 @@
 //! garbage in between. The job summaries it emits equal `fluxpipe replay`
 //! on the same data, and SIGTERM ends it cleanly.
 
-mod common;
-use common::{corpus, fluxpipe, free_port, read_records, replay};
+use crate::common::{corpus, fluxpipe, free_port, read_records, replay};
 
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -3,9 +3,7 @@
 //! ranks), read by two shards; every answer is checked against
 //! `fluxpipe replay` of the same lines.
 
-mod common;
-
-use common::{Reaper, fluxpipe, free_port, generate, http_get, replay, sigterm, wait_until};
+use crate::common::{Reaper, fluxpipe, free_port, generate, http_get, replay, sigterm, wait_until};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::Stdio;

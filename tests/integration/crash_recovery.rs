@@ -9,8 +9,8 @@
 //! restart it sends its whole journal again; what the checkpoint already
 //! holds is recognized as repeats.
 
-mod common;
-use common::{XorShift, fluxpipe, free_port, job_summaries, sigterm};
+use crate::common;
+use crate::common::{XorShift, fluxpipe, free_port, job_summaries, sigterm};
 
 use std::io::Write;
 use std::net::TcpStream;

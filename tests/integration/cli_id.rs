@@ -1,8 +1,7 @@
 //! `fluxpipe id` converts like `flux job id`: every id of flux-core's own
 //! table, from every encoding, to every encoding.
 
-mod common;
-use common::{corpus, fluxpipe};
+use crate::common::{corpus, fluxpipe};
 
 fn convert(to: &str, ids: &[&str]) -> (Vec<String>, bool) {
     let out = fluxpipe()

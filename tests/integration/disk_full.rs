@@ -6,8 +6,8 @@
 //! (this needs root, as CI runs; elsewhere the data folder is made
 //! read-only instead, which root would not notice).
 
-mod common;
-use common::{fluxpipe, read_records, sigterm, wait_until};
+use crate::common;
+use crate::common::{fluxpipe, read_records, sigterm, wait_until};
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;

@@ -17,8 +17,8 @@
 //!   SQLite and PostgreSQL.
 //! - Jobs whose jobspec is missing, malformed or huge still get a row.
 
-mod common;
-use common::{Reaper, XorShift, fluxpipe, free_port, http_get, replay, sigterm, wait_until};
+use crate::common;
+use crate::common::{Reaper, XorShift, fluxpipe, free_port, http_get, replay, sigterm, wait_until};
 
 use std::collections::BTreeMap;
 use std::io::Write;

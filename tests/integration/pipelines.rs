@@ -8,8 +8,8 @@
 //! files. SIGTERM (or, for standard input, the end of the input) ends every
 //! run, cleanly.
 
-mod common;
-use common::{HttpReceiver, fluxpipe, free_port, http_get, read_records, replay, sigterm};
+use crate::common;
+use crate::common::{HttpReceiver, fluxpipe, free_port, http_get, read_records, replay, sigterm};
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};

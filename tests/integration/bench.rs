@@ -1,8 +1,7 @@
 //! `fluxpipe bench --short` keeps working: every figure line is printed
 //! with a positive number. Timings are never asserted.
 
-mod common;
-use common::fluxpipe;
+use crate::common::fluxpipe;
 
 fn first_number(line: &str) -> Option<f64> {
     let (_, rest) = line.split_once(':')?;

@@ -2,8 +2,8 @@
 //! answers (`flux jobs --json`, job-list records, resource status) on every
 //! job and rank field.
 
-mod common;
-use common::corpus;
+use crate::common;
+use crate::common::corpus;
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,8 +1,8 @@
 //! Hand-written eventlogs for every rule of NOTES.md and every anomaly
 //! kind, run through the real `fluxpipe replay` binary on real files.
 
-mod common;
-use common::fluxpipe;
+use crate::common;
+use crate::common::fluxpipe;
 
 use serde_json::{Value, json};
 use std::path::Path;

@@ -3,9 +3,8 @@
 //! source, one without sinks a stdout sink, so a misspelt key in any
 //! example fails here.
 
+use crate::common::fluxpipe;
 use std::path::Path;
-mod common;
-use common::fluxpipe;
 
 fn toml_blocks(text: &str) -> Vec<String> {
     text.split("```toml")

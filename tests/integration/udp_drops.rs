@@ -3,8 +3,8 @@
 //! where the receive buffer is the only place a datagram can be lost, so
 //! every datagram sent is either received or counted as dropped.
 
-mod common;
-use common::{Reaper, fluxpipe, free_port, wait_until};
+use crate::common;
+use crate::common::{Reaper, fluxpipe, free_port, wait_until};
 
 use std::process::Stdio;
 

@@ -8,8 +8,8 @@
 //! Also here: events dated years ahead or before 1970 are anomalies that
 //! move no clock and fire nothing, also after a restart.
 
-mod common;
-use common::{
+use crate::common;
+use crate::common::{
     Reaper, fluxpipe, free_port, read_records, scrape as metrics, sigterm, total, wait_until,
 };
 

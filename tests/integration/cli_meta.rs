@@ -2,8 +2,8 @@
 //! built from, shell completions, a manual page and the manual's
 //! command-line reference made from the same definitions as its arguments.
 
-mod common;
-use common::fluxpipe;
+use crate::common;
+use crate::common::fluxpipe;
 
 fn stdout_of(args: &[&str]) -> String {
     let out = fluxpipe().args(args).output().expect("run fluxpipe");

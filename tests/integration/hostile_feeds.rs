@@ -5,8 +5,8 @@
 //! `node_series = false`), memory stays flat, and a good client's job
 //! still goes through at once.
 
-mod common;
-use common::{Reaper, fluxpipe, free_port, http_get, read_records, wait_until};
+use crate::common;
+use crate::common::{Reaper, fluxpipe, free_port, http_get, read_records, wait_until};
 
 use std::io::Write;
 use std::net::TcpStream;

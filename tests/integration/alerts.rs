@@ -4,8 +4,8 @@
 //! `fluxpipe run`, then its resolution when the job moves on. And
 //! `fluxpipe replay` tells which alerts a journal would have raised.
 
-mod common;
-use common::{Reaper, alertmanager, am_alerts, read_records, sigterm};
+use crate::common;
+use crate::common::{Reaper, alertmanager, am_alerts, read_records, sigterm};
 
 use serde_json::{Value, json};
 use std::io::Write;

@@ -7,8 +7,8 @@
 //! the same over HTTPS with certificates made at test time: plain HTTP,
 //! and without a client certificate when `ca_file` asks for one, refused.
 
-mod common;
-use common::{
+use crate::common;
+use crate::common::{
     Reaper, XorShift, corpus, fluxpipe, free_port, http_get, job_summaries, read_records, sigterm,
     wait_until,
 };

@@ -1,7 +1,7 @@
 //! `fluxpipe generate` output replays with zero anomalies, in both formats.
 
-mod common;
-use common::generate;
+use crate::common;
+use crate::common::generate;
 
 use serde_json::Value;
 use std::path::Path;

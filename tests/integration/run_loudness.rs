@@ -3,8 +3,8 @@
 //! and exits), a start-up line at the default log level, and a file source
 //! whose patterns match nothing says so.
 
-mod common;
-use common::{Reaper, fluxpipe, wait_until};
+use crate::common;
+use crate::common::{Reaper, fluxpipe, wait_until};
 
 use std::io::Read;
 use std::process::Stdio;

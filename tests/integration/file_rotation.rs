@@ -13,8 +13,8 @@
 //! (the sink then cuts only a torn line): what it wrote may come again, and
 //! only that is forgiven.
 
-mod common;
-use common::{XorShift, read_records, replay, sigterm};
+use crate::common;
+use crate::common::{XorShift, read_records, replay, sigterm};
 
 use serde_json::Value;
 use std::collections::BTreeMap;

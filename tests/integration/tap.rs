@@ -4,8 +4,8 @@
 //! though no sink of this one takes that stream; a filter on one job; a stream name that does not
 //! exist refused by the server.
 
-mod common;
-use common::{Reaper, fluxpipe, wait_until};
+use crate::common;
+use crate::common::{Reaper, fluxpipe, wait_until};
 
 use serde_json::Value;
 use std::collections::BTreeSet;

@@ -2,8 +2,9 @@
 //! with the corpus and check exact values; `promtool check metrics` (from
 //! the Debian package `prometheus`, installed by `.ci/run`) accepts it.
 
-mod common;
-use common::{Reaper, corpus, fluxpipe, free_port, http_get, http_get_with, samples, sigterm};
+use crate::common::{
+    Reaper, corpus, fluxpipe, free_port, http_get, http_get_with, samples, sigterm,
+};
 
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};

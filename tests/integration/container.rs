@@ -9,7 +9,7 @@
 //! FLUXPIPE_REQUIRE_CONTAINER=1 (tests/run-all sets it where it runs as
 //! root, as CI does).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
@@ -23,7 +23,7 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-use common::run_ok as run;
+use crate::common::run_ok as run;
 
 /// `podman run` with what this machine needs: runc where it is installed
 /// (crun refuses hybrid cgroup v1 hosts), and limits no higher than this
