@@ -5,7 +5,7 @@
 //! - [`keyed`]: keyed state over all jobs and ranks, the alert rules, and
 //!   the per-record processor replay and the pipeline share.
 //! - [`pipeline`], [`sources`], [`operators`], [`sinks`], [`output`],
-//!   [`channels`], [`snapshot`]: the streaming pipeline (`fluxpipe run`);
+//!   [`channels`], [`checkpoint`]: the streaming pipeline (`fluxpipe run`);
 //!   [`api`]: its HTTP server.
 //! - [`archive`]: the job archive in SQL (the `database` sink, `fluxpipe
 //!   history`).
@@ -20,12 +20,12 @@ pub mod component;
 pub mod decode;
 pub mod exposition;
 pub use flux_model as flux;
+pub mod checkpoint;
 pub mod keyed;
 pub mod operators;
 pub mod output;
 pub mod pipeline;
 pub mod sinks;
-pub mod snapshot;
 pub mod sources;
 pub mod telemetry;
 /// Synthetic Flux traffic for `fluxpipe generate`, the benchmark and tests:

@@ -4,10 +4,10 @@
 //! same queues carry checkpoint barriers, partition releases and restored
 //! state.
 
+use crate::checkpoint::changelog::Change;
 use crate::decode::Record;
 use crate::keyed::processor::Outcome;
 use crate::keyed::saved::SavedState;
-use crate::snapshot::changelog::Change;
 use foldhash::fast::FixedState;
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -129,14 +129,14 @@ impl Tally {
 #[derive(Debug)]
 pub struct BarrierReply {
     /// Its whole state, encoded, for the local checkpoint.
-    pub state: crate::snapshot::checkpoint::ShardBytes,
+    pub state: crate::checkpoint::file::ShardBytes,
     /// What changed since the previous barrier in state owned by
     /// partitions whose source keeps a changelog.
     pub changes: Vec<Change>,
 }
 
 /// A shard's answer at a barrier, or why its state could not be encoded.
-pub type ShardSnapshot = Result<BarrierReply, crate::snapshot::checkpoint::CheckpointError>;
+pub type ShardSnapshot = Result<BarrierReply, crate::checkpoint::file::CheckpointError>;
 
 /// The pipeline has shut down: nothing more can be sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

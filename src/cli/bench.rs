@@ -305,9 +305,9 @@ fn checkpoint_times(
     n: usize,
 ) -> Result<CheckpointTimes> {
     use crate::channels::router::{Routed, Router, SourceInfo};
+    use crate::checkpoint::file::{self as checkpoint, Head};
     use crate::decode::{Format, Origin, decode_line};
     use crate::operators::shard::{self, AlertSetup, Retention, Shard};
-    use crate::snapshot::checkpoint::{self, Head};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -145,7 +145,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(dir)
         .map_err(|e| anyhow!("cannot create data_dir {}: {e}", dir.display()))?;
     // Held until this function returns (the kernel lets go if it dies).
-    let lock = crate::snapshot::lock::DataDirLock::acquire(dir)?;
+    let lock = crate::checkpoint::lock::DataDirLock::acquire(dir)?;
     tracing::info!(
         version = env!("FLUXPIPE_VERSION"),
         config = %label,
@@ -155,7 +155,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         "starting"
     );
     if args.reset_state {
-        match crate::snapshot::checkpoint::set_aside(&config.data_dir)? {
+        match crate::checkpoint::file::set_aside(&config.data_dir)? {
             Some(aside) => eprintln!(
                 "fluxpipe: --reset-state: starting from nothing; the old checkpoint is kept as {}",
                 aside.display()

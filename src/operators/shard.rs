@@ -10,6 +10,8 @@ use super::shard_metrics::{ShardMetrics, exception_of};
 use crate::channels::fanout::{OutputBuffer, Outputs};
 use crate::channels::router::{BarrierReply, Routed, ShardMsg, ShardSnapshot, SourceInfo};
 
+use crate::checkpoint::changelog;
+use crate::checkpoint::file::{ShardStateRef, spill_path};
 use crate::keyed::Owner;
 use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::engine::{AlertEvent, Status};
@@ -22,8 +24,6 @@ use crate::keyed::saved::SavedState;
 use crate::keyed::state::KeyedAnomaly;
 use crate::output::OutputRecord;
 use crate::output::effects;
-use crate::snapshot::changelog;
-use crate::snapshot::checkpoint::{ShardStateRef, spill_path};
 use crate::telemetry::metric;
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use std::collections::BTreeSet;
@@ -573,6 +573,7 @@ fn count_anomalies(anomalies: &[KeyedAnomaly]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::file::{self as checkpoint, ShardBytes};
     use crate::decode::{Body, EventStream, Record};
     use crate::flux::Event;
     use crate::flux::job::JobState;
@@ -582,7 +583,6 @@ mod tests {
     use crate::keyed::alerts::rule::RuleKind;
     use crate::output::OutputStream;
     use crate::pipeline::config;
-    use crate::snapshot::checkpoint::{self, ShardBytes};
     use serde_json::json;
     use std::path::Path;
     use std::sync::Arc;

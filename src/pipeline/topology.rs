@@ -13,19 +13,19 @@
 //! finish. If every sink delivered, the final checkpoint is written.
 
 use super::config::{Config, OperatorConfig};
-use super::coordinator::{self, Coordinator, Schedule};
 use crate::api::{Server, Views};
 use crate::channels::fanout::Outputs;
 use crate::channels::feeds::Feeds;
 use crate::channels::query::{Questions, WatchFiring};
 use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
+use crate::checkpoint::coordinator::{self, Coordinator, Schedule};
+use crate::checkpoint::file::{self as checkpoint, Head};
 use crate::keyed::alerts::watch::Watch;
 use crate::keyed::saved::SavedState;
 use crate::operators::feed_watch;
 use crate::operators::shard::{self, AlertSetup, Retention, Shard};
 use crate::sinks::SinkConfig;
 use crate::sinks::{self, SinkContext};
-use crate::snapshot::checkpoint::{self, Head};
 use crate::sources::{self, SourceContext, SourceSpec};
 use crate::telemetry;
 use anyhow::{Context, Result};
@@ -239,7 +239,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         _ => Default::default(),
     };
     let sink_ctx = SinkContext {
-        offsets: crate::sinks::offsets::SinkOffsets::restored(cuts),
+        offsets: crate::checkpoint::offsets::SinkOffsets::restored(cuts),
         shutdown: shutdown.clone(),
         sinks: config.sinks.len(),
         api_url: config.api.as_ref().map(|a| format!("http://{}", a.address)),

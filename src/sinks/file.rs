@@ -1,7 +1,7 @@
 //! `type = "file"`: JSON Lines appended to a file. SIGHUP reopens the file,
 //! so logrotate can move it away.
 //!
-//! Exactly once across crashes ([`super::offsets`]): at start the file is
+//! Exactly once across crashes ([`crate::checkpoint::offsets`]): at start the file is
 //! cut back to the offset the restored checkpoint saved (what lies beyond
 //! is the output of records after it, which come again); without one, only
 //! a torn last line (a crash mid-write) is cut off. A file replaced since
@@ -16,9 +16,9 @@
 //! tries; what is still not written is given up (the next run writes it).
 
 use super::lines::{FILE_LINGER, Lines, Next};
-use super::offsets::SinkOffset;
 use super::retry::{Retry, SHUTDOWN_GRACE};
 use super::{SinkContext, SinkRx};
+use crate::checkpoint::offsets::SinkOffset;
 use crate::component::Problem;
 use crate::telemetry::metric;
 use anyhow::Context;

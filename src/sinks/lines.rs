@@ -3,7 +3,7 @@
 //! the queue has run dry for a moment and now and then under load.
 
 use super::SinkRx;
-use super::offsets::Mark;
+use crate::checkpoint::offsets::Mark;
 use crate::output::OutputRecord;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

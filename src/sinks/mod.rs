@@ -9,7 +9,6 @@
 //! (`/metrics` is not a sink: it is the pipeline's server, [`crate::api`].)
 
 pub mod lines;
-pub mod offsets;
 pub mod pager;
 pub mod retry;
 
@@ -119,7 +118,7 @@ pub struct OutputClosed {
 #[derive(Debug, Clone, Default)]
 pub struct SinkContext {
     /// Where the file sinks stand, for checkpoints.
-    pub offsets: offsets::SinkOffsets,
+    pub offsets: crate::checkpoint::offsets::SinkOffsets,
     /// The pipeline's shutdown, for a sink whose end ends the pipeline (a
     /// closed standard output when it is the only sink).
     pub shutdown: tokio_util::sync::CancellationToken,

@@ -7,7 +7,7 @@
 //! file dump tree, ~200 ms to walk, every ~2 s); in between, every poll
 //! stats the files already tracked, so appends are seen as fast as ever and
 //! only new files, renames and replacements wait for the next walk.
-//! Symbolic links to files are read; links to folders are not walked. What a file is comes from its path ([`decode::classify_path`]):
+//! Symbolic links to files are read; links to folders are not walked. What a file is comes from its path ([`crate::decode::classify_path`]):
 //! eventlogs and `*.jsonl` journals are tailed line by line; a job's `R` or
 //! the instance's `resource/R` is read whole as one JSON document and sent
 //! again only when its content changes; anything else (jobspecs, output
@@ -76,7 +76,7 @@
 //! just past the last line handed on and the number of lines before it
 //! (for dead-letter locations), and, per R path, a hash of the document
 //! last sent. They are saved in the pipeline's checkpoint, taken at a
-//! barrier ([`crate::pipeline::coordinator`]): between two lines the source
+//! barrier ([`crate::checkpoint::coordinator`]): between two lines the source
 //! hands them over when asked, and its final ones when it stops. Positions
 //! of files that disappeared are kept for a day (a dump tree that is
 //! deleted and dumped again is not read twice). Positions that cannot be

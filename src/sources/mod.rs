@@ -19,11 +19,11 @@ pub mod kafka;
 pub mod socket;
 pub mod stdin;
 
-use crate::channels::checkpoint::CheckpointLink;
 use crate::channels::fanout::Outputs;
 use crate::channels::feeds::Feed;
 use crate::channels::query::Ownership;
 use crate::channels::router::{Closed, Routed, Router, Tally};
+use crate::checkpoint::link::CheckpointLink;
 use crate::component::{Claim, Problem};
 use crate::decode::{self, Origin, Record};
 use crate::output::OutputStream;

@@ -3,9 +3,9 @@
 //! reads what reached the router (and the dead-letter stream).
 
 use super::*;
-use crate::channels::checkpoint::CheckpointLink;
 use crate::channels::fanout::{Outputs, SinkCommon, SinkRx, WhenFull};
 use crate::channels::router::{Routed, Router, ShardMsg};
+use crate::checkpoint::link::CheckpointLink;
 use crate::decode::Body;
 use std::cmp::Reverse;
 use std::collections::BTreeSet;

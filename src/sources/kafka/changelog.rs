@@ -1,4 +1,4 @@
-//! The changelog topic on the broker ([`crate::snapshot::changelog`] has
+//! The changelog topic on the broker ([`crate::checkpoint::changelog`] has
 //! its format): created if missing, written at each checkpoint round, read
 //! back when a partition is assigned.
 //!
@@ -10,9 +10,9 @@
 
 use super::KafkaSourceConfig;
 use super::member::Offsets;
-use crate::channels::checkpoint::ChangelogRx;
+use crate::checkpoint::changelog::{self, Change, Restored, Restorer};
+use crate::checkpoint::link::ChangelogRx;
 use crate::keyed::Owner;
-use crate::snapshot::changelog::{self, Change, Restored, Restorer};
 use crate::telemetry::metric;
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

@@ -12,7 +12,7 @@
 //!    before the positions; it encodes its state, answers, and waits until
 //!    every shard has (an aligned barrier): then every output of a record
 //!    before the barrier is queued at the sinks and none after it, and each
-//!    `file` sink's cut is placed there ([`crate::sinks::offsets`]).
+//!    `file` sink's cut is placed there ([`crate::checkpoint::offsets`]).
 //! 4. The outputs of those records are queued at the sinks by then; the
 //!    round waits until every sink is done with what was queued for it, so
 //!    no output of a saved record is lost in a crash. If a sink has given
@@ -20,8 +20,8 @@
 //!    any more: the positions stay before it, and a restart reads it again.
 //! 5. Sources that keep a changelog (Kafka) write the state changes of
 //!    their partitions, each partition's closed by the offset it stands
-//!    at ([`crate::snapshot::changelog`]), and wait for the broker's acknowledgement.
-//! 6. Positions and states are written as one file ([`crate::snapshot::checkpoint`]);
+//!    at ([`crate::checkpoint::changelog`]), and wait for the broker's acknowledgement.
+//! 6. Positions and states are written as one file ([`crate::checkpoint::file`]);
 //!    then sources may commit the positions upstream.
 //!
 //! A round that takes longer than `checkpoint.timeout_secs` at any step is
@@ -32,15 +32,15 @@
 //!
 //! At shutdown no barrier is needed: once the sources have stopped and the
 //! shards and sinks have drained, the final state is saved with the
-//! sources' final positions ([`super::topology`]).
+//! sources' final positions ([`crate::pipeline::topology`]).
 
-use crate::channels::checkpoint::{ChangelogBatch, CheckpointLink, SourceReport};
 use crate::channels::fanout::SinkCounters;
 use crate::channels::query::WatchFiring;
 use crate::channels::router::Router;
-use crate::sinks::offsets::SinkOffsets;
-use crate::snapshot::changelog::Change;
-use crate::snapshot::checkpoint::{self, Head};
+use crate::checkpoint::changelog::Change;
+use crate::checkpoint::file::{self as checkpoint, Head};
+use crate::checkpoint::link::{ChangelogBatch, CheckpointLink, SourceReport};
+use crate::checkpoint::offsets::SinkOffsets;
 use crate::telemetry::metric;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -106,7 +106,7 @@ enum Abandoned {
     )]
     GivenUp(u64),
     #[error(transparent)]
-    Cut(crate::sinks::offsets::NotReached),
+    Cut(crate::checkpoint::offsets::NotReached),
     #[error("changelog of source {0}: {1}")]
     Changelog(Arc<str>, String),
     #[error(transparent)]

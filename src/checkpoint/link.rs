@@ -1,10 +1,10 @@
 //! The link between sources and the checkpoint coordinator
-//! ([`crate::pipeline::coordinator`]): a source is asked for a round,
+//! ([`crate::checkpoint::coordinator`]): a source is asked for a round,
 //! reports its positions and waits for the barrier, learns when a
 //! checkpoint is on disk, and (Kafka) takes the state changes it must
 //! write to its changelog.
 
-use crate::snapshot::changelog::Change;
+use crate::checkpoint::changelog::Change;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot, watch};
 

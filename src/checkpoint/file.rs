@@ -86,7 +86,7 @@ pub struct Head {
     pub written_at: f64,
     /// Each source's positions, in the source's own JSON form.
     pub sources: BTreeMap<String, String>,
-    /// Where each file sink stood at the barrier ([`crate::sinks::offsets`]).
+    /// Where each file sink stood at the barrier ([`crate::checkpoint::offsets`]).
     /// Last, with a default: checkpoints written before it read as before.
     #[serde(default)]
     pub sinks: BTreeMap<String, String>,
