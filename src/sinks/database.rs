@@ -167,6 +167,10 @@ pub async fn run(
                     tracing::info!(sink = %name, jobs = n, "finished jobs counted in the daily rollups")
                 }
                 Err(e) => {
+                    // Counted as the sink's error, so its default alert
+                    // says what the log alone would keep quiet.
+                    metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => name.to_string())
+                        .increment(1);
                     tracing::warn!(sink = %name, "cannot count the archive's jobs in its rollups (next start tries again): {e}")
                 }
             }
