@@ -18,7 +18,6 @@ pub mod channels;
 pub mod cli;
 pub mod component;
 pub mod decode;
-pub mod exposition;
 pub use flux_model as flux;
 pub mod checkpoint;
 pub mod keyed;

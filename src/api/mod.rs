@@ -15,7 +15,7 @@ use crate::channels::fanout::SinkCounters;
 use crate::channels::query::Questions;
 use crate::channels::tap::Taps;
 use crate::component::{Claim, Problem, Resource};
-use crate::exposition::{self, Format};
+use crate::telemetry::exposition::{self, Format};
 use crate::telemetry::{self, NodeBoard, Readiness, StateAges, UserJobs};
 use anyhow::Context;
 use axum::http::{HeaderMap, StatusCode, header};

@@ -9,7 +9,6 @@
 
 use super::past::ArchiveReader;
 use crate::channels::query::{Answer, Query, Questions};
-use crate::exposition;
 use crate::flux::fsd;
 use crate::flux::idset::IdSet;
 use crate::flux::jobid::JobId;
@@ -17,6 +16,7 @@ use crate::flux::resource::{NodeCount, RankState};
 use crate::keyed::alerts::wall_now;
 use crate::keyed::query::JobFilter;
 use crate::keyed::query::{AlertPosition, ClusterCounts};
+use crate::telemetry::exposition;
 use crate::telemetry::metric;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query as Params, State};

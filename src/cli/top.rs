@@ -6,7 +6,7 @@
 //! one interval) and exits, for scripts and for terminals that are not.
 
 use super::ask::{Client, Servers};
-use crate::exposition::{Sample, parse_samples};
+use crate::telemetry::exposition::{Sample, parse_samples};
 use crate::telemetry::metric;
 use anyhow::Result;
 use clap::Args;

@@ -3,10 +3,6 @@
 //! emitting output records; the router ([`crate::channels::router`])
 //! deals records out to them.
 
-pub mod ages;
 mod answer;
-mod entry_times;
 pub mod feed_watch;
-pub mod job_metrics;
 pub mod shard;
-mod shard_metrics;

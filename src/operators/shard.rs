@@ -6,9 +6,9 @@
 //! got exec events after `orphan_ttl` (see [`crate::keyed::expiry`]); the
 //! shard asks it to on every tick.
 
-use super::shard_metrics::{ShardMetrics, exception_of};
 use crate::channels::fanout::{OutputBuffer, Outputs};
 use crate::channels::router::{BarrierReply, Routed, ShardMsg, ShardSnapshot, SourceInfo};
+use crate::telemetry::shard_metrics::{ShardMetrics, exception_of};
 
 use crate::checkpoint::changelog;
 use crate::checkpoint::file::{ShardStateRef, spill_path};
