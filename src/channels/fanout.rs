@@ -5,7 +5,6 @@
 //! wait for).
 
 use crate::channels::tap::Taps;
-use crate::component::Problem;
 use crate::output::OutputRecord;
 use crate::output::effects::Emit;
 use crate::output::{OutputStream, StreamSet};
@@ -25,89 +24,16 @@ pub enum WhenFull {
     DropNewest,
 }
 
-/// The keys every sink has: what the fan-out needs to feed it.
+/// What the fan-out needs to feed a sink: the streams it takes, and how
+/// its channel behaves (from the keys every sink has,
+/// [`crate::sinks::config`]).
 #[derive(Debug, Clone, Copy)]
-pub struct SinkCommon<'a> {
-    pub inputs: &'a [String],
+pub struct Subscription {
+    pub streams: StreamSet,
     pub when_full: WhenFull,
+    /// Records buffered before `when_full` applies.
     pub buffer: usize,
 }
-
-impl SinkCommon<'_> {
-    /// The subscribed streams (unknown names are refused by validation
-    /// before this is used).
-    pub fn streams(&self) -> StreamSet {
-        self.inputs
-            .iter()
-            .filter_map(|i| OutputStream::parse(i))
-            .collect()
-    }
-
-    /// What is wrong with the keys every sink has.
-    pub fn problems(&self) -> Vec<Problem> {
-        let mut out = Vec::new();
-        if self.inputs.is_empty() {
-            out.push(Problem::new(
-                "inputs",
-                ": at least one output stream is needed",
-            ));
-        }
-        for (i, input) in self.inputs.iter().enumerate() {
-            if OutputStream::parse(input).is_none() {
-                let known: Vec<&str> = OutputStream::ALL.iter().map(|o| o.as_str()).collect();
-                out.push(Problem::at(
-                    "inputs",
-                    i,
-                    format!(
-                        ": unknown input `{input}`; expected one of {}",
-                        known.join(", ")
-                    ),
-                ));
-            }
-        }
-        if self.buffer == 0 {
-            out.push(Problem::new("buffer", ": must be at least 1"));
-        }
-        out
-    }
-}
-
-pub fn default_buffer() -> usize {
-    1024
-}
-
-/// Declares a sink's config struct with its own keys plus the keys every
-/// sink has (serde's `flatten` cannot be combined with
-/// `deny_unknown_fields`, and unknown keys must be refused).
-macro_rules! sink_config {
-    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty,)* }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        pub struct $name {
-            $($(#[$fmeta])* pub $field: $ty,)*
-            /// Output streams to receive.
-            pub inputs: Vec<String>,
-            /// What to do when the buffer is full.
-            #[serde(default)]
-            pub when_full: $crate::channels::fanout::WhenFull,
-            /// Records buffered before `when_full` applies.
-            #[serde(default = "crate::channels::fanout::default_buffer")]
-            pub buffer: usize,
-        }
-
-        impl $name {
-            pub fn common(&self) -> $crate::channels::fanout::SinkCommon<'_> {
-                $crate::channels::fanout::SinkCommon {
-                    inputs: &self.inputs,
-                    when_full: self.when_full,
-                    buffer: self.buffer,
-                }
-            }
-        }
-    };
-}
-pub(crate) use sink_config;
 
 /// The receiving end of a sink's channel, which also keeps count of the
 /// records the sink is done with (delivered, or given up and counted as
@@ -364,7 +290,7 @@ impl Outputs {
     /// Create a channel for every sink; returns the fan-out table and each
     /// sink's receiver, in the order given.
     pub fn new<'a>(
-        sinks: impl IntoIterator<Item = (&'a str, SinkCommon<'a>)>,
+        sinks: impl IntoIterator<Item = (&'a str, Subscription)>,
     ) -> (Self, Vec<SinkRx>) {
         let mut ports = Vec::new();
         let mut rxs = Vec::new();
@@ -375,7 +301,7 @@ impl Outputs {
             let held = Arc::new(AtomicU64::new(0));
             ports.push(SinkPort {
                 name: name.into(),
-                streams: common.streams(),
+                streams: common.streams,
                 tx,
                 when_full: common.when_full,
                 dropped: Arc::default(),
@@ -578,7 +504,11 @@ mod tests {
 
     fn outputs(sinks: &str) -> (Outputs, Vec<SinkRx>) {
         let cfg = config::parse(&format!("[sources.s]\ntype = \"stdin\"\n{sinks}")).unwrap();
-        Outputs::new(cfg.sinks.iter().map(|(n, c)| (n.as_str(), c.common())))
+        Outputs::new(
+            cfg.sinks
+                .iter()
+                .map(|(n, c)| (n.as_str(), c.common().subscription())),
+        )
     }
 
     fn record(stream: OutputStream, n: u64) -> OutputRecord {

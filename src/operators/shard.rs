@@ -669,8 +669,11 @@ mod tests {
             "[sources.s]\ntype = \"stdin\"\n[sinks.k]\ntype = \"stdout\"\ninputs = {inputs}\nbuffer = 1000\n"
         ))
         .unwrap();
-        let (outputs, mut rxs) =
-            Outputs::new(cfg.sinks.iter().map(|(n, c)| (n.as_str(), c.common())));
+        let (outputs, mut rxs) = Outputs::new(
+            cfg.sinks
+                .iter()
+                .map(|(n, c)| (n.as_str(), c.common().subscription())),
+        );
         (outputs, rxs.remove(0))
     }
 

@@ -244,8 +244,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         sinks: config.sinks.len(),
         api_url: config.api.as_ref().map(|a| format!("http://{}", a.address)),
     };
-    let (outputs, sink_rxs) =
-        Outputs::new(config.sinks.iter().map(|(n, c)| (n.as_str(), c.common())));
+    let (outputs, sink_rxs) = Outputs::new(
+        config
+            .sinks
+            .iter()
+            .map(|(n, c)| (n.as_str(), c.common().subscription())),
+    );
     let outputs = outputs.with_taps(views.taps.clone());
     // The file sinks' marks exist before any checkpoint round can ask.
     for (name, sink) in &config.sinks {

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
 
-crate::channels::fanout::sink_config! {
+crate::sinks::config::sink_config! {
     /// `type = "alertmanager"`: alerts to Alertmanager's API v2.
     AlertmanagerSinkConfig {
         /// Alertmanager's base URL, e.g. `http://127.0.0.1:9093`.

@@ -3,7 +3,7 @@
 
 use super::{SinkContext, SinkRx};
 
-crate::channels::fanout::sink_config! {
+crate::sinks::config::sink_config! {
     /// `type = "blackhole"`: counts the records and drops them (benchmarks).
     BlackholeSinkConfig {}
 }

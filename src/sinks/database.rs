@@ -26,7 +26,7 @@ use crate::telemetry::metric;
 use std::time::Duration;
 use tokio::time::Instant;
 
-crate::channels::fanout::sink_config! {
+crate::sinks::config::sink_config! {
     /// `type = "database"`: the job archive.
     DatabaseSinkConfig {
         /// `sqlite://PATH` or `postgres://USER@HOST/DATABASE`.

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::fs::{File, OpenOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
-crate::channels::fanout::sink_config! {
+crate::sinks::config::sink_config! {
     /// `type = "file"`: JSON Lines appended to a file, reopened on SIGHUP.
     FileSinkConfig {
         path: PathBuf,

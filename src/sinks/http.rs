@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-crate::channels::fanout::sink_config! {
+crate::sinks::config::sink_config! {
     /// `type = "http"`: JSON arrays POSTed to a webhook.
     HttpSinkConfig {
         uri: String,

@@ -3,11 +3,12 @@
 //! record to the sinks that asked for its stream.
 //!
 //! Each sink type is one file here that owns its config (a struct made
-//! with [`crate::channels::fanout::sink_config`], and its [`SinkSpec`])
+//! with [`crate::sinks::config::sink_config`], and its [`SinkSpec`])
 //! and its `run`; a new sink is that file, its `pub mod` line and one line
 //! in the list below.
 //! (`/metrics` is not a sink: it is the pipeline's server, [`crate::api`].)
 
+pub mod config;
 pub mod lines;
 pub mod pager;
 pub mod retry;
@@ -23,13 +24,14 @@ pub mod kafka;
 pub mod socket;
 pub mod stdout;
 
+use crate::channels::fanout::SinkRx;
 pub use crate::channels::fanout::count_sent;
-use crate::channels::fanout::{SinkCommon, SinkRx};
 use crate::component::Problem;
+use config::SinkCommon;
 
 /// What the pipeline asks of every sink type's config, besides the keys
 /// every sink has (`common()`, made by
-/// [`crate::channels::fanout::sink_config`]).
+/// [`crate::sinks::config::sink_config`]).
 pub trait SinkSpec {
     /// What is wrong with its own keys.
     fn problems(&self) -> Vec<Problem> {

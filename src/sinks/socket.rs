@@ -26,7 +26,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Instant;
 
-crate::channels::fanout::sink_config! {
+crate::sinks::config::sink_config! {
     /// `type = "socket"`: JSON Lines to a TCP or Unix listener, reconnecting.
     SocketSinkConfig {
         #[serde(default)]

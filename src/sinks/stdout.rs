@@ -4,7 +4,7 @@ use super::lines::{Lines, Next};
 use super::{SinkContext, SinkRx};
 use std::time::Duration;
 
-crate::channels::fanout::sink_config! {
+crate::sinks::config::sink_config! {
     /// `type = "stdout"`: JSON Lines on standard output.
     StdoutSinkConfig {}
 }

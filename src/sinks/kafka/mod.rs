@@ -24,7 +24,7 @@ mod producer;
 #[cfg(feature = "kafka")]
 pub use producer::MAX_IN_FLIGHT;
 
-crate::channels::fanout::sink_config! {
+crate::sinks::config::sink_config! {
     /// `type = "kafka"`: one message per record, keyed by cluster and job.
     KafkaSinkConfig {
         bootstrap_servers: String,

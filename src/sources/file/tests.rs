@@ -3,10 +3,11 @@
 //! reads what reached the router (and the dead-letter stream).
 
 use super::*;
-use crate::channels::fanout::{Outputs, SinkCommon, SinkRx, WhenFull};
+use crate::channels::fanout::{Outputs, SinkRx, Subscription, WhenFull};
 use crate::channels::router::{Routed, Router, ShardMsg};
 use crate::checkpoint::link::CheckpointLink;
 use crate::decode::Body;
+use crate::output::StreamSet;
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -66,11 +67,10 @@ fn context_with_queue(
     let config: FileSourceConfig =
         toml::from_str(&format!("poll_interval_ms = 20\n{keys}")).expect("source config");
     let (tx, records) = mpsc::channel(queue);
-    let inputs = ["dead_letter".to_string()];
-    let sink = SinkCommon {
-        inputs: &inputs,
+    let sink = Subscription {
+        streams: StreamSet::from_iter([crate::output::OutputStream::DeadLetter]),
         when_full: WhenFull::Block,
-        buffer: crate::channels::fanout::default_buffer(),
+        buffer: crate::sinks::config::default_buffer(),
     };
     let (outputs, mut rxs) = Outputs::new([("dead", sink)]);
     let ctx = SourceContext::new(
