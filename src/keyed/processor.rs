@@ -432,7 +432,7 @@ impl Processor {
     }
 
     /// Fired or resolved: the subjects' saved conditions changed.
-    fn alerted(&mut self, events: &[AlertEvent]) {
+    pub(super) fn alerted(&mut self, events: &[AlertEvent]) {
         for a in events {
             match &a.subject {
                 Subject::Job(k) => self.owners.job_changed(&mut self.state, k, None),

@@ -154,14 +154,7 @@ impl Processor {
         let firing = self.alerts.restore(out_of_order, &mut self.state.jobs);
         out.firing.extend(firing);
         // Announced again: the subjects' conditions are to be logged.
-        let firing = std::mem::take(&mut out.firing);
-        for a in &firing {
-            match &a.subject {
-                Subject::Job(k) => self.owners.job_changed(&mut self.state, k, None),
-                Subject::Node(n) => self.owners.resource_changed(&self.state, &n.cluster, None),
-            }
-        }
-        out.firing = firing;
+        self.alerted(&out.firing);
         out
     }
 
