@@ -3,7 +3,7 @@
 //! look like fluxpipe's own, and each value tried framed and raw.
 #![no_main]
 
-use fluxpipe::snapshot::changelog::{FORMAT, Restorer};
+use fluxpipe::checkpoint::changelog::{FORMAT, Restorer};
 use fluxpipe::keyed::Owner;
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! whatever decodes can be dealt out to shards.
 #![no_main]
 
-use fluxpipe::snapshot::checkpoint::{decode, frame};
+use fluxpipe::checkpoint::file::{decode, frame};
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 

@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = format.render(&values, |v, _| v.clone(), true);
     }
     // What `fluxpipe top` reads from /metrics.
-    let _ = fluxpipe::exposition::parse_samples(s);
+    let _ = fluxpipe::telemetry::exposition::parse_samples(s);
     if let Ok(secs) = fsd::parse(s)
         && secs.is_finite()
     {
