@@ -171,7 +171,13 @@ fn parse_streams(s: &str) -> Result<StreamSet> {
         .filter(|s| !s.is_empty())
         .map(|name| match OutputStream::parse(name) {
             Some(OutputStream::DeadLetter) | None => {
-                anyhow::bail!("no stream {name:?} (events, transitions, jobs, job_updates, resources, alerts, anomalies)")
+                // Bad lines are anomalies here: there is no dead_letter.
+                let known: Vec<&str> = OutputStream::ALL
+                    .iter()
+                    .filter(|s| **s != OutputStream::DeadLetter)
+                    .map(|s| s.as_str())
+                    .collect();
+                anyhow::bail!("no stream {name:?} (the streams are {})", known.join(", "))
             }
             Some(s) => Ok(s),
         })
@@ -385,7 +391,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     anomalies.extend(replay.processor.state().finish());
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let state = &replay.processor.state();
+    let state = replay.processor.state();
     let jobs = jobs_listed(state, listing.as_ref());
     match (jobs_format, args.format) {
         (Some(format), _) => {

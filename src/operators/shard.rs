@@ -14,14 +14,13 @@ use crate::checkpoint::changelog;
 use crate::checkpoint::file::{ShardStateRef, spill_path};
 use crate::keyed::Owner;
 use crate::keyed::alerts::Clock;
-use crate::keyed::alerts::engine::{AlertEvent, Status};
+use crate::keyed::alerts::engine::AlertEvent;
 use crate::keyed::alerts::rule::Rule;
 use crate::keyed::expiry::StateTtl;
 use crate::keyed::processor::Outcome;
 use crate::keyed::processor::Processor;
 use crate::keyed::restore::{Gone, is_active};
 use crate::keyed::saved::SavedState;
-use crate::keyed::state::KeyedAnomaly;
 use crate::output::OutputRecord;
 use crate::output::effects;
 use crate::telemetry::metric;
@@ -232,8 +231,7 @@ impl Shard {
         }
         for rule in &gone.rules {
             if let Some(rule) = self.processor.alerts().rules().get(*rule) {
-                metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => gone.key.cluster.clone(), "rule" => rule.name.clone())
-                    .decrement(1.0);
+                ShardMetrics::stuck(&gone.key.cluster, rule, -1.0);
             }
         }
     }
@@ -445,7 +443,7 @@ impl Shard {
         self.metrics
             .applied(&cluster, stream, &done, exception, state);
         self.report_tracked();
-        count_anomalies(&done.fx.anomalies);
+        ShardMetrics::anomalies(&done.fx.anomalies);
         effects::effects(
             &mut self.outputs,
             self.processor.state(),
@@ -475,14 +473,7 @@ impl Shard {
             let Some(rule) = self.processor.alerts().rules().get(a.rule) else {
                 continue;
             };
-            if rule.kind.is_job() {
-                let g = metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => a.subject.cluster().to_string(), "rule" => rule.name.clone());
-                match a.status {
-                    Status::Firing => g.increment(1.0),
-                    Status::Resolved => g.decrement(1.0),
-                }
-            }
-            metrics::counter!(metric::FLUXPIPE_ALERTS_TOTAL, "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
+            ShardMetrics::alerted(rule, a);
         }
         effects::alerts(
             &mut self.outputs,
@@ -500,7 +491,7 @@ impl Shard {
             metrics::counter!(metric::FLUXPIPE_JOBS_EVICTED_TOTAL, "reason" => why.as_str())
                 .increment(1);
         }
-        count_anomalies(&expired.anomalies);
+        ShardMetrics::anomalies(&expired.anomalies);
         effects::anomalies(&mut self.outputs, expired.anomalies);
         self.emit_alerts(&expired.alerts, false).await;
         self.report_tracked();
@@ -555,18 +546,6 @@ impl Shard {
     /// Jobs currently held.
     pub fn jobs_tracked(&self) -> usize {
         self.processor.state().jobs.len()
-    }
-}
-
-/// Anomalies found, by stream and kind.
-fn count_anomalies(anomalies: &[KeyedAnomaly]) {
-    for a in anomalies {
-        metrics::counter!(
-            metric::FLUXPIPE_ANOMALIES_TOTAL,
-            "stream" => a.anomaly.stream.as_str(),
-            "kind" => a.anomaly.kind.as_str()
-        )
-        .increment(1);
     }
 }
 

@@ -8,10 +8,11 @@ use super::job_metrics::ClusterMetrics;
 use crate::decode::{Body, EventStream, Record};
 use crate::flux::job::{Job, JobState};
 use crate::flux::resource::ResourceState;
+use crate::keyed::alerts::engine::{AlertEvent, Status};
 use crate::keyed::alerts::rule::Rule;
 use crate::keyed::processor::Processed;
-use crate::keyed::state::KeyedTransition;
 use crate::keyed::state::State;
+use crate::keyed::state::{KeyedAnomaly, KeyedTransition};
 use crate::telemetry::metric;
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
 use foldhash::HashMap;
@@ -98,8 +99,38 @@ impl ShardMetrics {
             .insert(cluster.to_string(), ClusterMetrics::new(cluster));
         let c = cluster.to_string();
         for rule in job_rules {
-            metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => c.clone(), "rule" => rule.name.clone())
-                .increment(0.0);
+            Self::stuck(&c, rule, 0.0);
+        }
+    }
+
+    /// Jobs for which a job rule fires: `delta` more (or fewer).
+    pub fn stuck(cluster: &str, rule: &Rule, delta: f64) {
+        metrics::gauge!(metric::FLUX_JOBS_STUCK, "flux_cluster" => cluster.to_string(), "rule" => rule.name.clone())
+            .increment(delta);
+    }
+
+    /// An alert fired or resolved: the alerts counted, and the stuck jobs
+    /// of a job rule.
+    pub fn alerted(rule: &Rule, a: &AlertEvent) {
+        if rule.kind.is_job() {
+            let delta = match a.status {
+                Status::Firing => 1.0,
+                Status::Resolved => -1.0,
+            };
+            Self::stuck(a.subject.cluster(), rule, delta);
+        }
+        metrics::counter!(metric::FLUXPIPE_ALERTS_TOTAL, "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
+    }
+
+    /// Anomalies found, by stream and kind.
+    pub fn anomalies(anomalies: &[KeyedAnomaly]) {
+        for a in anomalies {
+            metrics::counter!(
+                metric::FLUXPIPE_ANOMALIES_TOTAL,
+                "stream" => a.anomaly.stream.as_str(),
+                "kind" => a.anomaly.kind.as_str()
+            )
+            .increment(1);
         }
     }
 
