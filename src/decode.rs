@@ -965,8 +965,14 @@ mod tests {
 
     #[test]
     fn the_events_streams_username_document_reads_back() {
-        let doc = crate::output::username_document("c", Some(JobId(5)), "alice", "s");
-        let d = decode_line(doc.to_string().as_bytes(), &Origin::default(), Format::Auto);
+        let doc = crate::output::OutputRecord::document(crate::output::DocumentRecord {
+            cluster: "c".into(),
+            stream: EventStream::Job,
+            id: Some(JobId(5)),
+            document: crate::output::Document::Username("alice".into()),
+            source: "s".into(),
+        });
+        let d = decode_line(doc.line().as_bytes(), &Origin::default(), Format::Auto);
         assert!(d.errors.is_empty(), "{:?}", d.errors);
         assert_eq!(d.records.len(), 1);
         assert_eq!(d.records[0].cluster.as_deref(), Some("c"));

@@ -16,6 +16,7 @@ use crate::flux::resource::{NodeCount, RankState};
 use crate::keyed::alerts::wall_now;
 use crate::keyed::query::JobFilter;
 use crate::keyed::query::{AlertPosition, ClusterCounts};
+use crate::output::AlertRecord;
 use crate::telemetry::exposition;
 use crate::telemetry::metric;
 use axum::extract::rejection::QueryRejection;
@@ -68,7 +69,7 @@ struct Cluster {
     counts: ClusterCounts,
     ranks: Vec<RankState>,
     /// The oldest firing alerts, with their places.
-    alerts: Vec<(AlertPosition, Value)>,
+    alerts: Vec<(AlertPosition, AlertRecord)>,
     /// How many fire in all.
     firing: usize,
     /// Its queues that are not virtual, with their ranks and the virtual
@@ -265,12 +266,11 @@ fn severity_rank(severity: &str) -> usize {
 /// Alerts grouped by rule, the most severe rules first: (severity,
 /// rule, its alerts).
 fn by_rule<'a>(
-    alerts: impl IntoIterator<Item = &'a Value>,
-) -> Vec<(String, String, Vec<&'a Value>)> {
-    let mut groups: BTreeMap<(usize, String, String), Vec<&Value>> = BTreeMap::new();
+    alerts: impl IntoIterator<Item = &'a AlertRecord>,
+) -> Vec<(String, String, Vec<&'a AlertRecord>)> {
+    let mut groups: BTreeMap<(usize, String, String), Vec<&AlertRecord>> = BTreeMap::new();
     for a in alerts {
-        let severity = a["severity"].as_str().unwrap_or("").to_string();
-        let rule = a["alertname"].as_str().unwrap_or("").to_string();
+        let (severity, rule) = (a.severity.clone(), a.alertname.clone());
         groups
             .entry((severity_rank(&severity), severity, rule))
             .or_default()
@@ -529,7 +529,11 @@ async fn node_page(
 }
 
 /// What fires, grouped by rule, the most severe first, with counts.
-fn alert_table<'a>(cluster: &str, alerts: impl IntoIterator<Item = &'a Value>, now: f64) -> Markup {
+fn alert_table<'a>(
+    cluster: &str,
+    alerts: impl IntoIterator<Item = &'a AlertRecord>,
+    now: f64,
+) -> Markup {
     html! {
         table.alerts {
             @for (severity, rule, list) in by_rule(alerts) {
@@ -541,13 +545,13 @@ fn alert_table<'a>(cluster: &str, alerts: impl IntoIterator<Item = &'a Value>, n
                 }
                 @for a in list {
                     tr.alert data-about=(about(a)) {
-                        td { (ago(now, a["since"].as_f64().unwrap_or(now))) }
+                        td { (ago(now, a.since)) }
                         td {
-                            @if let Some(job) = a["labels"]["jobid"].as_str() {
+                            @if let Some(job) = a.labels.get("jobid") {
                                 (job_link(cluster, job)) ": "
                             }
-                            (a["annotations"]["summary"].as_str().unwrap_or(""))
-                            @if let Some(r) = a["annotations"]["reason"].as_str() { " (" (r) ")" }
+                            (a.annotations.get("summary").map_or("", String::as_str))
+                            @if let Some(r) = a.annotations.get("reason") { " (" (r) ")" }
                         }
                     }
                 }
@@ -675,7 +679,7 @@ async fn alerts_page(
         Ok(Err(e)) => return unavailable(&e.to_string()),
         Err(_) => return unavailable("the shards did not answer in time (busy)"),
     };
-    let mut all: Vec<(AlertPosition, Value)> = Vec::new();
+    let mut all: Vec<(AlertPosition, AlertRecord)> = Vec::new();
     let mut total = 0;
     for answer in answers {
         if let Answer::Alerts(list, n) = answer {
@@ -687,7 +691,7 @@ async fn alerts_page(
     all.truncate(ALERTS_PAGE);
     let name = cluster.as_deref().unwrap_or("every cluster");
     let now = wall_now();
-    let by_cluster = |a: &Value| a["cluster"].as_str().unwrap_or("").to_string();
+    let by_cluster = |a: &AlertRecord| a.cluster.clone();
     let body = html! {
         p.muted { (total) " firing" @if total > all.len() { ", the oldest " (all.len()) " shown" } "." }
         @if all.is_empty() { p.muted { "Nothing firing." } }
@@ -701,14 +705,13 @@ async fn alerts_page(
 
 /// A job's F58 id, a node's name or a silent feed's source, from an
 /// alert record.
-fn about(alert: &Value) -> String {
-    let labels = &alert["labels"];
-    labels["jobid"]
-        .as_str()
-        .or_else(|| labels["node"].as_str())
-        .or_else(|| labels["source"].as_str())
-        .unwrap_or("")
-        .to_string()
+fn about(alert: &AlertRecord) -> String {
+    let labels = &alert.labels;
+    ["jobid", "node", "source"]
+        .iter()
+        .find_map(|k| labels.get(*k))
+        .cloned()
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

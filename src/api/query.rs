@@ -26,6 +26,7 @@ use crate::flux::jobid::JobId;
 use crate::flux::resource::RankState;
 use crate::flux::user::UserMatch;
 use crate::keyed::query::{AlertPosition, ClusterCounts, JobFilter, Position, QueueFilter};
+use crate::output::AlertRecord;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query as Params, State};
@@ -502,7 +503,7 @@ async fn alerts(
         after,
         limit: limit + 1,
     };
-    let mut all: Vec<(AlertPosition, Value)> = Vec::new();
+    let mut all: Vec<(AlertPosition, AlertRecord)> = Vec::new();
     let mut total = 0;
     for answer in ask(&questions, query).await? {
         if let Answer::Alerts(page, n) = answer {

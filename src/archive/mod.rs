@@ -679,6 +679,12 @@ fn bind<'q>(query: Query<'q, Any, AnyArguments>, cell: &Cell) -> Query<'q, Any, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flux::job::{JobState, Transition};
+    use crate::flux::jobid::JobId;
+    use crate::flux::resource::{RankChange, RankState};
+    use crate::keyed::JobKey;
+    use crate::keyed::state::KeyedTransition;
+    use crate::output::OutputRecord;
 
     #[test]
     fn urls_are_checked_and_sqlite_files_created() {
@@ -750,11 +756,44 @@ mod tests {
         let url = format!("sqlite://{}/jobs.db", dir.path().display());
         let archive = Archive::connect(&url, Access::Write).await.unwrap();
         archive.migrate().await.unwrap();
-        let job = r#"{"cluster":"c","id":18446744073709551615,"kind":"job","nodelist":"n[1-2]","queue":"q","record_id":"r","result":"FAILED","state":"INACTIVE","t_inactive":10.0,"t_submit":1.0,"userid":5,"success":false}"#;
+        let job_of = |line: &str| OutputRecord::job(serde_json::from_str(line).unwrap());
+        let record = job_of(
+            r#"{"cluster":"c","id":18446744073709551615,"kind":"job","nodelist":"n[1-2]","queue":"q","record_id":"r","result":"FAILED","state":"INACTIVE","t_inactive":10.0,"t_submit":1.0,"userid":5,"success":false}"#,
+        );
+        let job = record.line();
         let mut batch = Batch::default();
-        batch.add(job).unwrap();
-        batch.add(r#"{"kind":"rank","cluster":"c","rank":1,"hostname":"n1","record_id":"x","timestamp":3.0,"drained":true}"#).unwrap();
-        batch.add(r#"{"kind":"transition","cluster":"c","id":18446744073709551615,"from":"RUN","to":"CLEANUP","event":"finish","timestamp":9.0,"record_id":"t"}"#).unwrap();
+        batch.add(&record).unwrap();
+        let drained = RankState {
+            hostname: Some("n1".into()),
+            drained: true,
+            ..RankState::new(1)
+        };
+        let change = RankChange {
+            rank: 1,
+            before: Some(RankState::new(1)),
+            after: Some(drained),
+        };
+        batch
+            .add(&OutputRecord::rank_change(
+                "c",
+                change,
+                Some(("drain", 3.0)),
+            ))
+            .unwrap();
+        let finish = KeyedTransition {
+            key: JobKey {
+                cluster: "c".into(),
+                id: JobId(u64::MAX),
+            },
+            transition: Transition {
+                from: JobState::Run,
+                to: JobState::Cleanup,
+                timestamp: 9.0,
+            },
+        };
+        batch
+            .add(&OutputRecord::transition(&finish, "finish"))
+            .unwrap();
         archive.store(&batch, None).await.unwrap();
         archive.store(&batch, None).await.unwrap();
         let all = JobQuery {
@@ -786,10 +825,10 @@ mod tests {
         // (a restart): the end stays.
         let mut again = Batch::default();
         again
-            .add(
+            .add(&job_of(
                 &job.replace("\"INACTIVE\"", "\"RUN\"")
                     .replace("\"r\"", "\"r0\""),
-            )
+            ))
             .unwrap();
         archive.store(&again, None).await.unwrap();
         assert_eq!(archive.jobs(&all).await.unwrap(), [job]);

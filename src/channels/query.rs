@@ -10,7 +10,7 @@ use super::router::ShardMsg;
 use crate::flux::resource::RankState;
 use crate::keyed::alerts::watch::SavedWatchAlert;
 use crate::keyed::query::{AlertPosition, ClusterCounts, JobFilter, Position};
-use crate::output::JobRecord;
+use crate::output::{AlertRecord, JobRecord};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
@@ -56,7 +56,7 @@ pub struct JobNow {
     /// until their rule's duration has passed), as the alerts stream
     /// shapes them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub alerts: Option<Vec<serde_json::Value>>,
+    pub alerts: Option<Vec<AlertRecord>>,
     /// Asked about one job: how far its execution has come (prolog,
     /// epilog, exec eventlog).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,7 +83,7 @@ pub enum Answer {
     Clusters(BTreeMap<String, ClusterCounts>),
     /// Alert records, as the alerts stream has them, with their places;
     /// and how many fire in this part in all.
-    Alerts(Vec<(AlertPosition, serde_json::Value)>, usize),
+    Alerts(Vec<(AlertPosition, AlertRecord)>, usize),
 }
 
 /// A question on its way to one shard, with where the answer goes.
@@ -164,18 +164,14 @@ pub struct WatchFiring(Arc<Mutex<Told>>);
 #[derive(Debug, Default)]
 struct Told {
     /// Alert records with their places, in order.
-    firing: Vec<(AlertPosition, serde_json::Value)>,
+    firing: Vec<(AlertPosition, AlertRecord)>,
     /// The same, as a checkpoint keeps them.
     saved: Vec<SavedWatchAlert>,
 }
 
 impl WatchFiring {
     /// What fires now, in any order, and as a checkpoint keeps it.
-    pub fn set(
-        &self,
-        mut firing: Vec<(AlertPosition, serde_json::Value)>,
-        saved: Vec<SavedWatchAlert>,
-    ) {
+    pub fn set(&self, mut firing: Vec<(AlertPosition, AlertRecord)>, saved: Vec<SavedWatchAlert>) {
         firing.sort_by(|a, b| a.0.cmp(&b.0));
         if let Ok(mut told) = self.0.lock() {
             *told = Told { firing, saved };

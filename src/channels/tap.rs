@@ -10,7 +10,6 @@
 use crate::flux::jobid::JobId;
 use crate::output::{OutputRecord, StreamSet};
 use crate::telemetry::metric;
-use serde_json::Value;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -142,7 +141,8 @@ impl Drop for Tap {
 
 /// Which records of the tapped streams a reader wants: of one cluster,
 /// one job, one node (by host name, `rankN` or rank). Judged on the
-/// reader's side, from the record's JSON.
+/// reader's side, from the record's [`Subject`](crate::output::Subject):
+/// no line is read back.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TapFilter {
     pub cluster: Option<String>,
@@ -155,28 +155,23 @@ impl TapFilter {
         self == &TapFilter::default()
     }
 
-    pub fn matches(&self, record: &Value) -> bool {
+    pub fn matches(&self, record: &OutputRecord) -> bool {
+        let about = record.subject();
         if let Some(c) = &self.cluster
-            && record.get("cluster").and_then(Value::as_str) != Some(c.as_str())
+            && about.cluster != Some(c.as_str())
         {
             return false;
         }
         if let Some(job) = self.job
-            && record.get("id").and_then(Value::as_u64) != Some(job.0)
+            && about.id != Some(job.0)
         {
             return false;
         }
         if let Some(node) = &self.node {
-            let rank = record.get("rank").and_then(|r| match r {
-                Value::Number(n) => n.as_u64(),
-                Value::String(s) => s.parse().ok(),
-                _ => None,
-            });
-            let named = ["hostname", "node"]
-                .iter()
-                .any(|k| record.get(*k).and_then(Value::as_str) == Some(node.as_str()));
-            let ranked = rank
-                .is_some_and(|r| node.strip_prefix("rank").unwrap_or(node).parse::<u64>() == Ok(r));
+            let named = about.node == Some(node.as_str());
+            let ranked = about
+                .rank
+                .is_some_and(|r| node.strip_prefix("rank").unwrap_or(node).parse::<u32>() == Ok(r));
             if !named && !ranked {
                 return false;
             }
@@ -245,9 +240,36 @@ mod tests {
 
     #[test]
     fn filters_pick_a_cluster_a_job_and_a_node() {
-        let job = json!({"kind": "transition", "cluster": "a", "id": 42});
-        let node = json!({"kind": "rank", "cluster": "a", "rank": 3, "hostname": "n3"});
-        let alert = json!({"cluster": "b", "node": "rank7", "rank": 7});
+        use crate::flux::job::{JobState, Transition};
+        use crate::flux::resource::{RankChange, RankState};
+        let job = OutputRecord::transition(
+            &crate::keyed::state::KeyedTransition {
+                key: crate::keyed::JobKey {
+                    cluster: "a".into(),
+                    id: JobId(42),
+                },
+                transition: Transition {
+                    from: JobState::Sched,
+                    to: JobState::Run,
+                    timestamp: 1.0,
+                },
+            },
+            "alloc",
+        );
+        let n3 = RankState {
+            hostname: Some("n3".into()),
+            ..RankState::new(3)
+        };
+        let change = RankChange {
+            rank: 3,
+            before: None,
+            after: Some(n3),
+        };
+        let node = OutputRecord::rank_change("a", change, None);
+        let mut rank7 = crate::output::AlertRecord::of_job("firing", "f1", 1.0, None);
+        (rank7.cluster, rank7.id, rank7.node, rank7.rank) =
+            ("b".into(), None, Some("rank7".into()), Some(7));
+        let alert = OutputRecord::alert(rank7);
         let f = |cluster: Option<&str>, job: Option<u64>, node: Option<&str>| TapFilter {
             cluster: cluster.map(str::to_string),
             job: job.map(JobId),

@@ -17,7 +17,10 @@ use crate::keyed::processor::Processor;
 use crate::keyed::query::{JobFilter, select_jobs};
 use crate::keyed::state::{JobEntry, KeyedAnomaly, State};
 use crate::output::effects::{self, Emit};
-use crate::output::{self, OutputRecord, OutputStream, StreamSet};
+use crate::output::{
+    self, AlertRecord, AlertStatus, AnomalyRecord, JobRecord, OutputRecord, OutputStream,
+    RankStateRecord, StreamSet, json_line,
+};
 use crate::sources::file::rotation;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
@@ -379,7 +382,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
             ExitCode::SUCCESS
         });
     }
-    let alerts: Vec<Value> = replay
+    let alerts: Vec<AlertRecord> = replay
         .fired
         .iter()
         .filter_map(|a| {
@@ -395,7 +398,10 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
     let jobs = jobs_listed(state, listing.as_ref());
     match (jobs_format, args.format) {
         (Some(format), _) => {
-            let records: Vec<Value> = jobs.iter().map(|(k, e)| output::job(k, e)).collect();
+            let records: Vec<Value> = jobs
+                .iter()
+                .map(|(k, e)| serde_json::to_value(JobRecord::new(k, e)).unwrap_or_default())
+                .collect();
             // The last event read: a replay of an old log is not "now"
             // (the listing keeps it, alerts or not).
             let now = state
@@ -669,21 +675,21 @@ fn print_json(
     state: &State,
     jobs: &[(&JobKey, &JobEntry)],
     anomalies: &[KeyedAnomaly],
-    alerts: &[Value],
+    alerts: &[AlertRecord],
 ) -> Result<()> {
     for (key, entry) in jobs {
-        writeln!(out, "{}", output::job(key, entry))?;
+        writeln!(out, "{}", json_line(&JobRecord::new(key, entry)))?;
     }
     for (cluster, res) in state.clusters() {
-        for r in res.ranks() {
-            writeln!(out, "{}", output::rank(cluster, r))?;
+        for state in res.ranks() {
+            writeln!(out, "{}", json_line(&RankStateRecord { cluster, state }))?;
         }
     }
     for a in anomalies {
-        writeln!(out, "{}", output::anomaly(a))?;
+        writeln!(out, "{}", json_line(&AnomalyRecord(a.clone())))?;
     }
     for a in alerts {
-        writeln!(out, "{a}")?;
+        writeln!(out, "{}", json_line(a))?;
     }
     Ok(())
 }
@@ -702,7 +708,7 @@ fn print_table(
     state: &State,
     jobs: &[(&JobKey, &JobEntry)],
     anomalies: &[KeyedAnomaly],
-    alerts: &[Value],
+    alerts: &[AlertRecord],
     lines: u64,
 ) -> Result<()> {
     writeln!(
@@ -769,21 +775,21 @@ fn print_table(
             "ALERTS (event time)\n{:<9} {:<20} {:<20} {:<20}  SUMMARY",
             "STATUS", "ALERT", "STARTS", "ENDS"
         )?;
-        let text = |v: &Value, k: &str| v[k].as_str().unwrap_or("-").to_string();
+        let time = |t: Option<&str>| t.and_then(|t| t.get(..19)).unwrap_or("-").to_string();
         for a in alerts {
             writeln!(
                 out,
                 "{:<9} {:<20} {:<20} {:<20}  {}",
-                text(a, "status"),
-                text(a, "alertname"),
-                text(a, "starts_at").get(..19).unwrap_or("-"),
-                text(a, "ends_at").get(..19).unwrap_or("-"),
-                a["annotations"]["summary"].as_str().unwrap_or("")
+                a.status.as_str(),
+                a.alertname,
+                time(Some(&a.starts_at)),
+                time(a.ends_at.as_deref()),
+                a.annotations.get("summary").map_or("", String::as_str)
             )?;
         }
     }
-    let firing = alerts.iter().filter(|a| a["status"] == "firing").count()
-        - alerts.iter().filter(|a| a["status"] == "resolved").count();
+    let count = |s| alerts.iter().filter(|a| a.status == s).count();
+    let firing = count(AlertStatus::Firing) - count(AlertStatus::Resolved);
     let mut states = [0usize; 7];
     for (_, e) in jobs {
         states[JobState::ALL

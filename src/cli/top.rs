@@ -6,6 +6,7 @@
 //! one interval) and exits, for scripts and for terminals that are not.
 
 use super::ask::{Client, Servers};
+use crate::output::AlertRecord;
 use crate::telemetry::exposition::{Sample, parse_samples};
 use crate::telemetry::metric;
 use anyhow::Result;
@@ -15,6 +16,7 @@ use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
+use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -45,7 +47,7 @@ pub struct Look {
     pub url: String,
     pub metrics: BTreeMap<String, Vec<Sample>>,
     pub clusters: Vec<Value>,
-    pub alerts: Vec<Value>,
+    pub alerts: Vec<AlertRecord>,
     pub firing: u64,
     /// Why it could not be read, if it could not.
     pub error: Option<String>,
@@ -257,22 +259,13 @@ pub fn view(before: Option<&[Look]>, now: &[Look], secs: f64, wall: f64) -> View
         }
 
         for a in &look.alerts {
-            let labels = &a["labels"];
-            let subject = labels["jobid"]
-                .as_str()
-                .or(labels["node"].as_str())
-                .unwrap_or("");
+            let subject = a.labels.get("jobid").or(a.labels.get("node"));
             alerts.push(vec![
-                a["alertname"].as_str().unwrap_or("?").to_string(),
-                tag(a["cluster"].as_str().unwrap_or("?")),
-                subject.to_string(),
-                a["since"]
-                    .as_f64()
-                    .map_or_else(|| "-".to_string(), |t| ago(wall, t)),
-                a["annotations"]["summary"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
+                a.alertname.clone(),
+                tag(&a.cluster),
+                subject.cloned().unwrap_or_default(),
+                ago(wall, a.since),
+                a.annotations.get("summary").cloned().unwrap_or_default(),
             ]);
         }
     }
@@ -386,7 +379,7 @@ fn look(client: &Client) -> Vec<Look> {
                 look.clusters = v["clusters"].as_array().cloned().unwrap_or_default();
             }
             if let Ok(v) = a.and_then(|t| Ok(serde_json::from_str::<Value>(&t)?)) {
-                look.alerts = v["alerts"].as_array().cloned().unwrap_or_default();
+                look.alerts = alert_records(&v["alerts"]);
                 look.firing = v["firing"].as_u64().unwrap_or(0);
             }
             look
@@ -504,6 +497,15 @@ fn draw(f: &mut ratatui::Frame, view: &View) {
     }
 }
 
+/// The alert records of an answer of `/api/v1/alerts`; one that does not
+/// read as an alert record (of another version) is left out, not the rest.
+fn alert_records(alerts: &Value) -> Vec<AlertRecord> {
+    let list = alerts.as_array().map_or(&[][..], Vec::as_slice);
+    list.iter()
+        .filter_map(|a| AlertRecord::deserialize(a).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,7 +516,7 @@ mod tests {
             url: "http://a".into(),
             metrics: parse_samples(metrics),
             clusters: clusters.as_array().cloned().unwrap_or_default(),
-            alerts: alerts.as_array().cloned().unwrap_or_default(),
+            alerts: alert_records(&alerts),
             firing: 1,
             error: None,
         }
@@ -536,7 +538,10 @@ mod tests {
              fluxpipe_records_sent_total{sink=\"out\"} 30\n\
              fluxpipe_sink_buffered_records{sink=\"out\"} 4\n",
             json!([{"cluster": "picl", "jobs": {"RUN": 3, "SCHED": 2}, "nodes": {"online": 4, "drained": 1}, "newest_event": 1995.0}]),
-            json!([{"alertname": "node_drained", "cluster": "picl", "labels": {"node": "n3"}, "since": 1900.0, "annotations": {"summary": "drained"}}]),
+            json!([{"alertname": "node_drained", "cluster": "picl", "labels": {"node": "n3"}, "since": 1900.0,
+                "annotations": {"summary": "drained"}, "ends_at": null, "kind": "alert", "record_id": "x",
+                "rule_kind": "node_drained", "severity": "warning", "starts_at": "", "status": "firing"},
+                {"alertname": "of another version"}]),
         );
         let v = view(Some(&[before]), &[now], 2.0, 2000.0);
         assert!(

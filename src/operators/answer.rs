@@ -105,7 +105,7 @@ fn job_now(processor: &Processor, key: &JobKey, entry: &JobEntry, detail: bool) 
             .filter_map(|(event, fired)| {
                 let mut record = output::alert(rules.get(event.rule)?, &event);
                 if !fired {
-                    record["status"] = json!("pending");
+                    record.status = output::AlertStatus::Pending;
                 }
                 Some(record)
             })

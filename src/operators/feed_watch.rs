@@ -12,7 +12,7 @@ use crate::keyed::alerts::event::Status;
 use crate::keyed::alerts::watch::WatchAlert;
 use crate::keyed::alerts::watch::{FeedState, Watch};
 use crate::keyed::query::AlertPosition;
-use crate::output::{self, OutputRecord, OutputStream};
+use crate::output::{self, OutputRecord};
 use crate::telemetry::{NodeBoard, metric};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -38,10 +38,8 @@ pub async fn run(
     for a in &announce {
         if let Some(rule) = watch.rules().get(a.rule) {
             let mut record = output::watch_alert(rule, a);
-            output::mark_restored(&mut record);
-            outputs
-                .emit(OutputRecord::new(OutputStream::Alerts, &record))
-                .await;
+            record.restored = true;
+            outputs.emit(OutputRecord::alert(record)).await;
         }
     }
     tell(&watch, &firing);
@@ -103,10 +101,7 @@ pub async fn run(
             }
             metrics::counter!(metric::FLUXPIPE_ALERTS_TOTAL, "rule" => rule.name.clone(), "status" => a.status.as_str()).increment(1);
             outputs
-                .emit(OutputRecord::new(
-                    OutputStream::Alerts,
-                    &output::watch_alert(rule, a),
-                ))
+                .emit(OutputRecord::alert(output::watch_alert(rule, a)))
                 .await;
         }
         if !alerts.is_empty() {

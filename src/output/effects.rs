@@ -4,9 +4,8 @@
 //! `fluxpipe replay --emit` (standard output), so both send the same
 //! records in the same order.
 
-use super::{JobRecord, OutputRecord, OutputStream};
+use super::{Document, DocumentRecord, EventRecord, JobRecord, OutputRecord, OutputStream};
 use crate::decode::{Body, EventStream};
-use crate::flux::event::Event;
 use crate::flux::job::JobState;
 use crate::flux::jobid::JobId;
 use crate::keyed::JobKey;
@@ -36,18 +35,32 @@ pub fn input(
     if !out.wants(OutputStream::Events) {
         return None;
     }
-    let value = match body {
-        Body::Event(ev) => super::event(cluster, stream, id, ev, source),
-        Body::R(r) => super::r_document(cluster, stream, id, &r.to_value(), source),
-        Body::User(name) => super::username_document(cluster, id, name, source),
+    let document = |stream, document| {
+        OutputRecord::document(DocumentRecord {
+            cluster: cluster.into(),
+            stream,
+            id,
+            document,
+            source: source.into(),
+        })
+    };
+    Some(match body {
+        Body::Event(ev) => OutputRecord::event(EventRecord {
+            cluster: cluster.into(),
+            stream,
+            id,
+            event: ev.clone(),
+            source: source.into(),
+        }),
+        Body::R(r) => document(stream, Document::R(r.to_value())),
+        Body::User(name) => document(EventStream::Job, Document::Username(name.to_string())),
         Body::JobSpec(read) => {
             let text = read.text.as_ref()?;
             let kept = crate::flux::jobspec::kept_part(&text.to_value());
-            super::jobspec_document(cluster, id, &kept, source)
+            document(EventStream::Job, Document::JobSpec(kept))
         }
         _ => return None,
-    };
-    Some(OutputRecord::new(OutputStream::Events, &value))
+    })
 }
 
 /// The records of one applied record, in the order they are sent: the
@@ -108,7 +121,7 @@ pub fn effects(
     }
     if !fx.rank_changes.is_empty() && out.wants(OutputStream::Resources) {
         for (cluster, change) in fx.rank_changes {
-            let ev = at.map(|ts| Event::new(ts, name));
+            let ev = at.map(|ts| (name, ts));
             out.emit(OutputRecord::rank_change(&cluster, change, ev));
         }
     }
@@ -135,10 +148,7 @@ pub fn anomalies(out: &mut impl Emit, anomalies: impl IntoIterator<Item = KeyedA
         return;
     }
     for a in anomalies {
-        out.emit(OutputRecord::new(
-            OutputStream::Anomalies,
-            &super::anomaly(&a),
-        ));
+        out.emit(OutputRecord::anomaly(a));
     }
 }
 
@@ -153,10 +163,8 @@ pub fn alerts(out: &mut impl Emit, rules: &[Rule], events: &[AlertEvent], restor
         let Some(rule) = rules.get(a.rule) else {
             continue;
         };
-        let mut record = super::alert(rule, a);
-        if restored {
-            super::mark_restored(&mut record);
-        }
-        out.emit(OutputRecord::new(OutputStream::Alerts, &record));
+        let mut record = super::alert::alert(rule, a);
+        record.restored = restored;
+        out.emit(OutputRecord::alert(record));
     }
 }

@@ -1,23 +1,25 @@
-//! Output records: one JSON object per record, with a `kind`, shared by
-//! `fluxpipe replay --format json` and every sink of the pipeline so both
-//! use the same field names.
+//! Output records: one type per kind of record, each written as one JSON
+//! object with a `kind` and its keys in sorted order. What writes a record
+//! (the processor's effects, a source's dead letters, the feed watch) and
+//! what reads it (the sinks, the archive, the pagers, the tap, the query
+//! API, `fluxpipe top`) share its type; `fluxpipe replay` prints the same.
 
+pub mod alert;
 pub mod effects;
+pub mod job;
+pub mod records;
 
-use crate::decode::EventStream;
-use crate::flux::event::Event;
-use crate::flux::job::{JobResult, JobState, Transition};
+pub use alert::{AlertRecord, AlertStatus, alert, watch_alert};
+pub use job::JobRecord;
+pub use records::{
+    AnomalyRecord, DEAD_LETTER_MAX_BYTES, DeadLetterRecord, Document, DocumentRecord, EventRecord,
+    RankRecord, RankStateRecord, TransitionRecord,
+};
+
 use crate::flux::jobid::JobId;
-use crate::flux::jobspec::JobSpec;
-use crate::flux::resource::{RankChange, RankState};
-use crate::keyed::JobKey;
-use crate::keyed::alerts::engine::{AlertEvent, Subject};
-use crate::keyed::alerts::rule::{Rule, RuleKind};
-use crate::keyed::alerts::watch::WatchAlert;
-use crate::keyed::state::{JobEntry, KeyedAnomaly, KeyedTransition};
-use compact_str::CompactString;
-use serde::Serialize;
-use serde_json::{Map, Value, json};
+use crate::flux::resource::RankChange;
+use crate::keyed::state::{KeyedAnomaly, KeyedTransition};
+use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::sync::OnceLock;
 use xxhash_rust::xxh3::xxh3_64;
@@ -144,61 +146,86 @@ fn id_bytes(id: Option<JobId>) -> [u8; 8] {
     id.map_or(u64::MAX, |i| i.0).to_le_bytes()
 }
 
-/// One record on its way to the sinks: the stream it belongs to and its
-/// JSON text (no trailing newline), serialized once for every sink.
+/// The `kind` of a record: what its type is, in its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordKind {
+    Event,
+    #[serde(rename = "R")]
+    R,
+    #[serde(rename = "jobspec")]
+    JobSpec,
+    Username,
+    Transition,
+    Job,
+    Rank,
+    Alert,
+    Anomaly,
+    DeadLetter,
+}
+
+/// One record on its way to the sinks: the stream it belongs to, what it
+/// is ([`Payload`]), and its JSON text (no trailing newline), written once
+/// for every sink where it is first wanted: on a sink's thread, not on
+/// the shard's (the busiest), and not at all for a sink that only counts
+/// records.
 #[derive(Debug, Clone)]
 pub struct OutputRecord {
     pub stream: OutputStream,
     line: OnceLock<String>,
-    /// A record whose line is not written yet: it is written where it is
-    /// first wanted, on a sink's thread, not on the shard's (the busiest),
-    /// and not at all for a sink that only counts records.
-    unwritten: Unwritten,
+    payload: Payload,
 }
 
-/// What the records written late are made from, owned. A transition is
-/// held inline (one allocation for the whole record, freed on a sink's
-/// thread); a job summary, larger and rarer, is boxed.
-#[derive(Debug, Clone)]
-enum Unwritten {
-    Nothing,
-    Transition(OwnedTransition),
+/// What a record is. A transition is held inline (one allocation for the
+/// whole record, freed on a sink's thread); the larger and rarer kinds
+/// are boxed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    Event(Box<EventRecord>),
+    Document(Box<DocumentRecord>),
+    Transition(TransitionRecord),
     Job(Box<JobRecord>),
-    Rank(Box<OwnedRankChange>),
+    Rank(Box<RankRecord>),
+    Alert(Box<AlertRecord>),
+    Anomaly(Box<AnomalyRecord>),
+    DeadLetter(Box<DeadLetterRecord>),
+    /// A line of no kind of ours, written already (a test's).
+    Line,
 }
 
-/// What a `resources` record of a rank's change is made from, owned.
-#[derive(Debug, Clone)]
-struct OwnedRankChange {
-    cluster: CompactString,
-    change: RankChange,
-    event: Option<Event>,
-    /// When it changed, for a change no event made (draining).
-    at: Option<f64>,
+/// What a tap's reader can ask of any record without reading its line:
+/// which cluster, job, rank and node it concerns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Subject<'a> {
+    pub cluster: Option<&'a str>,
+    pub id: Option<u64>,
+    pub rank: Option<u32>,
+    /// A host name (a rank's, or an alert's node).
+    pub node: Option<&'a str>,
 }
 
 impl OutputRecord {
-    /// A record from anything that serializes to a JSON object (a
-    /// record struct, or a `Value` built as a map).
+    fn of(stream: OutputStream, payload: Payload) -> Self {
+        OutputRecord {
+            stream,
+            line: OnceLock::new(),
+            payload,
+        }
+    }
+
+    /// A record of no kind of ours, from anything that serializes to a
+    /// JSON object.
     pub fn new(stream: OutputStream, value: &impl Serialize) -> Self {
         OutputRecord {
             stream,
             line: OnceLock::from(json_line(value)),
-            unwritten: Unwritten::Nothing,
-        }
-    }
-
-    fn unwritten(stream: OutputStream, what: Unwritten) -> Self {
-        OutputRecord {
-            stream,
-            line: OnceLock::new(),
-            unwritten: what,
+            payload: Payload::Line,
         }
     }
 
     /// A `transitions` record of a job's state change, caused by `event`.
     pub fn transition(t: &KeyedTransition, event: &str) -> Self {
-        let owned = OwnedTransition {
+        let record = TransitionRecord {
             // Copied, not shared: a count of references written by the
             // shard's thread and a sink's for every record costs more.
             cluster: t.key.cluster.as_ref().into(),
@@ -206,54 +233,156 @@ impl OutputRecord {
             id: t.key.id,
             transition: t.transition,
         };
-        Self::unwritten(OutputStream::Transitions, Unwritten::Transition(owned))
+        Self::of(OutputStream::Transitions, Payload::Transition(record))
     }
 
     /// A `jobs` record: a job's summary.
     pub fn job(record: JobRecord) -> Self {
-        Self::unwritten(OutputStream::Jobs, Unwritten::Job(Box::new(record)))
+        Self::of(OutputStream::Jobs, Payload::Job(Box::new(record)))
     }
 
     /// A `job_updates` record: an active job's summary.
     pub fn job_update(record: JobRecord) -> Self {
-        Self::unwritten(OutputStream::JobUpdates, Unwritten::Job(Box::new(record)))
+        Self::of(OutputStream::JobUpdates, Payload::Job(Box::new(record)))
     }
 
-    /// A `resources` record of what `event` did to one rank.
-    pub fn rank_change(cluster: &str, change: RankChange, event: Option<Event>) -> Self {
-        let owned = OwnedRankChange {
+    /// A `resources` record of what an event (its name and time) did to
+    /// one rank.
+    pub fn rank_change(cluster: &str, change: RankChange, event: Option<(&str, f64)>) -> Self {
+        let record = RankRecord {
             cluster: cluster.into(),
             change,
-            event,
+            event: event.map(|(name, ts)| (name.into(), ts)),
             at: None,
         };
-        Self::unwritten(OutputStream::Resources, Unwritten::Rank(Box::new(owned)))
+        Self::of(OutputStream::Resources, Payload::Rank(Box::new(record)))
     }
 
     /// A rank's change that no resource event made: a drained rank whose
     /// last job went (drained) or that a job holds (draining), as of `at`.
     pub fn rank_change_at(cluster: &str, change: RankChange, at: f64) -> Self {
-        let owned = OwnedRankChange {
+        let record = RankRecord {
             cluster: cluster.into(),
             change,
             event: None,
             at: Some(at),
         };
-        Self::unwritten(OutputStream::Resources, Unwritten::Rank(Box::new(owned)))
+        Self::of(OutputStream::Resources, Payload::Rank(Box::new(record)))
+    }
+
+    /// An `events` record: an input event, normalized.
+    pub fn event(record: EventRecord) -> Self {
+        Self::of(OutputStream::Events, Payload::Event(Box::new(record)))
+    }
+
+    /// An `events` record of a document beside the events.
+    pub fn document(record: DocumentRecord) -> Self {
+        Self::of(OutputStream::Events, Payload::Document(Box::new(record)))
+    }
+
+    /// An `alerts` record.
+    pub fn alert(record: AlertRecord) -> Self {
+        Self::of(OutputStream::Alerts, Payload::Alert(Box::new(record)))
+    }
+
+    /// An `anomalies` record.
+    pub fn anomaly(anomaly: KeyedAnomaly) -> Self {
+        let record = AnomalyRecord(anomaly);
+        Self::of(OutputStream::Anomalies, Payload::Anomaly(Box::new(record)))
+    }
+
+    /// A `dead_letter` record.
+    pub fn dead_letter(record: DeadLetterRecord) -> Self {
+        Self::of(
+            OutputStream::DeadLetter,
+            Payload::DeadLetter(Box::new(record)),
+        )
+    }
+
+    /// What the record is.
+    pub fn payload(&self) -> &Payload {
+        &self.payload
+    }
+
+    /// The alert, if the record is one.
+    pub fn as_alert(&self) -> Option<&AlertRecord> {
+        match &self.payload {
+            Payload::Alert(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Which cluster, job, rank and node the record concerns.
+    pub fn subject(&self) -> Subject<'_> {
+        let id = |id: Option<JobId>| id.map(|i| i.0);
+        match &self.payload {
+            Payload::Event(e) => Subject {
+                cluster: Some(&e.cluster),
+                id: id(e.id),
+                ..Subject::default()
+            },
+            Payload::Document(d) => Subject {
+                cluster: Some(&d.cluster),
+                id: id(d.id),
+                ..Subject::default()
+            },
+            Payload::Transition(t) => Subject {
+                cluster: Some(&t.cluster),
+                id: Some(t.id.0),
+                ..Subject::default()
+            },
+            Payload::Job(j) => Subject {
+                cluster: Some(&j.cluster),
+                id: Some(j.id),
+                ..Subject::default()
+            },
+            Payload::Rank(r) => Subject {
+                cluster: Some(&r.cluster),
+                rank: Some(r.change.rank),
+                node: r.after().and_then(|s| s.hostname.as_deref()),
+                ..Subject::default()
+            },
+            Payload::Alert(a) => Subject {
+                cluster: Some(&a.cluster),
+                id: a.id,
+                rank: a.rank,
+                node: a.node.as_deref(),
+            },
+            Payload::Anomaly(a) => Subject {
+                cluster: Some(&a.0.cluster),
+                id: id(a.0.id),
+                rank: a.0.anomaly.rank,
+                node: None,
+            },
+            Payload::DeadLetter(_) | Payload::Line => Subject::default(),
+        }
+    }
+
+    /// The key a keyed sink (Kafka) sends it under, so that a job's records
+    /// stay in order on one partition: `<cluster>/<id>`, `<cluster>`, or
+    /// the source for a dead letter (of no cluster).
+    pub fn key(&self) -> String {
+        let about = self.subject();
+        match (about.cluster, about.id, &self.payload) {
+            (Some(c), Some(id), _) => format!("{c}/{id}"),
+            (Some(c), None, _) => c.to_string(),
+            (None, _, Payload::DeadLetter(d)) => d.source.clone(),
+            _ => String::new(),
+        }
     }
 
     /// The record's JSON text.
     pub fn line(&self) -> &str {
-        self.line.get_or_init(|| match &self.unwritten {
-            Unwritten::Transition(t) => {
-                json_line(&transition(&t.cluster, t.id, &t.transition, &t.event))
-            }
-            Unwritten::Job(j) => json_line(&**j),
-            Unwritten::Rank(r) => match r.at {
-                Some(at) => json_line(&rank_change_at(&r.cluster, &r.change, at)),
-                None => json_line(&rank_change(&r.cluster, &r.change, r.event.as_ref())),
-            },
-            Unwritten::Nothing => String::new(),
+        self.line.get_or_init(|| match &self.payload {
+            Payload::Event(r) => json_line(r),
+            Payload::Document(r) => json_line(r),
+            Payload::Transition(r) => json_line(r),
+            Payload::Job(r) => json_line(r),
+            Payload::Rank(r) => json_line(r),
+            Payload::Alert(r) => json_line(r),
+            Payload::Anomaly(r) => json_line(r),
+            Payload::DeadLetter(r) => json_line(r),
+            Payload::Line => String::new(),
         })
     }
 }
@@ -264,440 +393,17 @@ impl PartialEq for OutputRecord {
     }
 }
 
-/// What a transition record is made from, owned.
-#[derive(Debug, Clone)]
-struct OwnedTransition {
-    /// Inline when short (most names): no allocation of their own.
-    cluster: CompactString,
-    event: CompactString,
-    id: JobId,
-    transition: Transition,
-}
-
 /// JSON text of a record. Room for a whole transition line from the start
 /// (serde_json's own guess is 128 bytes; the line is then copied to grow).
 /// Not a `Value`'s `to_string()`: `Display` writes through a formatter,
 /// piece by piece, at several times the cost (the same bytes).
-fn json_line(value: &impl Serialize) -> String {
+pub fn json_line(value: &impl Serialize) -> String {
     let mut out = Vec::with_capacity(384);
     if serde_json::to_writer(&mut out, value).is_err() {
         return String::new();
     }
     // serde_json writes UTF-8 only.
     String::from_utf8(out).unwrap_or_default()
-}
-
-/// `"kind":"job"`: a job summary with the fields of `flux jobs --json`.
-pub fn job(key: &JobKey, entry: &JobEntry) -> Value {
-    serde_json::to_value(JobRecord::new(key, entry)).unwrap_or(Value::Null)
-}
-
-/// A job record, serialized straight to its line: the summary's fields
-/// and the record's own, in the sorted order of a record built as a map.
-///
-/// Owned, so that its line can be written where it is first wanted (a
-/// sink's thread) rather than on the shard's.
-#[derive(Debug, Clone, Serialize)]
-pub struct JobRecord {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    bank: Option<CompactString>,
-    cluster: Box<str>,
-    dependencies: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    duration: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    exception_note: Option<String>,
-    /// As job-list gives them: of an inactive job only (false before).
-    exception_occurred: bool,
-    /// An exception raised while the job is still active (one that was
-    /// not fatal, or not yet final): job-list shows none until the job
-    /// ends, but an operator looking at the job wants it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    exception_raised: Option<RaisedException>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    exception_severity: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    exception_type: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    expiration: Option<f64>,
-    id: u64,
-    /// The id in F58, as `flux jobs` prints it: a string, which JSON
-    /// readers that keep numbers in doubles (JavaScript, jq 1.6) cannot
-    /// round, as they round ids past 2^53.
-    jobid: String,
-    kind: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<CompactString>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ncores: Option<u32>,
-    /// R's GPUs (not a field of flux-core 0.88's job-list).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ngpus: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    nnodes: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    nodelist: Option<CompactString>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ntasks: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    priority: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    project: Option<CompactString>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    queue: Option<CompactString>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ranks: Option<String>,
-    record_id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    result: Option<JobResult>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    returncode: Option<i64>,
-    state: JobState,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    success: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    t_cleanup: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    t_depend: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    t_inactive: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    t_run: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    t_submit: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    urgency: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    userid: Option<i64>,
-    /// As resolved where Flux runs; absent when Flux's side did not say.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    username: Option<CompactString>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    waitstatus: Option<i64>,
-}
-
-/// An active job's exception, in [`JobRecord::exception_raised`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
-struct RaisedException {
-    // In key order, as every record's keys are.
-    note: String,
-    severity: i64,
-    #[serde(rename = "type")]
-    kind: String,
-}
-
-impl JobRecord {
-    pub fn new(key: &JobKey, entry: &JobEntry) -> Self {
-        let job = &entry.job;
-        let s = job.summary_view();
-        let t = job.last_timestamp().unwrap_or(0.0).to_bits().to_le_bytes();
-        let spec = s.spec;
-        let text = |f: fn(&JobSpec) -> &Option<CompactString>| spec.and_then(|s| f(s).clone());
-        // job-list gives a job's exception once it is inactive.
-        let ended = s.ended_exception();
-        JobRecord {
-            bank: text(|s| &s.bank),
-            cluster: key.cluster.as_ref().into(),
-            dependencies: s.dependencies.to_vec(),
-            duration: spec.and_then(|s| s.duration),
-            exception_note: ended.map(|e| e.note.clone()),
-            exception_occurred: ended.is_some(),
-            exception_raised: s
-                .exception
-                .filter(|_| ended.is_none())
-                .map(|e| RaisedException {
-                    kind: e.kind.clone(),
-                    severity: e.severity,
-                    note: e.note.clone(),
-                }),
-            exception_severity: ended.map(|e| e.severity),
-            exception_type: ended.map(|e| e.kind.clone()),
-            expiration: s.expiration,
-            id: key.id.0,
-            jobid: key.id.encode(crate::flux::jobid::Encoding::F58),
-            kind: "job",
-            name: text(|s| &s.name),
-            ncores: spec.and_then(JobSpec::ncores),
-            ngpus: spec.and_then(JobSpec::ngpus),
-            nnodes: spec.and_then(JobSpec::nnodes),
-            nodelist: text(|s| &s.nodelist),
-            ntasks: spec.and_then(JobSpec::ntasks),
-            priority: s.priority,
-            project: text(|s| &s.project),
-            queue: text(|s| &s.queue),
-            ranks: s.ranks_text(),
-            record_id: record_id(&[b"job", key.cluster.as_bytes(), &key.id.0.to_le_bytes(), &t]),
-            result: s.result,
-            returncode: s.returncode,
-            state: s.state,
-            success: s.success,
-            t_cleanup: s.t_cleanup,
-            t_depend: s.t_depend,
-            t_inactive: s.t_inactive,
-            t_run: s.t_run,
-            t_submit: s.t_submit,
-            urgency: s.urgency,
-            userid: s.userid,
-            username: text(|s| &s.username),
-            waitstatus: s.waitstatus,
-        }
-    }
-}
-
-fn rank_fields(map: &mut Map<String, Value>, r: &RankState) {
-    map.insert("rank".into(), json!(r.rank));
-    map.insert("hostname".into(), json!(r.hostname));
-    map.insert("online".into(), json!(r.online));
-    map.insert("torpid".into(), json!(r.torpid));
-    map.insert("drained".into(), json!(r.drained));
-    map.insert("draining".into(), json!(r.draining));
-    map.insert("drain_reason".into(), json!(r.drain_reason));
-    map.insert("drain_timestamp".into(), json!(r.drain_timestamp));
-}
-
-/// `"kind":"rank"`: one rank's state (a replay result; no record id).
-pub fn rank(cluster: &str, r: &RankState) -> Value {
-    let mut map = Map::new();
-    map.insert("kind".into(), json!("rank"));
-    map.insert("cluster".into(), json!(cluster));
-    rank_fields(&mut map, r);
-    Value::Object(map)
-}
-
-/// `"kind":"rank"` on the `resources` stream: the rank's new state, which
-/// fields changed, and the event that changed them.
-pub fn rank_change(cluster: &str, change: &RankChange, event: Option<&Event>) -> Value {
-    let mut map = Map::new();
-    map.insert("kind".into(), json!("rank"));
-    map.insert("cluster".into(), json!(cluster));
-    match &change.after {
-        Some(r) => rank_fields(&mut map, r),
-        None => {
-            map.insert("rank".into(), json!(change.rank));
-            map.insert("removed".into(), json!(true));
-        }
-    }
-    map.insert("changed".into(), json!(change.changed_fields()));
-    let (name, ts) = event.map_or(("", 0.0), |e| (e.name.as_str(), e.timestamp));
-    if let Some(ev) = event {
-        map.insert("event".into(), json!(ev.name));
-        map.insert("timestamp".into(), json!(ev.timestamp));
-    }
-    map.insert(
-        "record_id".into(),
-        json!(rank_record_id(cluster, change, name, ts)),
-    );
-    Value::Object(map)
-}
-
-/// A rank record's id: the rank, what changed it when, and what changed.
-/// One event can make two records of a rank (a drain that finds the rank
-/// already freed: draining, then not), and each needs its own id.
-fn rank_record_id(cluster: &str, change: &RankChange, what: &str, ts: f64) -> String {
-    let changed = change.changed_fields().join(",");
-    let after = change.after.as_ref().map_or(0u8, |r| {
-        u8::from(r.online == Some(true))
-            | u8::from(r.drained) << 1
-            | u8::from(r.draining) << 2
-            | u8::from(r.torpid) << 3
-    });
-    record_id(&[
-        b"rank",
-        cluster.as_bytes(),
-        &change.rank.to_le_bytes(),
-        what.as_bytes(),
-        &ts.to_bits().to_le_bytes(),
-        changed.as_bytes(),
-        &[after],
-    ])
-}
-
-/// A rank's change that no resource event made (its jobs did: draining),
-/// with when it was seen; its id names what it became and when.
-pub fn rank_change_at(cluster: &str, change: &RankChange, at: f64) -> Value {
-    let mut v = rank_change(cluster, change, None);
-    let became = match &change.after {
-        Some(r) if r.draining => "draining",
-        _ => "drained",
-    };
-    if let Value::Object(map) = &mut v {
-        map.insert("timestamp".into(), json!(at));
-        map.insert(
-            "record_id".into(),
-            json!(rank_record_id(cluster, change, became, at)),
-        );
-    }
-    v
-}
-
-/// `"kind":"anomaly"`: the anomaly's own kind moves to `anomaly`.
-pub fn anomaly(a: &KeyedAnomaly) -> Value {
-    let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
-    if let Value::Object(map) = &mut v {
-        if let Some(k) = map.remove("kind") {
-            map.insert("anomaly".into(), k);
-        }
-        map.insert("kind".into(), json!("anomaly"));
-        let an = &a.anomaly;
-        map.insert(
-            "record_id".into(),
-            json!(record_id(&[
-                b"anomaly",
-                a.cluster.as_bytes(),
-                &id_bytes(a.id),
-                an.stream.as_str().as_bytes(),
-                an.kind.as_str().as_bytes(),
-                an.event.as_deref().unwrap_or("").as_bytes(),
-                &an.timestamp.unwrap_or(0.0).to_bits().to_le_bytes(),
-                &an.rank.unwrap_or(u32::MAX).to_le_bytes(),
-                an.message.as_bytes(),
-            ])),
-        );
-    }
-    v
-}
-
-/// `"kind":"transition"`: a job state change.
-pub fn transition<'a>(
-    cluster: &'a str,
-    id: JobId,
-    t: &Transition,
-    event: &'a str,
-) -> TransitionRecord<'a> {
-    TransitionRecord {
-        cluster,
-        event,
-        from: t.from,
-        id: id.0,
-        kind: "transition",
-        record_id: record_id(&[
-            b"transition",
-            cluster.as_bytes(),
-            &id.0.to_le_bytes(),
-            t.to.as_str().as_bytes(),
-            &t.timestamp.to_bits().to_le_bytes(),
-        ]),
-        timestamp: t.timestamp,
-        to: t.to,
-    }
-}
-
-/// A transition record, serialized straight to its line (one per state
-/// change: the hot output). Fields in the sorted order every other record
-/// has, as a JSON object built from a map.
-#[derive(Debug, Serialize)]
-pub struct TransitionRecord<'a> {
-    cluster: &'a str,
-    event: &'a str,
-    from: JobState,
-    id: u64,
-    kind: &'static str,
-    record_id: String,
-    timestamp: f64,
-    to: JobState,
-}
-
-/// `"kind":"event"`: an input event, normalized. Its shape is the
-/// envelope input form, so one fluxpipe's `events` feed another's sources.
-pub fn event(
-    cluster: &str,
-    stream: EventStream,
-    id: Option<JobId>,
-    ev: &Event,
-    source: &str,
-) -> Value {
-    let mut map = Map::new();
-    map.insert("kind".into(), json!("event"));
-    map.insert("cluster".into(), json!(cluster));
-    map.insert("stream".into(), json!(stream.as_str()));
-    if let Some(id) = id {
-        map.insert("id".into(), json!(id.0));
-    }
-    map.insert(
-        "event".into(),
-        serde_json::to_value(ev).unwrap_or(Value::Null),
-    );
-    map.insert("source".into(), json!(source));
-    map.insert(
-        "record_id".into(),
-        json!(record_id(&[
-            b"event",
-            cluster.as_bytes(),
-            stream.as_str().as_bytes(),
-            &id_bytes(id),
-            ev.name.as_bytes(),
-            &ev.timestamp.to_bits().to_le_bytes(),
-        ])),
-    );
-    Value::Object(map)
-}
-
-/// `"kind":"R"`: an R document as it came (a job's, or an instance's), for
-/// the `events` feed: what a downstream fluxpipe needs besides the events
-/// (a job's expiration, an instance's ranks). The envelope decoder reads it
-/// back.
-pub fn r_document(
-    cluster: &str,
-    stream: EventStream,
-    id: Option<JobId>,
-    r: &Value,
-    source: &str,
-) -> Value {
-    let text = r.to_string();
-    json!({
-        "kind": "R",
-        "cluster": cluster,
-        "stream": stream.as_str(),
-        "id": id.map(|i| i.0),
-        "R": r,
-        "source": source,
-        "record_id": record_id(&[
-            b"R",
-            cluster.as_bytes(),
-            stream.as_str().as_bytes(),
-            &id_bytes(id),
-            text.as_bytes(),
-        ]),
-    })
-}
-
-/// `"kind":"jobspec"`: a job's jobspec as it came (what the journal
-/// carries with `submit`), for the envelope decoder to read back.
-pub fn jobspec_document(cluster: &str, id: Option<JobId>, spec: &Value, source: &str) -> Value {
-    let text = spec.to_string();
-    json!({
-        "kind": "jobspec",
-        "cluster": cluster,
-        "stream": "job",
-        "id": id.map(|i| i.0),
-        "jobspec": spec,
-        "source": source,
-        "record_id": record_id(&[
-            b"jobspec",
-            cluster.as_bytes(),
-            &id_bytes(id),
-            text.as_bytes(),
-        ]),
-    })
-}
-
-/// `"kind":"username"`: who submitted a job, by name, as Flux's side
-/// resolved it, for the envelope decoder to read back.
-pub fn username_document(cluster: &str, id: Option<JobId>, name: &str, source: &str) -> Value {
-    json!({
-        "kind": "username",
-        "cluster": cluster,
-        "stream": "job",
-        "id": id.map(|i| i.0),
-        "username": name,
-        "source": source,
-        "record_id": record_id(&[
-            b"username",
-            cluster.as_bytes(),
-            &id_bytes(id),
-            name.as_bytes(),
-        ]),
-    })
 }
 
 /// RFC 3339 text of a time in seconds since the epoch, to the
@@ -712,189 +418,23 @@ pub fn rfc3339(ts: f64) -> String {
     t.unwrap_or(jiff::Timestamp::UNIX_EPOCH).to_string()
 }
 
-/// `"kind":"alert"`: an alert firing or resolving, with the labels that
-/// identify it to Alertmanager and a human summary (with a drained node's
-/// drain reason).
-pub fn alert(rule: &Rule, a: &AlertEvent) -> Value {
-    let mut labels = Map::new();
-    labels.insert("alertname".into(), json!(rule.name));
-    labels.insert("flux_cluster".into(), json!(a.subject.cluster()));
-    labels.insert("severity".into(), json!(rule.severity));
-    let hold = &rule.hold_text;
-    let mut map = Map::new();
-    map.insert("kind".into(), json!("alert"));
-    map.insert("status".into(), json!(a.status.as_str()));
-    map.insert("alertname".into(), json!(rule.name));
-    map.insert("rule_kind".into(), json!(rule.kind.name()));
-    map.insert("severity".into(), json!(rule.severity));
-    map.insert("cluster".into(), json!(a.subject.cluster()));
-    let (summary, subject_bytes) = match (&a.subject, &a.detail) {
-        (Subject::Job(k), detail) => {
-            let f58 = k.id.to_f58();
-            labels.insert("jobid".into(), json!(f58));
-            let state = match (rule.kind, detail.job_state()) {
-                (RuleKind::JobState(s), _) | (_, Some(s)) => s.as_str(),
-                _ => "",
-            };
-            if !state.is_empty() {
-                labels.insert("state".into(), json!(state));
-                map.insert("state".into(), json!(state));
-            }
-            // As it stood when the alert fired, as the state.
-            if let Some(queue) = detail.queue() {
-                labels.insert("queue".into(), json!(queue));
-                map.insert("queue".into(), json!(queue));
-            }
-            map.insert("id".into(), json!(k.id.0));
-            let summary = match rule.kind {
-                RuleKind::JobState(s) => format!("job {f58} in {s} for more than {hold}"),
-                RuleKind::Prolog => format!("prolog of job {f58} running for more than {hold}"),
-                RuleKind::Epilog => format!("epilog of job {f58} running for more than {hold}"),
-                RuleKind::Overrun => {
-                    format!("job {f58} still running more than {hold} past its expiration")
-                }
-                RuleKind::ExecIncomplete => format!(
-                    "exec of job {f58} complete but its eventlog has no `done` after {hold}"
-                ),
-                _ => format!("job {f58}: {}", rule.name),
-            };
-            (summary, k.id.0.to_le_bytes())
-        }
-        (Subject::Node(n), detail) => {
-            let host = crate::flux::resource::rank_name(n.rank, detail.host()).into_owned();
-            labels.insert("node".into(), json!(host));
-            labels.insert("rank".into(), json!(n.rank.to_string()));
-            // As it stood when the alert fired (its detail is kept from
-            // then): a label that changed under an open alert would split
-            // it in two at Alertmanager.
-            if let Some(draining) = detail.draining() {
-                let state = if draining { "draining" } else { "drained" };
-                labels.insert("state".into(), json!(state));
-                map.insert("state".into(), json!(state));
-            }
-            map.insert("node".into(), json!(host));
-            map.insert("rank".into(), json!(n.rank));
-            let what = match rule.kind {
-                RuleKind::NodeDrained => "drained",
-                RuleKind::NodeOffline => "offline",
-                RuleKind::NodeTorpid => "torpid (not heard from)",
-                _ => rule.name.as_str(),
-            };
-            let summary = format!("node {host} (rank {}) {what} for more than {hold}", n.rank);
-            (summary, u64::from(n.rank).to_le_bytes())
-        }
-    };
-    let mut annotations = Map::new();
-    annotations.insert("summary".into(), json!(summary));
-    if let Some(r) = a.detail.reason().filter(|r| !r.is_empty()) {
-        annotations.insert("reason".into(), json!(r));
-    }
-    annotations.insert("since".into(), json!(rfc3339(a.since)));
-    map.insert("labels".into(), Value::Object(labels));
-    map.insert("annotations".into(), Value::Object(annotations));
-    map.insert("since".into(), json!(a.since));
-    map.insert("starts_at".into(), json!(rfc3339(a.starts_at)));
-    map.insert("ends_at".into(), json!(a.ends_at.map(rfc3339)));
-    let ends = a.ends_at.unwrap_or(f64::NAN).to_bits().to_le_bytes();
-    map.insert(
-        "record_id".into(),
-        json!(record_id(&[
-            b"alert",
-            rule.name.as_bytes(),
-            a.subject.cluster().as_bytes(),
-            &[matches!(a.subject, Subject::Job(_)) as u8],
-            &subject_bytes,
-            a.status.as_str().as_bytes(),
-            &a.starts_at.to_bits().to_le_bytes(),
-            &ends,
-        ])),
-    );
-    Value::Object(map)
-}
-
-/// Mark an alert record as announced again from restored state (after a
-/// restart or a takeover): a receiver may have been paged for it already
-/// (see [`crate::sinks::pager`]).
-pub fn mark_restored(record: &mut Value) {
-    if let Some(map) = record.as_object_mut() {
-        map.insert("restored".into(), Value::Bool(true));
-    }
-}
-
-/// An alert of the feed watch (`feed_silent`, `instance_down`), in the
-/// form of every other alert record: a cluster's, with the source of a
-/// silent feed as a label.
-pub fn watch_alert(rule: &Rule, a: &WatchAlert) -> Value {
-    let cluster = a.subject.cluster.as_str();
-    let hold = &rule.hold_text;
-    let mut labels = Map::new();
-    labels.insert("alertname".into(), json!(rule.name));
-    labels.insert("flux_cluster".into(), json!(cluster));
-    labels.insert("severity".into(), json!(rule.severity));
-    let summary = match (rule.kind, a.subject.source.as_deref()) {
-        (RuleKind::FeedSilent, Some(source)) => {
-            labels.insert("source".into(), json!(source));
-            format!(
-                "nothing heard from cluster {cluster} on source {source} (no record, no heartbeat) for more than {hold}"
-            )
-        }
-        (RuleKind::InstanceDown, _) => {
-            format!("the Flux instance of cluster {cluster} is down (for more than {hold})")
-        }
-        _ => format!("cluster {cluster}: {}", rule.name),
-    };
-    let mut annotations = Map::new();
-    annotations.insert("summary".into(), json!(summary));
-    annotations.insert("since".into(), json!(rfc3339(a.since)));
-    let ends = a.ends_at.unwrap_or(f64::NAN).to_bits().to_le_bytes();
-    let source = a.subject.source.as_deref().unwrap_or("");
-    json!({
-        "kind": "alert",
-        "status": a.status.as_str(),
-        "alertname": rule.name,
-        "rule_kind": rule.kind.name(),
-        "severity": rule.severity,
-        "cluster": cluster,
-        "source": a.subject.source,
-        "labels": labels,
-        "annotations": annotations,
-        "since": a.since,
-        "starts_at": rfc3339(a.starts_at),
-        "ends_at": a.ends_at.map(rfc3339),
-        "record_id": record_id(&[
-            b"alert",
-            rule.name.as_bytes(),
-            cluster.as_bytes(),
-            &[2],
-            source.as_bytes(),
-            a.status.as_str().as_bytes(),
-            &a.starts_at.to_bits().to_le_bytes(),
-            &ends,
-        ]),
-    })
-}
-
-/// The most of an undecodable line that a dead letter carries.
-pub const DEAD_LETTER_MAX_BYTES: usize = 4096;
-
-/// `"kind":"dead_letter"`: input that could not be decoded, where it came
-/// from and why.
-pub fn dead_letter(source: &str, location: &str, error: &str, line: &[u8]) -> Value {
-    let cut = &line[..line.len().min(DEAD_LETTER_MAX_BYTES)];
-    json!({
-        "kind": "dead_letter",
-        "source": source,
-        "location": location,
-        "error": error,
-        "line": String::from_utf8_lossy(cut),
-        "truncated": line.len() > DEAD_LETTER_MAX_BYTES,
-        "record_id": record_id(&[b"dead_letter", source.as_bytes(), location.as_bytes(), line]),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::EventStream;
+    use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
+    use crate::flux::event::Event;
+    use crate::flux::job::{JobState, Transition};
+    use crate::flux::resource::RankState;
+    use crate::keyed::JobKey;
+    use crate::keyed::alerts::event::{
+        AlertEvent, Detail, Drain, NodeKey, Queued, Status, Subject,
+    };
+    use crate::keyed::alerts::rule::{Rule, RuleKind};
+    use crate::keyed::alerts::watch::{WatchAlert, WatchSubject};
+    use crate::keyed::state::JobEntry;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
 
     #[test]
     fn a_stream_set_holds_each_stream_apart() {
@@ -915,34 +455,34 @@ mod tests {
         assert_eq!(StreamSet::EMPTY.union(all), all);
     }
 
+    fn key(id: u64) -> JobKey {
+        JobKey {
+            cluster: "c\"1".into(),
+            id: JobId(id),
+        }
+    }
+
     #[test]
     fn a_transition_line_is_the_json_object_of_its_fields() {
         let t = KeyedTransition {
-            key: JobKey {
-                cluster: "c\"1".into(),
-                id: JobId(42),
-            },
-            transition: crate::flux::job::Transition {
+            key: key(42),
+            transition: Transition {
                 from: JobState::Sched,
                 to: JobState::Run,
                 timestamp: 1700000000.25,
             },
         };
-        let rec = transition(&t.key.cluster, t.key.id, &t.transition, "alloc");
+        let rec = OutputRecord::transition(&t, "alloc");
+        let Payload::Transition(typed) = rec.payload() else {
+            unreachable!("a transition")
+        };
         let as_map = json!({
             "kind": "transition", "cluster": "c\"1", "id": 42, "from": "SCHED",
             "to": "RUN", "timestamp": 1700000000.25, "event": "alloc",
-            "record_id": rec.record_id.clone(),
+            "record_id": typed.record_id(),
         });
-        let want = serde_json::to_string(&as_map).unwrap_or_default();
-        assert_eq!(
-            OutputRecord::new(OutputStream::Transitions, &rec).line(),
-            want
-        );
-        // Written later, on a sink's thread: the same line.
-        let lazy = OutputRecord::transition(&t, "alloc");
-        assert_eq!(lazy.stream, OutputStream::Transitions);
-        assert_eq!(lazy.line(), want);
+        assert_eq!(rec.stream, OutputStream::Transitions);
+        assert_eq!(rec.line(), serde_json::to_string(&as_map).unwrap());
     }
 
     /// A job record as it was built before `JobRecord`: the summary as a
@@ -1001,10 +541,10 @@ mod tests {
             let rec = OutputRecord::job(JobRecord::new(&key, &entry));
             assert_eq!(rec.stream, OutputStream::Jobs);
             let want = serde_json::to_string(&job_as_map(&key, &entry)).unwrap_or_default();
-            assert_eq!(rec.line(), want, "after {n} events (written late)");
-            let now = OutputRecord::new(OutputStream::Jobs, &JobRecord::new(&key, &entry));
-            assert_eq!(now.line(), want, "after {n} events");
-            assert_eq!(job(&key, &entry), job_as_map(&key, &entry));
+            assert_eq!(rec.line(), want, "after {n} events");
+            // Read back, it is the same record.
+            let back: JobRecord = serde_json::from_str(rec.line()).unwrap();
+            assert_eq!(&back, &JobRecord::new(&key, &entry));
             // job-list gives the exception once the job is inactive; the
             // record keeps it apart before.
             let v: Value = serde_json::from_str(rec.line()).unwrap_or_default();
@@ -1024,20 +564,318 @@ mod tests {
         }
     }
 
+    fn event_record(id: u64, ev: Event, source: &str) -> EventRecord {
+        EventRecord {
+            cluster: "c".into(),
+            stream: EventStream::Job,
+            id: Some(JobId(id)),
+            event: ev,
+            source: source.into(),
+        }
+    }
+
     #[test]
     fn record_ids_are_deterministic_and_distinct() {
         let ev = Event::new(1.5, "submit");
-        let a = event("c", EventStream::Job, Some(JobId(1)), &ev, "s");
-        let b = event("c", EventStream::Job, Some(JobId(1)), &ev, "other-source");
-        let c = event("c", EventStream::Job, Some(JobId(2)), &ev, "s");
-        assert_eq!(
-            a["record_id"], b["record_id"],
-            "the source does not change identity"
-        );
-        assert_ne!(a["record_id"], c["record_id"]);
-        assert_eq!(a["record_id"].as_str().map(str::len), Some(16));
+        let a = event_record(1, ev.clone(), "s").record_id();
+        let b = event_record(1, ev.clone(), "other-source").record_id();
+        let c = event_record(2, ev, "s").record_id();
+        assert_eq!(a, b, "the source does not change identity");
+        assert_ne!(a, c);
+        assert_eq!(a.len(), 16);
         // pinned: the id must not change between versions or runs
         assert_eq!(record_id(&[b"a", b"bc"]), "f42ee0df2a023ef1");
         assert_ne!(record_id(&[b"ab", b"c"]), record_id(&[b"a", b"bc"]));
+    }
+
+    fn rule(kind: RuleKind, name: &str) -> Rule {
+        Rule::new(name, kind, "5m", "warning").unwrap()
+    }
+
+    /// One record of every kind, and of each shape a kind has.
+    fn one_of_each() -> Vec<OutputRecord> {
+        let mut out = Vec::new();
+        // Events: with a context whose keys came unsorted, and spaced;
+        // with keys of its own beyond the three.
+        let mut ev = Event::new(1.5, "submit");
+        ev.context = crate::flux::object::JsonObject::from_raw(
+            serde_json::value::RawValue::from_string(
+                r#"{ "z": 1, "a": {"y": 2, "b": [1, 2]} }"#.into(),
+            )
+            .unwrap(),
+        )
+        .ok();
+        out.push(OutputRecord::event(event_record(1, ev.clone(), "s")));
+        let mut extra = serde_json::Map::new();
+        extra.insert("aa".into(), json!(1));
+        extra.insert("zz".into(), json!({"k": "v"}));
+        ev.extra = Some(Box::new(extra));
+        out.push(OutputRecord::event(event_record(1, ev, "s")));
+        out.push(OutputRecord::event(EventRecord {
+            id: None,
+            stream: EventStream::Resource,
+            ..event_record(0, Event::new(2.0, "online"), "s")
+        }));
+        for (stream, document) in [
+            (
+                EventStream::Job,
+                Document::R(json!({"version": 1, "execution": {"R_lite": []}})),
+            ),
+            (EventStream::Resource, Document::R(json!({"version": 1}))),
+            (
+                EventStream::Job,
+                Document::JobSpec(json!({"version": 1, "tasks": []})),
+            ),
+            (EventStream::Job, Document::Username("alice".into())),
+        ] {
+            out.push(OutputRecord::document(DocumentRecord {
+                cluster: "c".into(),
+                stream,
+                id: (stream == EventStream::Job).then_some(JobId(3)),
+                document,
+                source: "s".into(),
+            }));
+        }
+        out.push(OutputRecord::transition(
+            &KeyedTransition {
+                key: key(5),
+                transition: Transition {
+                    from: JobState::New,
+                    to: JobState::Depend,
+                    timestamp: 1.0,
+                },
+            },
+            "validate",
+        ));
+        let mut entry = JobEntry::default();
+        entry
+            .job
+            .apply(&Event::new(1.0, "submit").with_context(json!({"userid": 5})));
+        out.push(OutputRecord::job(JobRecord::new(&key(5), &entry)));
+        out.push(OutputRecord::job_update(JobRecord::new(&key(5), &entry)));
+        let up = RankState {
+            rank: 4,
+            hostname: Some("n4".into()),
+            online: Some(true),
+            ..RankState::new(4)
+        };
+        let drained = RankState {
+            drained: true,
+            draining: true,
+            drain_reason: Some("bad fan".into()),
+            drain_timestamp: Some(3.0),
+            ..up.clone()
+        };
+        let change = |before: Option<&RankState>, after: Option<&RankState>| RankChange {
+            rank: 4,
+            before: before.cloned(),
+            after: after.cloned(),
+        };
+        out.push(OutputRecord::rank_change(
+            "c",
+            change(None, Some(&up)),
+            Some(("online", 2.0)),
+        ));
+        out.push(OutputRecord::rank_change(
+            "c",
+            change(Some(&up), None),
+            None,
+        ));
+        out.push(OutputRecord::rank_change_at(
+            "c",
+            change(Some(&up), Some(&drained)),
+            4.0,
+        ));
+        let job_alert = AlertEvent {
+            rule: 0,
+            subject: Subject::Job(key(6)),
+            status: Status::Resolved,
+            since: 10.0,
+            starts_at: 310.0,
+            ends_at: Some(400.5),
+            detail: Detail::Queued(Box::new(Queued {
+                state: JobState::Sched,
+                queue: "debug".into(),
+            })),
+        };
+        out.push(OutputRecord::alert(alert(
+            &rule(RuleKind::JobState(JobState::Sched), "sched_too_long"),
+            &job_alert,
+        )));
+        let node_alert = AlertEvent {
+            subject: Subject::Node(NodeKey {
+                cluster: "c".into(),
+                rank: 4,
+            }),
+            status: Status::Firing,
+            ends_at: None,
+            detail: Detail::Drained(Box::new(Drain {
+                host: Some("n4".into()),
+                reason: Some("bad fan".into()),
+                draining: true,
+            })),
+            ..job_alert
+        };
+        let mut restored = alert(&rule(RuleKind::NodeDrained, "node_drained"), &node_alert);
+        restored.restored = true;
+        out.push(OutputRecord::alert(restored));
+        for source in [Some("flux".to_string()), None] {
+            let kind = if source.is_some() {
+                RuleKind::FeedSilent
+            } else {
+                RuleKind::InstanceDown
+            };
+            let watch = WatchAlert {
+                rule: 0,
+                subject: WatchSubject {
+                    cluster: "c".into(),
+                    source,
+                },
+                status: Status::Firing,
+                since: 1.0,
+                starts_at: 61.0,
+                ends_at: None,
+            };
+            out.push(OutputRecord::alert(watch_alert(
+                &rule(kind, "quiet"),
+                &watch,
+            )));
+        }
+        let anomaly = Anomaly::new(Stream::Job, AnomalyKind::Malformed, "bad").at("alloc", 2.5);
+        out.push(OutputRecord::anomaly(KeyedAnomaly {
+            cluster: "c".into(),
+            id: Some(JobId(8)),
+            anomaly,
+        }));
+        out.push(OutputRecord::anomaly(KeyedAnomaly {
+            cluster: "c".into(),
+            id: None,
+            anomaly: Anomaly::new(Stream::Resource, AnomalyKind::Malformed, "r"),
+        }));
+        out.push(OutputRecord::dead_letter(DeadLetterRecord::new(
+            "s", "f:1", "not JSON", b"{\xff",
+        )));
+        out
+    }
+
+    /// Every line is what a JSON map of its fields prints: keys sorted at
+    /// every depth, compact (what every record was before records had
+    /// types, and what readers that compare lines rely on).
+    #[test]
+    fn every_line_is_its_sorted_map() {
+        let records = one_of_each();
+        for r in &records {
+            let line = r.line();
+            let v: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(serde_json::to_string(&v).unwrap(), line);
+            let kind: Result<RecordKind, _> = serde_json::from_value(v["kind"].clone());
+            assert!(kind.is_ok(), "{line}");
+            assert_eq!(v["record_id"].as_str().map(str::len), Some(16), "{line}");
+        }
+        let lines: Vec<&str> = records.iter().map(OutputRecord::line).collect();
+        // The context's keys are sorted, and an event's own keys kept.
+        assert!(
+            lines[0].contains(r#""context":{"a":{"b":[1,2],"y":2},"z":1}"#),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].starts_with(r#"{"cluster":"c","event":{"aa":1,"context""#),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[2].contains(r#""stream":"resource""#) && !lines[2].contains(r#""id""#));
+    }
+
+    /// What a tap's reader filters on, for each kind.
+    #[test]
+    fn each_record_says_what_it_is_about() {
+        for r in one_of_each() {
+            let about = r.subject();
+            let v: Value = serde_json::from_str(r.line()).unwrap();
+            assert_eq!(about.cluster, v["cluster"].as_str(), "{}", r.line());
+            assert_eq!(about.id, v["id"].as_u64(), "{}", r.line());
+            assert_eq!(
+                about.rank.map(u64::from),
+                v["rank"].as_u64(),
+                "{}",
+                r.line()
+            );
+            let node = v["hostname"].as_str().or(v["node"].as_str());
+            assert_eq!(about.node, node, "{}", r.line());
+        }
+    }
+
+    /// The key as it was read from the line before records had types.
+    fn key_of_line(line: &str) -> String {
+        let v: Value = serde_json::from_str(line).unwrap_or_default();
+        match (
+            v["cluster"].as_str(),
+            v["id"].as_u64(),
+            v["source"].as_str(),
+        ) {
+            (Some(c), Some(id), _) => format!("{c}/{id}"),
+            (Some(c), None, _) => c.to_string(),
+            (None, _, Some(s)) => s.to_string(),
+            _ => String::new(),
+        }
+    }
+
+    #[test]
+    fn keys_follow_the_record() {
+        let records = one_of_each();
+        for r in &records {
+            assert_eq!(r.key(), key_of_line(r.line()), "{}", r.line());
+        }
+        let keys: Vec<String> = records.iter().map(OutputRecord::key).collect();
+        assert!(keys.contains(&"c\"1/5".to_string()), "{keys:?}");
+        assert_eq!(
+            keys.last().map(String::as_str),
+            Some("s"),
+            "a dead letter's source"
+        );
+        assert_eq!(
+            OutputRecord::new(OutputStream::Events, &json!({"n": 1})).key(),
+            ""
+        );
+    }
+
+    #[test]
+    fn alert_records_read_back_as_they_were() {
+        for r in one_of_each() {
+            if let Some(a) = r.as_alert() {
+                let back: AlertRecord = serde_json::from_str(r.line()).unwrap();
+                assert_eq!(&back, a);
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_alert_record_reads_back(
+            labels in prop::collection::btree_map("\\PC{0,8}", "\\PC{0,8}", 0..4),
+            summary in "\\PC{0,40}",
+            since in any::<u32>(),
+            source in prop::option::of(prop::option::of("\\PC{0,8}")),
+            restored in any::<bool>(),
+        ) {
+            let mut a = AlertRecord::of_job("firing", "f1", f64::from(since), None);
+            a.labels.extend(labels);
+            a.annotations.insert("summary".into(), summary);
+            a.source = source;
+            a.restored = restored;
+            let line = OutputRecord::alert(a.clone()).line().to_string();
+            let back: AlertRecord = serde_json::from_str(&line).unwrap();
+            prop_assert_eq!(back, a);
+        }
+
+        #[test]
+        fn any_dead_letter_reads_back(line in prop::collection::vec(any::<u8>(), 0..5000)) {
+            let d = DeadLetterRecord::new("s", "f:1", "e", &line);
+            prop_assert_eq!(d.truncated, line.len() > DEAD_LETTER_MAX_BYTES);
+            let text = OutputRecord::dead_letter(d.clone()).line().to_string();
+            let back: DeadLetterRecord = serde_json::from_str(&text).unwrap();
+            prop_assert_eq!(back, d);
+        }
     }
 }

@@ -22,12 +22,11 @@ use super::http::{client, error_chain, request_headers};
 use super::pager::{Alert, AlertError, Pager, Past, Verdict};
 use super::{SinkContext, SinkRx, count_sent};
 use crate::component::Problem;
-use crate::output::OutputStream;
-use crate::output::rfc3339;
+use crate::output::{AlertRecord, OutputStream, rfc3339};
 use crate::telemetry::metric;
 use anyhow::Context;
 use reqwest::header::HeaderMap;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -111,8 +110,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// One alert as Alertmanager will see it.
 #[derive(Debug, Clone)]
 struct Tracked {
-    labels: Value,
-    annotations: Value,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
     starts_at: String,
     /// Set once resolved: the time it ended, and when we learned it.
     resolved: Option<(String, Instant)>,
@@ -126,9 +125,9 @@ struct Tracked {
 
 /// Where an alert's subject is shown: the job's or the cluster's nodes'
 /// answer of the query API, or the status page.
-fn generator_url(base: &str, labels: &Value) -> String {
+fn generator_url(base: &str, labels: &BTreeMap<String, String>) -> String {
     let base = base.trim_end_matches('/');
-    let label = |k: &str| labels.get(k).and_then(Value::as_str);
+    let label = |k: &str| labels.get(k).map(String::as_str);
     let mut url = match reqwest::Url::parse(base) {
         Ok(u) => u,
         Err(_) => return String::new(),
@@ -188,19 +187,18 @@ struct Book {
 impl Book {
     /// Take one alert record from the `alerts` stream, at `now` (wall
     /// clock, seconds) and `at` (the sink's clock).
-    fn take(&mut self, line: &str, now: f64, at: Instant) -> Result<Taken, AlertError> {
-        let alert = Alert::parse(line)?;
+    fn take(&mut self, record: &AlertRecord, now: f64, at: Instant) -> Taken {
+        let alert = Alert::of(record);
         let verdict = self.pager.take(&alert, now, at);
         if verdict == Verdict::NotPaged {
             self.alerts.remove(&alert.identity);
-            return Ok(Taken::NotPaged);
+            return Taken::NotPaged;
         }
-        let v = &alert.value;
-        let labels = v.get("labels").cloned().unwrap_or_default();
-        let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
-        let resolved = alert
-            .resolved
-            .then(|| (text("ends_at").unwrap_or_else(|| rfc3339(now)), at));
+        let labels = record.labels.clone();
+        let resolved = alert.resolved.then(|| {
+            let ends = record.ends_at.clone();
+            (ends.unwrap_or_else(|| rfc3339(now)), at)
+        });
         let generator_url = self
             .api_url
             .as_deref()
@@ -209,19 +207,16 @@ impl Book {
         self.alerts.insert(
             alert.identity,
             Tracked {
-                annotations: v
-                    .get("annotations")
-                    .cloned()
-                    .unwrap_or(Value::Object(Map::new())),
+                annotations: record.annotations.clone(),
                 labels,
-                starts_at: text("starts_at").unwrap_or_else(|| rfc3339(now)),
+                starts_at: record.starts_at.clone(),
                 resolved,
                 delivered: false,
                 held: verdict == Verdict::Hold,
                 generator_url,
             },
         );
-        Ok(Taken::Kept)
+        Taken::Kept
     }
 
     /// Let go of late alerts held long enough: still firing, they are sent.
@@ -376,10 +371,10 @@ pub async fn run(
                 rx.done_with(n as u64);
                 let (wall, at) = (crate::keyed::alerts::wall_now(), Instant::now());
                 for rec in buf.drain(..) {
-                    match book.take(rec.line(), wall, at) {
-                        Ok(Taken::Kept) => {}
-                        Ok(Taken::NotPaged) => not_paged.increment(1),
-                        Err(e) => poster.error("alert record skipped", &e.to_string()),
+                    match rec.as_alert().map(|a| book.take(a, wall, at)) {
+                        Some(Taken::Kept) => {}
+                        Some(Taken::NotPaged) => not_paged.increment(1),
+                        None => poster.error("record skipped", &AlertError::NotAlert.to_string()),
                     }
                 }
             }
@@ -446,10 +441,11 @@ mod tests {
             }),
             ..Book::default()
         };
-        let take = |book: &mut Book, line: &str| book.take(line, 1.8e9, Instant::now()).map(|_| ());
-        let firing = r#"{"kind":"alert","status":"firing","labels":{"alertname":"a","jobid":"f1"},"annotations":{"summary":"s"},"starts_at":"2024-01-01T00:00:00Z","ends_at":null}"#;
-        let resolved = r#"{"kind":"alert","status":"resolved","labels":{"jobid":"f1","alertname":"a"},"starts_at":"2024-01-01T00:00:00Z","ends_at":"2024-01-01T01:00:00Z"}"#;
-        take(&mut book, firing).unwrap();
+        let take = |book: &mut Book, a: &AlertRecord| book.take(a, 1.8e9, Instant::now());
+        let firing = AlertRecord::of_job("firing", "f1", 1_704_067_200.0, None);
+        let resolved =
+            AlertRecord::of_job("resolved", "f1", 1_704_067_200.0, Some(1_704_070_800.0));
+        take(&mut book, &firing);
         let (n, body) = book.body(false, Duration::from_secs(60));
         assert_eq!(n, 1);
         let v: Value = serde_json::from_slice(&body).unwrap();
@@ -457,8 +453,8 @@ mod tests {
         assert!(v[0]["endsAt"].as_str().unwrap() > "2025");
         book.mark_delivered();
         assert!(!book.undelivered());
-        take(&mut book, resolved).unwrap();
-        assert_eq!(book.alerts.len(), 1, "same labels in another order");
+        take(&mut book, &resolved);
+        assert_eq!(book.alerts.len(), 1, "same labels");
         let (_, body) = book.body(false, Duration::from_secs(60));
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v[0]["endsAt"], "2024-01-01T01:00:00Z");
@@ -467,24 +463,28 @@ mod tests {
         book.expire(Duration::ZERO);
         assert!(book.alerts.is_empty());
         assert_eq!(v[0]["generatorURL"], "", "no API, no link");
-        assert!(matches!(take(&mut book, "{}"), Err(AlertError::NotAlert)));
-        assert!(matches!(take(&mut book, "nope"), Err(AlertError::Json(_))));
     }
 
     #[test]
     fn alerts_link_back_to_what_they_are_about() {
         let base = "http://fluxpipe.example.org:9464/";
-        let job = json!({"jobid": "ƒ2", "flux_cluster": "pi cl"});
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let job = labels(&[("jobid", "ƒ2"), ("flux_cluster", "pi cl")]);
         assert_eq!(
             generator_url(base, &job),
             "http://fluxpipe.example.org:9464/api/v1/jobs/%C6%922?cluster=pi+cl"
         );
-        let node = json!({"node": "n1", "rank": "1", "flux_cluster": "c"});
+        let node = labels(&[("node", "n1"), ("rank", "1"), ("flux_cluster", "c")]);
         assert_eq!(
             generator_url(base, &node),
             "http://fluxpipe.example.org:9464/api/v1/nodes?cluster=c"
         );
-        let cluster = json!({"flux_cluster": "c", "source": "flux"});
+        let cluster = labels(&[("flux_cluster", "c"), ("source", "flux")]);
         assert_eq!(
             generator_url(base, &cluster),
             "http://fluxpipe.example.org:9464/"
@@ -492,11 +492,8 @@ mod tests {
         assert_eq!(generator_url("not a url", &cluster), "");
     }
 
-    fn alert(status: &str, job: &str, starts: f64, ends: Option<f64>) -> String {
-        json!({"kind": "alert", "status": status,
-            "labels": {"alertname": "sched_too_long", "flux_cluster": "c", "jobid": job},
-            "starts_at": rfc3339(starts), "ends_at": ends.map(rfc3339)})
-        .to_string()
+    fn alert(status: &str, job: &str, starts: f64, ends: Option<f64>) -> AlertRecord {
+        AlertRecord::of_job(status, job, starts, ends)
     }
 
     /// A backlog two hours old: a job that sat in SCHED and then ran,
@@ -509,13 +506,11 @@ mod tests {
         let t0 = Instant::now();
         let (old, ran) = (now - 7200.0, now - 5400.0);
         assert_eq!(
-            book.take(&alert("firing", "fA", old, None), now, t0)
-                .unwrap(),
+            book.take(&alert("firing", "fA", old, None), now, t0),
             Taken::Kept
         );
         assert_eq!(
-            book.take(&alert("firing", "fB", old, None), now, t0)
-                .unwrap(),
+            book.take(&alert("firing", "fB", old, None), now, t0),
             Taken::Kept
         );
         // Held: nothing to send yet.
@@ -524,10 +519,7 @@ mod tests {
         // A's resolution comes a little later: both of A's dropped.
         let t1 = t0 + Duration::from_secs(5);
         let resolved = alert("resolved", "fA", old, Some(ran));
-        assert_eq!(
-            book.take(&resolved, now + 5.0, t1).unwrap(),
-            Taken::NotPaged
-        );
+        assert_eq!(book.take(&resolved, now + 5.0, t1), Taken::NotPaged);
         // It pushed B's hold on (the backlog still comes).
         book.release(t0 + Duration::from_secs(31));
         assert!(!book.undelivered(), "held while late alerts keep coming");
@@ -541,14 +533,13 @@ mod tests {
         // Sent once; its resolution, late or not, goes out as well.
         let res_b = alert("resolved", "fB", old, Some(now - 3600.0));
         assert_eq!(
-            book.take(&res_b, now + 60.0, t1 + Duration::from_secs(31))
-                .unwrap(),
+            book.take(&res_b, now + 60.0, t1 + Duration::from_secs(31)),
             Taken::Kept
         );
         assert!(book.undelivered());
         // A fresh alert goes out at once.
         let fresh = alert("firing", "fC", now - 10.0, None);
-        assert_eq!(book.take(&fresh, now, t1).unwrap(), Taken::Kept);
+        assert_eq!(book.take(&fresh, now, t1), Taken::Kept);
         assert!(
             book.alerts
                 .values()

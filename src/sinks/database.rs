@@ -198,7 +198,7 @@ pub async fn run(
         batch.clear();
         let mut refused = 0;
         for record in &records {
-            if let Err(e) = batch.add(record.line()) {
+            if let Err(e) = batch.add(record) {
                 refused += 1;
                 metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => name.to_string(), "reason" => "unstorable").increment(1);
                 tracing::error!(sink = %name, "record not stored: {e}");

@@ -340,7 +340,7 @@ impl Paging {
                 continue;
             }
             // A record that is no alert is not ours to judge: it goes.
-            let Ok(alert) = Alert::parse(rec.line()) else {
+            let Some(alert) = rec.as_alert().map(Alert::of) else {
                 out.push(rec);
                 continue;
             };

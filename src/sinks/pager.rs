@@ -18,7 +18,7 @@
 //! sending.
 
 use crate::component::Problem;
-use serde_json::Value;
+use crate::output::{AlertRecord, AlertStatus};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -75,22 +75,18 @@ impl Default for Past {
     }
 }
 
-/// Why a record of the `alerts` stream could not be read as an alert.
+/// Why a record of the `alerts` stream could not be paged.
 #[derive(Debug, thiserror::Error)]
 pub enum AlertError {
-    #[error("not JSON: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("not an alert record (no `labels` object or no `status`)")]
+    #[error("not an alert record")]
     NotAlert,
 }
 
 /// An alert record, read as much as paging needs.
 #[derive(Debug, Clone)]
 pub struct Alert {
-    /// The whole record.
-    pub value: Value,
-    /// What Alertmanager knows it by: its labels, printed (serde_json's
-    /// map is sorted, so equal label sets print equal).
+    /// What Alertmanager knows it by: its labels, printed (sorted, so
+    /// equal label sets print equal).
     pub identity: String,
     pub cluster: String,
     pub resolved: bool,
@@ -108,33 +104,14 @@ pub fn seconds(text: &str) -> Option<f64> {
 }
 
 impl Alert {
-    pub fn parse(line: &str) -> Result<Alert, AlertError> {
-        let value: Value = serde_json::from_str(line)?;
-        let labels = value.get("labels").filter(|l| l.is_object());
-        let status = value.get("status").and_then(Value::as_str);
-        let (Some(labels), Some(status)) = (labels, status) else {
-            return Err(AlertError::NotAlert);
-        };
-        let resolved = status == "resolved";
-        let text = |k: &str| value.get(k).and_then(Value::as_str);
-        let when = if resolved {
-            text("ends_at")
-        } else {
-            text("starts_at")
+    pub fn of(record: &AlertRecord) -> Alert {
+        Alert {
+            identity: serde_json::to_string(&record.labels).unwrap_or_default(),
+            cluster: record.flux_cluster().to_string(),
+            resolved: record.status == AlertStatus::Resolved,
+            when: record.when_text().and_then(seconds),
+            restored: record.restored,
         }
-        .and_then(seconds);
-        Ok(Alert {
-            identity: labels.to_string(),
-            cluster: labels
-                .get("flux_cluster")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            resolved,
-            when,
-            restored: value.get("restored").and_then(Value::as_bool) == Some(true),
-            value,
-        })
     }
 }
 
@@ -251,15 +228,9 @@ impl Pager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::rfc3339;
-    use serde_json::json;
 
     fn alert(status: &str, job: &str, starts: f64, ends: Option<f64>) -> Alert {
-        let line = json!({"kind": "alert", "status": status,
-            "labels": {"alertname": "sched_too_long", "flux_cluster": "c", "jobid": job},
-            "starts_at": rfc3339(starts), "ends_at": ends.map(rfc3339)})
-        .to_string();
-        Alert::parse(&line).unwrap()
+        Alert::of(&AlertRecord::of_job(status, job, starts, ends))
     }
 
     fn restored(mut a: Alert) -> Alert {
@@ -269,20 +240,26 @@ mod tests {
 
     #[test]
     fn an_alert_is_known_by_its_labels_and_read_for_its_time() {
-        let a = Alert::parse(
-            r#"{"status":"resolved","labels":{"jobid":"f1","alertname":"a","flux_cluster":"c"},"starts_at":"2024-01-01T00:00:00Z","ends_at":"2024-01-01T01:00:00Z"}"#,
-        )
-        .unwrap();
-        let b = Alert::parse(
-            r#"{"status":"firing","labels":{"flux_cluster":"c","alertname":"a","jobid":"f1"},"restored":true}"#,
-        )
-        .unwrap();
-        assert_eq!(a.identity, b.identity, "labels in another order");
+        let resolved =
+            AlertRecord::of_job("resolved", "f1", 1_704_067_200.0, Some(1_704_070_800.0));
+        let mut firing = AlertRecord::of_job("firing", "f1", 1_704_067_200.0, None);
+        firing.restored = true;
+        firing.labels.insert("state".into(), "SCHED".into());
+        let (a, b) = (Alert::of(&resolved), Alert::of(&firing));
+        assert_ne!(a.identity, b.identity, "another label");
+        firing.labels.remove("state");
+        let b = Alert::of(&firing);
+        assert_eq!(a.identity, b.identity);
+        assert_eq!(
+            a.identity,
+            r#"{"alertname":"sched_too_long","flux_cluster":"c","jobid":"f1"}"#
+        );
         assert_eq!((a.resolved, a.when), (true, Some(1_704_070_800.0)));
-        assert_eq!((b.resolved, b.when, b.restored), (false, None, true));
+        assert_eq!(
+            (b.resolved, b.when, b.restored),
+            (false, Some(1_704_067_200.0), true)
+        );
         assert_eq!(a.cluster, "c");
-        assert!(matches!(Alert::parse("{}"), Err(AlertError::NotAlert)));
-        assert!(matches!(Alert::parse("nope"), Err(AlertError::Json(_))));
     }
 
     /// A backlog two hours old: a job that sat in SCHED and then ran, and

@@ -27,7 +27,7 @@ use crate::checkpoint::link::CheckpointLink;
 use crate::component::{Claim, Problem};
 use crate::decode::{self, Origin, Record};
 use crate::output::OutputStream;
-use crate::output::{self, OutputRecord};
+use crate::output::{DeadLetterRecord, OutputRecord};
 use crate::telemetry::Readiness;
 use crate::telemetry::metric;
 use config::DecodeConfig;
@@ -357,10 +357,8 @@ impl SourceContext {
                     .increment(1);
                 return;
             }
-            let rec = output::dead_letter(&self.name, location, error, line);
-            self.outputs
-                .emit(OutputRecord::new(OutputStream::DeadLetter, &rec))
-                .await;
+            let rec = DeadLetterRecord::new(&self.name, location, error, line);
+            self.outputs.emit(OutputRecord::dead_letter(rec)).await;
         }
     }
 }

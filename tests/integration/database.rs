@@ -1230,7 +1230,10 @@ fn a_year_rolls_up(url: &str) -> Vec<serde_json::Map<String, serde_json::Value>>
     for chunk in year.chunks(500).chain(resent.chunks(300)) {
         let mut batch = Batch::default();
         for job in chunk {
-            batch.add(&job.record).expect("a job row");
+            let record = serde_json::from_str(&job.record).expect("a job record");
+            batch
+                .add(&fluxpipe::output::OutputRecord::job(record))
+                .expect("a job row");
         }
         rt.block_on(archive.store(&batch, None)).expect("store");
     }

@@ -12,8 +12,6 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::util::Timeout;
-use serde::Deserialize;
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,34 +23,6 @@ pub const MAX_IN_FLIGHT: usize = 10_000;
 
 /// How long shutdown waits for the last acknowledgements.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The key of a record: `<cluster>/<id>`, `<cluster>`, or the source name
-/// for records of no cluster (dead letters).
-pub fn record_key(line: &str) -> String {
-    #[derive(Deserialize)]
-    struct Fields<'a> {
-        #[serde(borrow, default)]
-        cluster: Option<Cow<'a, str>>,
-        #[serde(default)]
-        id: Option<u64>,
-        #[serde(borrow, default)]
-        source: Option<Cow<'a, str>>,
-    }
-    match serde_json::from_str::<Fields>(line) {
-        Ok(Fields {
-            cluster: Some(c),
-            id: Some(id),
-            ..
-        }) => format!("{c}/{id}"),
-        Ok(Fields {
-            cluster: Some(c), ..
-        }) => c.into_owned(),
-        Ok(Fields {
-            source: Some(s), ..
-        }) => s.into_owned(),
-        _ => String::new(),
-    }
-}
 
 fn producer(config: &KafkaSinkConfig) -> Result<FutureProducer> {
     let timeout_ms = (config.message_timeout_secs.clamp(0.001, 1e7) * 1000.0) as u64;
@@ -262,7 +232,7 @@ async fn send(
     sink: &str,
     rx: &SinkRx,
 ) {
-    let key = record_key(record.line());
+    let key = record.key();
     loop {
         let headers = OwnedHeaders::new().insert(Header {
             key: "fluxpipe-stream",
@@ -312,40 +282,4 @@ fn dropped(sink: &str, error: &KafkaError) {
     metrics::counter!(metric::FLUXPIPE_SINK_ERRORS_TOTAL, "sink" => sink.to_string()).increment(1);
     metrics::counter!(metric::FLUXPIPE_RECORDS_DROPPED_TOTAL, "sink" => sink.to_string(), "reason" => "undeliverable").increment(1);
     tracing::error!(%sink, "record dropped, the broker refuses it: {error}");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn keys_follow_the_record() {
-        assert_eq!(
-            record_key(r#"{"kind":"job","cluster":"picl","id":42,"x":[1,{"id":7}]}"#),
-            "picl/42"
-        );
-        assert_eq!(
-            record_key(r#"{"kind":"rank","cluster":"picl","rank":3}"#),
-            "picl"
-        );
-        assert_eq!(
-            record_key(r#"{"kind":"dead_letter","source":"files"}"#),
-            "files"
-        );
-        assert_eq!(record_key("not json"), "");
-    }
-
-    proptest! {
-        #[test]
-        fn a_key_is_found_in_any_job_record(cluster in "[a-zA-Z0-9_-]{1,12}", id in any::<u64>()) {
-            let line = serde_json::json!({"kind": "transition", "cluster": cluster, "id": id, "from": "RUN"}).to_string();
-            prop_assert_eq!(record_key(&line), format!("{cluster}/{id}"));
-        }
-
-        #[test]
-        fn any_line_gives_a_key_without_panicking(s in ".{0,200}") {
-            let _ = record_key(&s);
-        }
-    }
 }
