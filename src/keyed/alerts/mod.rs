@@ -16,7 +16,7 @@ pub mod timers;
 pub mod watch;
 pub use rule::{JobView, job_view};
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 /// Which clock alert durations are measured against.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
