@@ -1106,3 +1106,55 @@ mod tests {
         );
     }
 }
+
+/// The README's table of what an active job holds: its sizes in bold are
+/// the types' sizes, so the table stays true as the types change.
+#[cfg(test)]
+mod footprint {
+    use std::mem::size_of;
+
+    #[test]
+    fn the_readmes_memory_table_holds_the_types_sizes() {
+        let readme = include_str!("../../README.md");
+        let table = readme
+            .split("## What an active job costs in memory")
+            .nth(1)
+            .and_then(|t| t.split("\n## ").next())
+            .unwrap_or_default();
+        let bold = |row: &str| -> Vec<usize> {
+            let line = table
+                .lines()
+                .find(|l| l.starts_with(&format!("| {row} ")))
+                .unwrap_or_else(|| panic!("no row {row}"));
+            line.split("**")
+                .skip(1)
+                .step_by(2)
+                .filter_map(|n| n.parse().ok())
+                .collect()
+        };
+        let key = size_of::<super::JobKey>();
+        let slot = key + size_of::<Box<super::JobEntry>>();
+        let want: [(&str, Vec<usize>); 5] = [
+            ("`JobEntry`, boxed", vec![size_of::<super::JobEntry>()]),
+            ("of which `Job`", vec![size_of::<crate::flux::job::Job>()]),
+            (
+                "of which `Conditions`",
+                vec![size_of::<super::Conditions>()],
+            ),
+            ("a slot of the job table", vec![slot, key]),
+            (
+                "`JobSpec`, boxed",
+                vec![size_of::<crate::flux::jobspec::JobSpec>()],
+            ),
+        ];
+        for (row, sizes) in want {
+            assert_eq!(bold(row), sizes, "README.md's row `{row}`");
+        }
+        let exec = table
+            .split("(`ExecLog`, **")
+            .nth(1)
+            .and_then(|t| t.split("**").next())
+            .and_then(|n| n.parse().ok());
+        assert_eq!(exec, Some(size_of::<crate::flux::exec::ExecLog>()));
+    }
+}
