@@ -212,7 +212,7 @@ pub enum Cell {
 /// Why a record cannot be stored.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RowError {
-    #[error("`{0}` is missing")]
+    #[error("`{0}` is missing or not of its column's type")]
     Field(&'static str),
 }
 
@@ -316,15 +316,10 @@ impl Fields for RankRecord {
         match key {
             "cluster" => Field::Text(Some(&self.cluster)),
             "record_id" => Field::Owned(self.record_id()),
-            "rank" => Field::Int(Some(i64::from(self.change.rank))),
+            "rank" => Field::Int(Some(i64::from(self.rank()))),
             "hostname" => Field::Text(after.and_then(|r| r.hostname.as_deref())),
             "timestamp" => Field::Float(self.timestamp()),
-            "event" => Field::Text(
-                self.event
-                    .as_ref()
-                    .filter(|_| self.at.is_none())
-                    .map(|(name, _)| name.as_str()),
-            ),
+            "event" => Field::Text(self.event_name()),
             "changed" => Field::Json(json_text(&self.changed())),
             "online" => Field::Bool(after.and_then(|r| r.online)),
             "drained" => flag(|r| r.drained),
@@ -344,8 +339,8 @@ impl Fields for TransitionRecord {
             "cluster" => Field::Text(Some(&self.cluster)),
             "record_id" => Field::Owned(self.record_id()),
             "id" => Field::Id(self.id.0),
-            "from" => Field::Text(Some(self.from().as_str())),
-            "to" => Field::Text(Some(self.to().as_str())),
+            "from" => Field::Text(Some(self.from_state().as_str())),
+            "to" => Field::Text(Some(self.to_state().as_str())),
             "event" => Field::Text(Some(&self.event)),
             "timestamp" => Field::Float(Some(self.timestamp())),
             _ => Field::Absent,

@@ -512,7 +512,7 @@ mod tests {
     }
 
     fn record(stream: OutputStream, n: u64) -> OutputRecord {
-        OutputRecord::new(stream, &serde_json::json!({ "n": n }))
+        OutputRecord::raw(stream, &serde_json::json!({ "n": n }))
     }
 
     fn lines(rx: &mut SinkRx) -> Vec<String> {

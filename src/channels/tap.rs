@@ -187,7 +187,7 @@ mod tests {
     use serde_json::json;
 
     fn record(stream: OutputStream, n: u64) -> Arc<OutputRecord> {
-        Arc::new(OutputRecord::new(stream, &json!({ "n": n })))
+        Arc::new(OutputRecord::raw(stream, &json!({ "n": n })))
     }
 
     #[tokio::test]

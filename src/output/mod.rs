@@ -189,7 +189,7 @@ pub enum Payload {
     Alert(Box<AlertRecord>),
     Anomaly(Box<AnomalyRecord>),
     DeadLetter(Box<DeadLetterRecord>),
-    /// A line of no kind of ours, written already (a test's).
+    /// A line of no kind of ours, written already ([`OutputRecord::raw`]).
     Line,
 }
 
@@ -214,8 +214,11 @@ impl OutputRecord {
     }
 
     /// A record of no kind of ours, from anything that serializes to a
-    /// JSON object.
-    pub fn new(stream: OutputStream, value: &impl Serialize) -> Self {
+    /// JSON object: only its line is known, so the archive ignores it,
+    /// the tap's filters and the pagers pass it by, and its Kafka key is
+    /// empty. For tests of what carries records; every record the
+    /// pipeline makes has a kind.
+    pub fn raw(stream: OutputStream, value: &impl Serialize) -> Self {
         OutputRecord {
             stream,
             line: OnceLock::from(json_line(value)),
@@ -338,7 +341,7 @@ impl OutputRecord {
             },
             Payload::Rank(r) => Subject {
                 cluster: Some(&r.cluster),
-                rank: Some(r.change.rank),
+                rank: Some(r.rank()),
                 node: r.after().and_then(|s| s.hostname.as_deref()),
                 ..Subject::default()
             },
@@ -835,7 +838,7 @@ mod tests {
             "a dead letter's source"
         );
         assert_eq!(
-            OutputRecord::new(OutputStream::Events, &json!({"n": 1})).key(),
+            OutputRecord::raw(OutputStream::Events, &json!({"n": 1})).key(),
             ""
         );
     }

@@ -26,11 +26,11 @@ pub struct TransitionRecord {
 }
 
 impl TransitionRecord {
-    pub fn from(&self) -> JobState {
+    pub fn from_state(&self) -> JobState {
         self.transition.from
     }
 
-    pub fn to(&self) -> JobState {
+    pub fn to_state(&self) -> JobState {
         self.transition.to
     }
 
@@ -84,6 +84,20 @@ impl RankRecord {
     /// The rank's state after the change; `None`: it was removed.
     pub fn after(&self) -> Option<&RankState> {
         self.change.after.as_ref()
+    }
+
+    /// The rank, as its state after the change has it.
+    pub fn rank(&self) -> u32 {
+        self.after().map_or(self.change.rank, |r| r.rank)
+    }
+
+    /// The event that made the change, if one did (a change seen `at` a
+    /// time was made by the rank's jobs).
+    pub fn event_name(&self) -> Option<&str> {
+        match (self.at, &self.event) {
+            (None, Some((name, _))) => Some(name),
+            _ => None,
+        }
     }
 
     /// When it changed: the event's time, or when the change was seen.
@@ -140,8 +154,8 @@ impl Serialize for RankRecord {
             m.serialize_entry("drained", &r.drained)?;
             m.serialize_entry("draining", &r.draining)?;
         }
-        if let (None, Some((name, _))) = (self.at, &self.event) {
-            m.serialize_entry("event", name.as_str())?;
+        if let Some(name) = self.event_name() {
+            m.serialize_entry("event", name)?;
         }
         if let Some(r) = after {
             m.serialize_entry("hostname", &r.hostname)?;
@@ -150,7 +164,7 @@ impl Serialize for RankRecord {
         if let Some(r) = after {
             m.serialize_entry("online", &r.online)?;
         }
-        m.serialize_entry("rank", &self.change.rank)?;
+        m.serialize_entry("rank", &self.rank())?;
         m.serialize_entry("record_id", &self.record_id())?;
         if after.is_none() {
             m.serialize_entry("removed", &true)?;
@@ -319,7 +333,12 @@ impl Serialize for DocumentRecord {
         m.serialize_entry("kind", &kind)?;
         m.serialize_entry("record_id", &self.record_id())?;
         m.serialize_entry("source", self.source.as_str())?;
-        m.serialize_entry("stream", self.stream.as_str())?;
+        // A jobspec and a username are a job's, whatever the stream says.
+        let stream = match &self.document {
+            Document::R(_) => self.stream,
+            Document::JobSpec(_) | Document::Username(_) => EventStream::Job,
+        };
+        m.serialize_entry("stream", stream.as_str())?;
         if let Document::Username(name) = &self.document {
             m.serialize_entry("username", name)?;
         }

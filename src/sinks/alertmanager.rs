@@ -19,7 +19,7 @@
 //! `fluxpipe_alerts_not_paged_total`; the `alerts` stream keeps them.
 
 use super::http::{client, error_chain, request_headers};
-use super::pager::{Alert, AlertError, Pager, Past, Verdict};
+use super::pager::{Alert, Pager, Past, Verdict};
 use super::{SinkContext, SinkRx, count_sent};
 use crate::component::Problem;
 use crate::output::{AlertRecord, OutputStream, rfc3339};
@@ -374,7 +374,7 @@ pub async fn run(
                     match rec.as_alert().map(|a| book.take(a, wall, at)) {
                         Some(Taken::Kept) => {}
                         Some(Taken::NotPaged) => not_paged.increment(1),
-                        None => poster.error("record skipped", &AlertError::NotAlert.to_string()),
+                        None => poster.error("record skipped", "not an alert record"),
                     }
                 }
             }

@@ -75,13 +75,6 @@ impl Default for Past {
     }
 }
 
-/// Why a record of the `alerts` stream could not be paged.
-#[derive(Debug, thiserror::Error)]
-pub enum AlertError {
-    #[error("not an alert record")]
-    NotAlert,
-}
-
 /// An alert record, read as much as paging needs.
 #[derive(Debug, Clone)]
 pub struct Alert {

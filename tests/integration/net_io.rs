@@ -575,7 +575,7 @@ fn sink_config(keys: &str) -> SinkConfig {
 }
 
 fn rec(n: u64) -> Arc<OutputRecord> {
-    Arc::new(OutputRecord::new(
+    Arc::new(OutputRecord::raw(
         OutputStream::Jobs,
         &json!({"kind": "job", "id": n}),
     ))
