@@ -99,7 +99,7 @@ pub type InGroup = (i64, u64);
 
 /// One cluster's jobs, as the listing keeps them. (A set per group keeps
 /// the keys at 16 bytes: this is paid for every job held.)
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct ClusterJobs {
     /// Each group's jobs in listing order.
     groups: [BTreeSet<InGroup>; Place::GROUPS as usize],
@@ -134,6 +134,29 @@ impl ClusterJobs {
         if s.state.is_pending() {
             self.pending.insert(p.id);
         }
+    }
+
+    /// Many jobs not held yet, at once: each tree built whole from its
+    /// sorted places and merged in (a bulk build, not an insert each).
+    fn add_all(&mut self, jobs: &[Standing]) {
+        let mut groups: [Vec<InGroup>; Place::GROUPS as usize] = Default::default();
+        let mut pending = Vec::new();
+        for s in jobs {
+            let p = s.place;
+            if let Some(g) = groups.get_mut(usize::from(p.group)) {
+                g.push((p.primary, p.id));
+            }
+            self.by_state[s.state.index()] += 1;
+            if s.state.is_pending() {
+                pending.push(p.id);
+            }
+        }
+        for (set, mut places) in self.groups.iter_mut().zip(groups) {
+            places.sort_unstable();
+            set.append(&mut places.into_iter().collect());
+        }
+        pending.sort_unstable();
+        self.pending.append(&mut pending.into_iter().collect());
     }
 
     fn take(&mut self, s: &Standing) {
@@ -202,6 +225,20 @@ impl Listing {
         }
     }
 
+    /// Jobs of `cluster` not held yet, at once (a restore's), with the
+    /// newest event time of any of them.
+    pub fn add_all(&mut self, cluster: &Arc<str>, jobs: &[Standing], newest: Option<f64>) {
+        if jobs.is_empty() {
+            return;
+        }
+        // Found or made as a job's update would.
+        let first = jobs[0];
+        self.update(cluster, None, Some(first), newest);
+        if let Some((_, held)) = self.clusters.get_mut(self.last) {
+            held.add_all(&jobs[1..]);
+        }
+    }
+
     /// A cluster's jobs, if it holds any.
     pub fn cluster(&self, cluster: &str) -> Option<(&Arc<str>, &ClusterJobs)> {
         let &at = self.index.get(cluster)?;
@@ -225,7 +262,39 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn standing(group: u8, primary: f64, id: u64) -> Standing {
+        let state = [JobState::Sched, JobState::Run, JobState::Inactive][usize::from(group % 3)];
+        Standing {
+            place: Place::new(group % 3, primary, id),
+            state,
+        }
+    }
+
     proptest! {
+        /// Jobs listed at once (a restore's) are listed as one by one.
+        #[test]
+        fn listing_at_once_is_listing_one_by_one(
+            held in prop::collection::vec((0u8..3, -5.0f64..5.0, 0u64..50), 0..20),
+            restored in prop::collection::vec((0u8..3, -5.0f64..5.0, 50u64..200), 0..60),
+            newest in prop::option::of(0.0f64..10.0),
+        ) {
+            let c: Arc<str> = "c".into();
+            let (mut one, mut all) = (Listing::default(), Listing::default());
+            for &(g, p, id) in &held {
+                let s = standing(g, p, id);
+                one.update(&c, None, Some(s), None);
+                all.update(&c, None, Some(s), None);
+            }
+            let restored: Vec<Standing> =
+                restored.iter().map(|&(g, p, id)| standing(g, p, id)).collect();
+            for s in &restored {
+                one.update(&c, None, Some(*s), newest);
+            }
+            // Another copy of the name: the same cluster.
+            all.add_all(&"c".into(), &restored, newest);
+            prop_assert_eq!(one.cluster("c").map(|(_, j)| j), all.cluster("c").map(|(_, j)| j));
+        }
+
         /// The integer keeps the order of the floats, and gives them back.
         #[test]
         fn ordered_keeps_order(a in any::<f64>(), b in any::<f64>()) {

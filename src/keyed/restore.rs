@@ -98,6 +98,7 @@ impl Processor {
         // of that order (nodes', an older layout's) is looked up after.
         let mut conditions = saved.alerts.into_iter().peekable();
         let mut out_of_order = Vec::new();
+        let mut unlisted = Vec::with_capacity(saved.jobs.len());
         let mut last: Option<(Arc<str>, u32)> = None;
         for (key, mut entry) in saved.jobs {
             let own = |c: &SavedCondition| matches!(&c.subject, Subject::Job(k) if *k == key);
@@ -109,9 +110,13 @@ impl Processor {
             }
             // Held already (left from a checkpoint): the restored one wins.
             // The held one goes first, so releasing its conditions cannot
-            // take the restored ones' places in the firing index.
-            if let Some(old) = self.remove_job(&key) {
-                out.replaced.push(old);
+            // take the restored ones' places in the firing index. (Listed
+            // first if it came in this restore, so its listing goes too.)
+            if self.state.jobs.contains_key(&key) {
+                self.state.list(std::mem::take(&mut unlisted));
+                if let Some(old) = self.remove_job(&key) {
+                    out.replaced.push(old);
+                }
             }
             let mine = std::iter::from_fn(|| conditions.next_if(own));
             self.alerts
@@ -144,8 +149,9 @@ impl Processor {
                     .or_insert(0) += 1;
                 out.entered.push((cluster, job.state, job.t_state()));
             }
-            self.state.insert_job(key, entry);
+            unlisted.push(self.state.insert_unlisted(key, entry));
         }
+        self.state.list(unlisted);
         // Draining as the jobs held now say (processors restore side by
         // side: holds of other processors' jobs come in as they do, and the
         // next refresh looks at them).

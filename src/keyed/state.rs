@@ -18,6 +18,10 @@ use foldhash::{HashMap, HashSet};
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, PoisonError};
 
+/// A job in the table not yet in the listing: its cluster, where it is
+/// listed, and its newest event time ([`State::insert_unlisted`]).
+pub type Unlisted = (Arc<str>, Standing, Option<f64>);
+
 /// Everything known about one job.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct JobEntry {
@@ -364,6 +368,56 @@ impl State {
     /// Put a job in (restored state); one already held under its key is
     /// replaced and returned. The ranks it holds count as held.
     pub fn insert_job(&mut self, key: JobKey, entry: Box<JobEntry>) -> Option<Box<JobEntry>> {
+        let (cluster, id) = (key.cluster.clone(), key.id);
+        let (old, unlisted) = self.put_job(key, entry);
+        let before = old.as_ref().map(|o| Standing::of(id, &o.job));
+        self.listing
+            .update(&cluster, before, Some(unlisted.1), unlisted.2);
+        if let Some(old) = old.as_ref().filter(|o| o.job.holds_ranks()) {
+            self.allocations.count(&cluster, &old.job, false, None);
+        }
+        old
+    }
+
+    /// A job put back from saved state, not listed yet: the caller lists a
+    /// whole restore's jobs at once, in listing order ([`State::list`]),
+    /// rather than each where the saved state happens to put it (a
+    /// million restored jobs inserted into the listing's trees at random
+    /// places were half of the restore's time). The key must not be held.
+    pub fn insert_unlisted(&mut self, key: JobKey, entry: Box<JobEntry>) -> Unlisted {
+        let (cluster, id) = (key.cluster.clone(), key.id);
+        let (old, unlisted) = self.put_job(key, entry);
+        debug_assert!(old.is_none(), "a restored key was held");
+        if let Some(old) = old {
+            // Not for a key held: taken out as `insert_job` would have.
+            let before = Standing::of(id, &old.job);
+            self.listing.update(&cluster, Some(before), None, None);
+            if old.job.holds_ranks() {
+                self.allocations.count(&cluster, &old.job, false, None);
+            }
+        }
+        unlisted
+    }
+
+    /// List jobs put back unlisted: a cluster's at once, each tree of the
+    /// listing built whole from their sorted places.
+    pub fn list(&mut self, mut jobs: Vec<Unlisted>) {
+        jobs.sort_unstable_by_key(|(cluster, _, _)| Arc::as_ptr(cluster) as *const u8);
+        let mut standings = Vec::new();
+        for run in jobs.chunk_by(|a, b| Arc::ptr_eq(&a.0, &b.0)) {
+            standings.clear();
+            standings.extend(run.iter().map(|(_, s, _)| *s));
+            let newest = run
+                .iter()
+                .filter_map(|(_, _, t)| t.filter(|t| t.is_finite()))
+                .reduce(f64::max);
+            self.listing.add_all(&run[0].0, &standings, newest);
+        }
+    }
+
+    /// The table's part of putting a job in: what it replaced, and what
+    /// the listing is to learn of it.
+    fn put_job(&mut self, key: JobKey, entry: Box<JobEntry>) -> (Option<Box<JobEntry>>, Unlisted) {
         if entry.job.holds_ranks() {
             self.allocations.count(&key.cluster, &entry.job, true, None);
         } else if let Some(t) = entry.job.freed_at() {
@@ -376,15 +430,8 @@ impl State {
         let cluster = key.cluster.clone();
         let standing = Standing::of(key.id, &entry.job);
         let newest = entry.job.last_timestamp();
-        let id = key.id;
         let old = self.jobs.insert(key, entry);
-        let before = old.as_ref().map(|o| Standing::of(id, &o.job));
-        self.listing
-            .update(&cluster, before, Some(standing), newest);
-        if let Some(old) = old.as_ref().filter(|o| o.job.holds_ranks()) {
-            self.allocations.count(&cluster, &old.job, false, None);
-        }
-        old
+        (old, (cluster, standing, newest))
     }
 
     /// Take a job out (dropped, or its partition revoked): the ranks it
