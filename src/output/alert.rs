@@ -121,6 +121,31 @@ impl AlertRecord {
         }
     }
 
+    /// Its times, and its id: the rule, the cluster, the subject (its kind:
+    /// 0 a node, 1 a job, 2 a feed; and its bytes), the status and times.
+    fn stamp(
+        &mut self,
+        rule: &Rule,
+        (kind, subject): (u8, &[u8]),
+        status: crate::keyed::alerts::event::Status,
+        starts_at: f64,
+        ends_at: Option<f64>,
+    ) {
+        self.starts_at = rfc3339(starts_at);
+        self.ends_at = ends_at.map(rfc3339);
+        let ends = ends_at.unwrap_or(f64::NAN).to_bits().to_le_bytes();
+        self.record_id = record_id(&[
+            b"alert",
+            rule.name.as_bytes(),
+            self.cluster.as_bytes(),
+            &[kind],
+            subject,
+            status.as_str().as_bytes(),
+            &starts_at.to_bits().to_le_bytes(),
+            &ends,
+        ]);
+    }
+
     /// The cluster it concerns, as Alertmanager knows it.
     pub fn flux_cluster(&self) -> &str {
         self.labels.get("flux_cluster").map_or("", String::as_str)
@@ -230,19 +255,14 @@ pub fn alert(rule: &Rule, a: &AlertEvent) -> AlertRecord {
     if let Some(r) = a.detail.reason().filter(|r| !r.is_empty()) {
         record.annotations.insert("reason".into(), r.to_string());
     }
-    record.starts_at = rfc3339(a.starts_at);
-    record.ends_at = a.ends_at.map(rfc3339);
-    let ends = a.ends_at.unwrap_or(f64::NAN).to_bits().to_le_bytes();
-    record.record_id = record_id(&[
-        b"alert",
-        rule.name.as_bytes(),
-        cluster.as_bytes(),
-        &[matches!(a.subject, Subject::Job(_)) as u8],
-        &subject_bytes,
-        a.status.as_str().as_bytes(),
-        &a.starts_at.to_bits().to_le_bytes(),
-        &ends,
-    ]);
+    let kind = u8::from(matches!(a.subject, Subject::Job(_)));
+    record.stamp(
+        rule,
+        (kind, &subject_bytes),
+        a.status,
+        a.starts_at,
+        a.ends_at,
+    );
     record
 }
 
@@ -268,18 +288,7 @@ pub fn watch_alert(rule: &Rule, a: &WatchAlert) -> AlertRecord {
         record.labels.insert("source".into(), source.to_string());
     }
     record.source = Some(a.subject.source.clone());
-    record.starts_at = rfc3339(a.starts_at);
-    record.ends_at = a.ends_at.map(rfc3339);
-    let ends = a.ends_at.unwrap_or(f64::NAN).to_bits().to_le_bytes();
-    record.record_id = record_id(&[
-        b"alert",
-        rule.name.as_bytes(),
-        cluster.as_bytes(),
-        &[2],
-        source.unwrap_or("").as_bytes(),
-        a.status.as_str().as_bytes(),
-        &a.starts_at.to_bits().to_le_bytes(),
-        &ends,
-    ]);
+    let source_bytes = source.unwrap_or("").as_bytes();
+    record.stamp(rule, (2, source_bytes), a.status, a.starts_at, a.ends_at);
     record
 }
