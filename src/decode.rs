@@ -445,10 +445,8 @@ mod fast {
             (Some(id), Format::Auto | Format::JobJournal) => {
                 let record = |body| Record::job_journal(JobId(id), body);
                 // The jobspec and R first, as the general path does.
-                out.records.extend(j.jobspec.map(|s| {
-                    let text = s.get().to_string();
-                    record(super::job_spec_raw(&text, Some(s)))
-                }));
+                out.records
+                    .extend(j.jobspec.map(|s| record(super::job_spec_raw(s))));
                 out.records.extend(user.map(|u| record(Body::User(u))));
                 out.records.extend(r.map(|r| record(Body::R(r))));
                 out.records.extend(events.map(|e| record(Body::Event(e))));
@@ -672,16 +670,27 @@ pub fn document_file(content: &[u8], jobspec: bool) -> Result<Body, DecodeError>
 
 /// A jobspec's text, read.
 pub fn job_spec(text: &str) -> Body {
-    let raw = serde_json::value::RawValue::from_string(text.to_string()).ok();
-    job_spec_raw(text, raw)
+    match serde_json::value::RawValue::from_string(text.to_string()) {
+        Ok(raw) => job_spec_raw(raw),
+        // Not JSON: the reason is still its job's anomaly.
+        Err(_) => {
+            let (spec, error) = JobSpec::parse(text);
+            Body::JobSpec(Box::new(JobSpecRead {
+                spec,
+                error,
+                text: None,
+            }))
+        }
+    }
 }
 
-fn job_spec_raw(text: &str, raw: Option<Box<serde_json::value::RawValue>>) -> Body {
-    let (spec, error) = JobSpec::parse(text);
+/// A jobspec that is JSON, read from the text that travels with it.
+fn job_spec_raw(raw: Box<serde_json::value::RawValue>) -> Body {
+    let (spec, error) = JobSpec::parse(raw.get());
     Body::JobSpec(Box::new(JobSpecRead {
         spec,
         error,
-        text: raw.and_then(|r| JsonObject::from_raw(r).ok()),
+        text: JsonObject::from_raw(raw).ok(),
     }))
 }
 

@@ -259,9 +259,24 @@ fn instructions_per_event_keep_their_budget() {
     let b = budgets();
     let mut errors = Vec::new();
 
+    // The floor: a typed serde_json parse of the same lines (what `fluxpipe
+    // bench` calls its typed baseline). Not a budget, a yardstick: the
+    // ratio says how far replay is from merely reading its input.
+    let mut typed = fluxpipe();
+    typed.args(["bench", "--parse-only"]).arg(&journal);
+    let typed = instructions(&mut typed, dir.path(), "typed").map(|n| n / events);
+
     let mut replay = fluxpipe();
     replay.args(["replay", "--cluster", "bench"]).arg(&journal);
     if let Some(n) = instructions(&mut replay, dir.path(), "replay") {
+        if let Some(typed) = typed {
+            println!(
+                "cost: typed parse = {typed:.1} instructions per event; replay is {:.2}x it \
+                 ({:.3}x its speed)",
+                n / events / typed,
+                typed * events / n
+            );
+        }
         errors.extend(
             check(
                 "replay_instructions_per_event",

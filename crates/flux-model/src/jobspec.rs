@@ -81,6 +81,21 @@ pub enum JobSpecError {
     Counts(String),
 }
 
+/// A jobspec read whole in one walk: what a well-formed jobspec takes.
+/// Any error sends it to [`Top`] instead, read in stages, which says which
+/// part was bad and keeps what the other parts give.
+#[derive(Deserialize)]
+struct Whole<'a> {
+    #[serde(borrow, default)]
+    version: Option<&'a RawValue>,
+    #[serde(default)]
+    resources: Option<Vec<Vertex>>,
+    #[serde(borrow, default)]
+    tasks: Option<Vec<Task<'a>>>,
+    #[serde(default)]
+    attributes: Option<Attributes>,
+}
+
 /// What job-list reads of a jobspec's top level; the rest is skipped.
 #[derive(Deserialize)]
 struct Top<'a> {
@@ -228,6 +243,22 @@ impl JobSpec {
         if !text.trim_start().starts_with('{') {
             return Err(JobSpecError::NotObject(text.chars().take(40).collect()));
         }
+        // Nearly every jobspec reads whole; the stages below give the same
+        // values when it does, and are walked only when it does not.
+        if let Ok(whole) = serde_json::from_str::<Whole>(text) {
+            return self.take(
+                whole.version,
+                whole.resources.map(Ok),
+                whole.tasks.unwrap_or_default(),
+                whole.attributes.unwrap_or_default(),
+            );
+        }
+        self.read_in_stages(text)
+    }
+
+    /// Each part read on its own, so that a bad one costs only what it
+    /// gives: a bad `resources` tree loses the counts, not the name.
+    fn read_in_stages(&mut self, text: &str) -> Result<(), JobSpecError> {
         let top: Top =
             serde_json::from_str(text).map_err(|e| JobSpecError::NotObject(e.to_string()))?;
         let attributes: Attributes = match top.attributes {
@@ -235,11 +266,25 @@ impl JobSpec {
                 .map_err(|e| JobSpecError::Attributes(e.to_string()))?,
             None => Attributes::default(),
         };
-        let system = attributes.system.unwrap_or_default();
         let tasks: Vec<Task> = top
             .tasks
             .and_then(|raw| serde_json::from_str(raw.get()).ok())
             .unwrap_or_default();
+        let resources = top.resources.map(|raw| {
+            serde_json::from_str::<Vec<Vertex>>(raw.get()).map_err(|e| format!("resources: {e}"))
+        });
+        self.take(top.version, resources, tasks, attributes)
+    }
+
+    /// The values of a jobspec's parts, read one way or the other.
+    fn take(
+        &mut self,
+        version: Option<&RawValue>,
+        resources: Option<Result<Vec<Vertex>, String>>,
+        tasks: Vec<Task>,
+        attributes: Attributes,
+    ) -> Result<(), JobSpecError> {
+        let system = attributes.system.unwrap_or_default();
         self.name = match system.job.and_then(|j| j.name) {
             Some(name) => Some(name),
             None => {
@@ -267,7 +312,7 @@ impl JobSpec {
             .and_then(|t| t.count.as_ref())
             .and_then(|c| c.total.as_ref())
             .and_then(Value::as_i64);
-        self.count(top.version, top.resources, per_resource, total)
+        self.count(version, resources, per_resource, total)
             .map_err(JobSpecError::Counts)
     }
 
@@ -275,7 +320,7 @@ impl JobSpec {
     fn count(
         &mut self,
         version: Option<&RawValue>,
-        resources: Option<&RawValue>,
+        resources: Option<Result<Vec<Vertex>, String>>,
         per_resource: Option<PerResource>,
         total: Option<i64>,
     ) -> Result<(), String> {
@@ -285,9 +330,7 @@ impl JobSpec {
         if self.duration.is_none() {
             return Err("no attributes.system.duration".into());
         }
-        let resources = resources.ok_or("no resources")?;
-        let vertices: Vec<Vertex> =
-            serde_json::from_str(resources.get()).map_err(|e| format!("resources: {e}"))?;
+        let vertices = resources.ok_or("no resources")??;
         let mut jj = Counts::default();
         Counts::read(&vertices, 1, &mut jj)?;
         if jj.nslots <= 0 {
@@ -665,10 +708,60 @@ mod tests {
         assert_eq!(kept_part(&Value::from(3)), Value::from(3));
     }
 
+    /// A jobspec of parts each good, absent, null or of a wrong type.
+    fn jobspec_of_parts() -> impl Strategy<Value = String> {
+        let part = |good: &'static [&'static str]| {
+            let mut options: Vec<&'static str> = vec!["", "null", "\"x\"", "[]", "{}", "7"];
+            options.extend_from_slice(good);
+            proptest::sample::select(options)
+        };
+        (
+            part(&["1", "1.5"]),
+            part(&[
+                r#"[{"type":"node","count":2,"with":[{"type":"slot","count":3,"with":[{"type":"core","count":2}]}]}]"#,
+                r#"[{"type":"slot","count":1,"exclusive":true,"with":[{"type":"core","count":0}]}]"#,
+                r#"[{"type":"slot","count":"1"}]"#,
+            ]),
+            part(&[
+                r#"[{"command":["/bin/a","b"],"slot":"task","count":{"per_slot":1}}]"#,
+                r#"[{"command":[3],"count":{"total":5}}]"#,
+                r#"[{"command":"a","count":{"total":"5"}}]"#,
+            ]),
+            part(&[
+                r#"{"system":{"duration":60,"queue":"q","job":{"name":"n"}}}"#,
+                r#"{"system":{"duration":0,"bank":"b","shell":{"options":{"per-resource":{"type":"core","count":2}}}}}"#,
+                r#"{"system":{"duration":"1"}}"#,
+                r#"{"system":{"duration":1,"shell":{"options":{"per-resource":{"count":2}}}}}"#,
+            ]),
+        )
+            .prop_map(|(version, resources, tasks, attributes)| {
+                let parts: Vec<String> = [
+                    ("version", version),
+                    ("resources", resources),
+                    ("tasks", tasks),
+                    ("attributes", attributes),
+                ]
+                .iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| format!("\"{k}\":{v}"))
+                .collect();
+                format!("{{{}}}", parts.join(","))
+            })
+    }
+
     proptest! {
         #[test]
         fn parsing_never_panics(text in "\\PC{0,200}") {
             let _ = JobSpec::parse(&text);
+        }
+
+        /// Reading a jobspec whole, when it reads, gives what reading it in
+        /// stages gives; when it does not, the stages are what is read.
+        #[test]
+        fn whole_or_in_stages_read_the_same(text in jobspec_of_parts()) {
+            let mut staged = JobSpec::default();
+            let error = staged.read_in_stages(&text).err();
+            prop_assert_eq!(JobSpec::parse(&text), (staged, error));
         }
 
         /// Any resources tree of small counts reads to counts whose product
