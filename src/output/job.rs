@@ -121,7 +121,7 @@ impl JobRecord {
             bank: text(|s| &s.bank),
             cluster: key.cluster.as_ref().into(),
             dependencies: s.dependencies.to_vec(),
-            duration: spec.and_then(|s| s.duration),
+            duration: spec.and_then(JobSpec::duration),
             exception_note: ended.map(|e| e.note.clone()),
             exception_occurred: ended.is_some(),
             exception_raised: s

@@ -565,7 +565,7 @@ impl Job {
                     self.freed = true;
                     // Kept with what R gave it (a job with ranks has R).
                     if let Some(spec) = self.spec.as_mut() {
-                        spec.freed_at = Some(ts);
+                        spec.free(ts);
                     }
                 }
             }
@@ -845,7 +845,7 @@ impl Job {
 
     /// When its `free` gave its R back, if it did.
     pub fn freed_at(&self) -> Option<f64> {
-        self.spec.as_ref().and_then(|s| s.freed_at)
+        self.spec.as_ref().and_then(|s| s.freed_at())
     }
 
     /// Who submitted it, by name, when Flux's side said.
@@ -916,7 +916,7 @@ impl Job {
             queue: v.spec.and_then(|s| s.queue.as_deref().map(String::from)),
             project: v.spec.and_then(|s| s.project.as_deref().map(String::from)),
             bank: v.spec.and_then(|s| s.bank.as_deref().map(String::from)),
-            duration: v.spec.and_then(|s| s.duration),
+            duration: v.spec.and_then(JobSpec::duration),
             ntasks: v.spec.and_then(JobSpec::ntasks),
             ncores: v.spec.and_then(JobSpec::ncores),
             nnodes: v.spec.and_then(JobSpec::nnodes),

@@ -9,6 +9,7 @@
 //! What cannot be read is left unknown, in stages as job-list leaves it: a
 //! bad `resources` tree loses the counts, not the name.
 
+use crate::stamp::Stamp;
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -25,8 +26,11 @@ pub struct JobSpec {
     pub queue: Option<CompactString>,
     pub project: Option<CompactString>,
     pub bank: Option<CompactString>,
-    /// The requested time limit in seconds (0: none).
-    pub duration: Option<f64>,
+    /// The requested time limit in seconds (0: none). A [`Stamp`], 8
+    /// bytes where `Option<f64>` takes 16, saved as the `Option` it was:
+    /// with `freed_at`, this keeps the boxed spec in a smaller allocation
+    /// class (224 bytes, not 256). JSON has no NaN, so none is lost.
+    duration: Stamp,
     /// From the jobspec alone.
     spec_ntasks: Option<u32>,
     spec_ncores: Option<u32>,
@@ -41,7 +45,7 @@ pub struct JobSpec {
     pub nodelist: Option<CompactString>,
     /// When the job's `free` gave R back (a job restored after its end
     /// tells a drain applied later that it held the ranks until then).
-    pub freed_at: Option<f64>,
+    freed_at: Stamp,
     /// The values a `jobspec-update` set (bits of [`Updated`]): a copy of
     /// the jobspec read after it (a KVS `jobspec` is as submitted) keeps them.
     #[serde(default)]
@@ -230,6 +234,21 @@ fn base_name(path: &str) -> &str {
 }
 
 impl JobSpec {
+    /// The requested time limit in seconds (0: none), if it was read.
+    pub fn duration(&self) -> Option<f64> {
+        self.duration.get()
+    }
+
+    /// When the job's `free` gave R back, if it has.
+    pub fn freed_at(&self) -> Option<f64> {
+        self.freed_at.get()
+    }
+
+    /// The job's `free` gave R back at `t`.
+    pub fn free(&mut self, t: f64) {
+        self.freed_at.set(t);
+    }
+
     /// Read a jobspec's text. The values that could be read are kept; the
     /// first reason some could not comes with them.
     pub fn parse(text: &str) -> (JobSpec, Option<JobSpecError>) {
@@ -302,7 +321,7 @@ impl JobSpec {
         self.queue = system.queue;
         self.project = system.project;
         self.bank = system.bank;
-        self.duration = system.duration;
+        self.duration = system.duration.into();
         let per_resource = system
             .shell
             .and_then(|s| s.options)
@@ -327,7 +346,7 @@ impl JobSpec {
         if version.and_then(|v| v.get().parse::<i64>().ok()).is_none() {
             return Err("no integer version".into());
         }
-        if self.duration.is_none() {
+        if !self.duration.is_some() {
             return Err("no attributes.system.duration".into());
         }
         let vertices = resources.ok_or("no resources")??;
@@ -443,7 +462,7 @@ impl JobSpec {
             let bit = match key {
                 "attributes.system.duration" => match serde_json::from_str::<f64>(raw.get()) {
                     Ok(d) => {
-                        self.duration = Some(d);
+                        self.duration.set(d);
                         Updated::DURATION
                     }
                     Err(_) => 0,
@@ -590,7 +609,7 @@ mod tests {
             (s.ntasks(), s.ncores(), s.nnodes()),
             (Some(1), Some(1), None)
         );
-        assert_eq!(s.duration, Some(0.0));
+        assert_eq!(s.duration(), Some(0.0));
         assert_eq!(s.queue, None);
     }
 
@@ -684,14 +703,14 @@ mod tests {
         ]);
         assert_eq!(ignored, ["resources"]);
         assert_eq!(
-            (s.duration, s.queue.as_deref()),
+            (s.duration(), s.queue.as_deref()),
             (Some(3600.0), Some("debug"))
         );
         // the jobspec as submitted, read after the update, keeps it
         let mut again = spec(HOSTNAME);
         again.keep_later_of(&s);
         assert_eq!(
-            (again.duration, again.queue.as_deref()),
+            (again.duration(), again.queue.as_deref()),
             (Some(3600.0), Some("debug"))
         );
         assert_eq!(again.name.as_deref(), Some("hostname"));
