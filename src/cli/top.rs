@@ -48,6 +48,9 @@ pub struct Look {
     pub metrics: BTreeMap<String, Vec<Sample>>,
     pub clusters: Vec<Value>,
     pub alerts: Vec<AlertRecord>,
+    /// Alert records of the answer that did not read (of another
+    /// version): said in the list, so it never hides what it leaves out.
+    pub unreadable_alerts: usize,
     pub firing: u64,
     /// Why it could not be read, if it could not.
     pub error: Option<String>,
@@ -268,6 +271,18 @@ pub fn view(before: Option<&[Look]>, now: &[Look], secs: f64, wall: f64) -> View
                 a.annotations.get("summary").cloned().unwrap_or_default(),
             ]);
         }
+        if look.unreadable_alerts > 0 {
+            alerts.push(vec![
+                "?".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                format!(
+                    "{} alert record(s) from {} not read (another version?)",
+                    look.unreadable_alerts, look.url
+                ),
+            ]);
+        }
     }
     View {
         header,
@@ -379,7 +394,7 @@ fn look(client: &Client) -> Vec<Look> {
                 look.clusters = v["clusters"].as_array().cloned().unwrap_or_default();
             }
             if let Ok(v) = a.and_then(|t| Ok(serde_json::from_str::<Value>(&t)?)) {
-                look.alerts = alert_records(&v["alerts"]);
+                (look.alerts, look.unreadable_alerts) = alert_records(&v["alerts"]);
                 look.firing = v["firing"].as_u64().unwrap_or(0);
             }
             look
@@ -497,13 +512,16 @@ fn draw(f: &mut ratatui::Frame, view: &View) {
     }
 }
 
-/// The alert records of an answer of `/api/v1/alerts`; one that does not
-/// read as an alert record (of another version) is left out, not the rest.
-fn alert_records(alerts: &Value) -> Vec<AlertRecord> {
+/// The alert records of an answer of `/api/v1/alerts`, and how many did
+/// not read as one (of another version): those are left out, not the rest.
+fn alert_records(alerts: &Value) -> (Vec<AlertRecord>, usize) {
     let list = alerts.as_array().map_or(&[][..], Vec::as_slice);
-    list.iter()
+    let read: Vec<AlertRecord> = list
+        .iter()
         .filter_map(|a| AlertRecord::deserialize(a).ok())
-        .collect()
+        .collect();
+    let unreadable = list.len() - read.len();
+    (read, unreadable)
 }
 
 #[cfg(test)]
@@ -516,7 +534,8 @@ mod tests {
             url: "http://a".into(),
             metrics: parse_samples(metrics),
             clusters: clusters.as_array().cloned().unwrap_or_default(),
-            alerts: alert_records(&alerts),
+            alerts: alert_records(&alerts).0,
+            unreadable_alerts: alert_records(&alerts).1,
             firing: 1,
             error: None,
         }
@@ -564,6 +583,13 @@ mod tests {
             ("picl", "2", "3", "4", "1")
         );
         assert_eq!(v.panels[3].rows[0][..3], ["node_drained", "picl", "n3"]);
+        // The record of another version is said, not silently dropped.
+        assert_eq!(v.panels[3].rows.len(), 2);
+        assert!(
+            v.panels[3].rows[1][4].contains("1 alert record(s) from http://a not read"),
+            "{:?}",
+            v.panels[3].rows[1]
+        );
         let t = text(&v);
         assert!(
             t.contains("SOURCE EVENTS/S EVENTS INVALID LAG CONNECTIONS"),

@@ -43,7 +43,8 @@ pub struct AlertRecord {
     /// A job's alert: the job id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<u64>,
-    pub kind: RecordKind,
+    /// Always `RecordKind::Alert`: private, so only this module sets it.
+    kind: RecordKind,
     /// What Alertmanager knows the alert by.
     pub labels: BTreeMap<String, String>,
     /// A node's alert: its name (`rank{N}` while none is known).

@@ -47,7 +47,8 @@ pub struct JobRecord {
     /// round, as they round ids past 2^53.
     #[serde(default)]
     pub jobid: String,
-    pub kind: RecordKind,
+    /// Always `RecordKind::Job`: private, so only this module sets it.
+    kind: RecordKind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<CompactString>,
     #[serde(skip_serializing_if = "Option::is_none")]
