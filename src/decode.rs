@@ -670,27 +670,28 @@ pub fn document_file(content: &[u8], jobspec: bool) -> Result<Body, DecodeError>
 
 /// A jobspec's text, read.
 pub fn job_spec(text: &str) -> Body {
-    match serde_json::value::RawValue::from_string(text.to_string()) {
-        Ok(raw) => job_spec_raw(raw),
-        // Not JSON: the reason is still its job's anomaly.
-        Err(_) => {
-            let (spec, error) = JobSpec::parse(text);
-            Body::JobSpec(Box::new(JobSpecRead {
-                spec,
-                error,
-                text: None,
-            }))
-        }
-    }
+    // Read from the text as it is (RawValue trims what surrounds a
+    // value, and a reason given cites places in the text).
+    let (spec, error) = JobSpec::parse(text);
+    let raw = serde_json::value::RawValue::from_string(text.to_string()).ok();
+    job_spec_body(spec, error, raw)
 }
 
-/// A jobspec that is JSON, read from the text that travels with it.
+/// A journal's jobspec, read from the text that travels with it.
 fn job_spec_raw(raw: Box<serde_json::value::RawValue>) -> Body {
     let (spec, error) = JobSpec::parse(raw.get());
+    job_spec_body(spec, error, Some(raw))
+}
+
+fn job_spec_body(
+    spec: JobSpec,
+    error: Option<JobSpecError>,
+    raw: Option<Box<serde_json::value::RawValue>>,
+) -> Body {
     Body::JobSpec(Box::new(JobSpecRead {
         spec,
         error,
-        text: JsonObject::from_raw(raw).ok(),
+        text: raw.and_then(|r| JsonObject::from_raw(r).ok()),
     }))
 }
 
@@ -1083,6 +1084,15 @@ mod tests {
         assert!(matches!(bad, Err(DecodeError::RNotJson(_))), "{bad:?}");
         match document_file(b"not json", true) {
             Ok(Body::JobSpec(read)) => assert!(read.text.is_none() && read.error.is_some()),
+            other => panic!("{other:?}"),
+        }
+        // A jobspec's reason cites the file as it is, newline and all.
+        match document_file(b"[1]\n", true) {
+            Ok(Body::JobSpec(read)) => assert_eq!(
+                read.error,
+                Some(JobSpecError::NotObject("[1]\n".into())),
+                "{read:?}"
+            ),
             other => panic!("{other:?}"),
         }
     }

@@ -43,7 +43,8 @@ pub struct AlertRecord {
     /// A job's alert: the job id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<u64>,
-    /// Always `RecordKind::Alert`: private, so only this module sets it.
+    /// `RecordKind::Alert` as this module builds it (private: no other code
+    /// sets it); a record read back keeps what it said.
     kind: RecordKind,
     /// What Alertmanager knows the alert by.
     pub labels: BTreeMap<String, String>,

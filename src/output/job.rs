@@ -47,7 +47,8 @@ pub struct JobRecord {
     /// round, as they round ids past 2^53.
     #[serde(default)]
     pub jobid: String,
-    /// Always `RecordKind::Job`: private, so only this module sets it.
+    /// `RecordKind::Job` as this module builds it (private: no other code
+    /// sets it); a record read back keeps what it said.
     kind: RecordKind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<CompactString>,

@@ -402,7 +402,8 @@ pub const DEAD_LETTER_MAX_BYTES: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetterRecord {
     pub error: String,
-    /// Always `RecordKind::DeadLetter`: private, so only this module sets it.
+    /// `RecordKind::DeadLetter` as this module builds it (private: no other code
+    /// sets it); a record read back keeps what it said.
     kind: RecordKind,
     /// The line, cut to [`DEAD_LETTER_MAX_BYTES`], invalid UTF-8 replaced.
     pub line: String,
