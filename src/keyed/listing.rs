@@ -48,7 +48,7 @@ impl Place {
             JobState::Inactive => (2, -job.t_inactive.get().unwrap_or(0.0)),
             // Before the priority is known, as the lowest (flux-core's
             // job-list lists such jobs last among the pending).
-            _ => (0, -(job.priority.unwrap_or(-1) as f64)),
+            _ => (0, -(job.priority().unwrap_or(-1) as f64)),
         };
         Place::new(group, primary, id.0)
     }

@@ -764,7 +764,7 @@ fn observe_rank(
                     reason: rank.drain_reason.clone(),
                     draining: rank.draining,
                 })),
-                _ => Detail::Host(host),
+                _ => Detail::Host(host.map(Box::new)),
             };
             Some((i, Some((since.unwrap_or(at), detail))))
         })

@@ -145,7 +145,7 @@ impl Processor {
             if is_active(job) {
                 let queue = job.queue().map(CompactString::from);
                 *out.active
-                    .entry((cluster, queue, job.state, job.userid))
+                    .entry((cluster, queue, job.state, job.userid()))
                     .or_insert(0) += 1;
                 out.entered.push((cluster, job.state, job.t_state()));
             }

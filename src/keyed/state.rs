@@ -807,7 +807,7 @@ impl JobEntry {
     /// response (RFC 32) and by the job eventlog (RFC 21). They must agree.
     /// Each pair is compared once, as soon as both sides are known.
     fn cross_check(&mut self, anomalies: &mut Vec<Anomaly>) {
-        let Some(finish) = self.job.waitstatus else {
+        let Some(finish) = self.job.waitstatus() else {
             return;
         };
         if !self.exec_checked

@@ -68,7 +68,7 @@ impl ShardMetrics {
     /// Count an active job into (`delta` 1) or out of (-1) the job gauges
     /// and the state-entry ages, in the state it is in.
     pub fn count_job(&mut self, cluster: &str, job: &Job, delta: i64) {
-        self.count_active(cluster, job.queue(), job.state, job.userid, delta);
+        self.count_active(cluster, job.queue(), job.state, job.userid(), delta);
         if delta > 0 {
             self.ages.add(cluster, job.state, job.t_state());
         } else {
@@ -233,12 +233,12 @@ impl ShardMetrics {
         match (before, counted) {
             // A new job (or one whose submit came after other events).
             (None, true) if job.state != JobState::Inactive => {
-                self.count_active(cluster, queue, job.state, job.userid, 1);
+                self.count_active(cluster, queue, job.state, job.userid(), 1);
                 self.ages.add(cluster, job.state, job.t_state());
             }
             // Invalidated: flux-core removes it.
             (Some((state, entered)), false) if state != JobState::Inactive => {
-                self.count_active(cluster, queue_before, state, job.userid, -1);
+                self.count_active(cluster, queue_before, state, job.userid(), -1);
                 self.ages.remove(cluster, state, entered);
             }
             // Its queue changed (an update, or a jobspec read after its
@@ -248,8 +248,8 @@ impl ShardMetrics {
                     && state != JobState::Inactive
                     && queue != queue_before =>
             {
-                self.count_active(cluster, queue_before, state, job.userid, -1);
-                self.count_active(cluster, queue, state, job.userid, 1);
+                self.count_active(cluster, queue_before, state, job.userid(), -1);
+                self.count_active(cluster, queue, state, job.userid(), 1);
             }
             _ => {}
         }
@@ -259,7 +259,7 @@ impl ShardMetrics {
             let (from, to) = (t.transition.from, t.transition.to);
             if before.is_some() {
                 if from != JobState::Inactive {
-                    self.count_active(cluster, counted_in, from, job.userid, -1);
+                    self.count_active(cluster, counted_in, from, job.userid(), -1);
                     self.ages.remove(cluster, from, entered);
                 }
                 // SCHED keeps its first entry time (a job reverted to
@@ -271,7 +271,7 @@ impl ShardMetrics {
                     Some(t.transition.timestamp)
                 };
                 if to != JobState::Inactive {
-                    self.count_active(cluster, queue, to, job.userid, 1);
+                    self.count_active(cluster, queue, to, job.userid(), 1);
                     self.ages.add(cluster, to, at);
                 }
                 entered = at;

@@ -8,6 +8,7 @@ use super::hostlist::Hostlist;
 use super::idset::{IdSet, Ranks};
 use super::jobspec::JobSpec;
 use super::object::{self, JsonObject};
+use super::opt_int::OptInt;
 use super::resource::bounded_idset;
 use super::stamp::Stamp;
 use compact_str::CompactString;
@@ -142,11 +143,13 @@ pub struct Job {
     pub submitted: bool,
     /// The submission was invalidated: flux-core removes such a job entirely.
     pub invalidated: bool,
-    pub userid: Option<i64>,
-    pub urgency: Option<i64>,
+    /// The four optional integers in 8 bytes each ([`OptInt`]), read
+    /// through [`Job::userid`] and the like: a million jobs, 32 MB.
+    userid: OptInt,
+    urgency: OptInt,
     /// Known while the job has been in SCHED since its last fall back to
     /// PRIORITY, as job-list reports it.
-    pub priority: Option<i64>,
+    priority: OptInt,
     pub flags: i64,
     pub t_submit: Stamp,
     pub t_depend: Stamp,
@@ -156,7 +159,7 @@ pub struct Job {
     pub t_cleanup: Stamp,
     pub t_inactive: Stamp,
     /// The `finish` wait status.
-    pub waitstatus: Option<i64>,
+    waitstatus: OptInt,
     /// Boxed: most jobs have none.
     pub exception: Option<Box<JobException>>,
     /// A severity-0 exception was raised.
@@ -260,7 +263,7 @@ impl Job {
         if self.state != JobState::Inactive {
             return None;
         }
-        Some(self.waitstatus == Some(0) && !self.fatal_exception)
+        Some(self.waitstatus.get() == Some(0) && !self.fatal_exception)
     }
 
     /// The job's result once it is inactive.
@@ -282,7 +285,7 @@ impl Job {
     /// signal; -128 for a job canceled before it ran; 1 for any other job
     /// that failed without a finish status.
     pub fn returncode(&self) -> Option<i64> {
-        if let Some(status) = self.waitstatus {
+        if let Some(status) = self.waitstatus.get() {
             let sig = status & 0x7f;
             return Some(if sig == 0 { (status >> 8) & 0xff } else { -sig });
         }
@@ -382,7 +385,7 @@ impl Job {
     /// Fall back from SCHED to PRIORITY (urgency, jobspec-update, flux-restart).
     fn revert_to_priority(&mut self, ts: f64) {
         if self.state == JobState::Sched {
-            self.priority = None;
+            self.priority.clear();
             self.enter(JobState::Priority, ts);
         }
     }
@@ -435,7 +438,7 @@ impl Job {
                         ));
                     }
                     if self.expect_state(ev, &[JobState::Priority, JobState::Sched], anomalies) {
-                        self.priority = Some(p);
+                        self.priority.set(p);
                         if self.state == JobState::Priority {
                             self.enter(JobState::Sched, ts);
                         }
@@ -452,7 +455,7 @@ impl Job {
                             format!("urgency {u} is outside 0-31"),
                         ));
                     }
-                    self.urgency = Some(u);
+                    self.urgency.set(u);
                     self.revert_to_priority(ts);
                 }
             },
@@ -542,7 +545,7 @@ impl Job {
                         anomalies.push(anomaly(AnomalyKind::Repeated, ev, "second finish event"));
                     }
                     if self.expect_state(ev, &[JobState::Run, JobState::Cleanup], anomalies) {
-                        self.waitstatus = Some(status);
+                        self.waitstatus.set(status);
                         if self.state == JobState::Run {
                             self.enter(JobState::Cleanup, ts);
                         }
@@ -622,11 +625,11 @@ impl Job {
         self.t_submit.set(ev.timestamp);
         let values = ev.values(["userid", "urgency", "flags", "version"]);
         match values.int("userid") {
-            Ok(u) => self.userid = Some(u),
+            Ok(u) => self.userid.set(u),
             Err(e) => anomalies.push(context_anomaly(ev, e)),
         }
         match values.int("urgency") {
-            Ok(u) => self.urgency = Some(u),
+            Ok(u) => self.urgency.set(u),
             Err(e) => anomalies.push(context_anomaly(ev, e)),
         }
         match values.opt_int("flags") {
@@ -858,6 +861,25 @@ impl Job {
         self.spec.get_or_insert_default().username = Some(name);
     }
 
+    /// Who submitted it, by user id.
+    pub fn userid(&self) -> Option<i64> {
+        self.userid.get()
+    }
+
+    pub fn urgency(&self) -> Option<i64> {
+        self.urgency.get()
+    }
+
+    /// Its priority, while it has one (see the field).
+    pub fn priority(&self) -> Option<i64> {
+        self.priority.get()
+    }
+
+    /// Its `finish` event's wait status, once finished.
+    pub fn waitstatus(&self) -> Option<i64> {
+        self.waitstatus.get()
+    }
+
     /// The queue its jobspec (or an update) names, if any.
     pub fn queue(&self) -> Option<&str> {
         self.spec.as_ref().and_then(|s| s.queue.as_deref())
@@ -929,13 +951,13 @@ impl Job {
     /// without copying).
     pub fn summary_view(&self) -> SummaryView<'_> {
         SummaryView {
-            userid: self.userid,
-            urgency: self.urgency,
-            priority: self.priority,
+            userid: self.userid.get(),
+            urgency: self.urgency.get(),
+            priority: self.priority.get(),
             state: self.state,
             result: self.result(),
             success: self.success(),
-            waitstatus: self.waitstatus,
+            waitstatus: self.waitstatus.get(),
             returncode: self.returncode(),
             exception: self.exception.as_deref(),
             t_submit: self.t_submit.get(),
@@ -1387,7 +1409,7 @@ mod tests {
         ];
         run(&mut job, &evs);
         assert_eq!(job.state, JobState::Priority);
-        assert_eq!(job.priority, None);
+        assert_eq!(job.priority(), None);
         job.apply(&ev(6.0, "priority", json!({"priority": 0})));
         assert_eq!(job.state, JobState::Sched);
         job.apply(&Event::new(7.0, "flux-restart"));

@@ -12,6 +12,7 @@ pub mod job;
 pub mod jobid;
 pub mod jobspec;
 pub mod object;
+pub mod opt_int;
 pub mod queues;
 pub mod resource;
 pub mod stamp;

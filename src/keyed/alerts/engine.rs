@@ -19,6 +19,7 @@
 //! learned of it.
 
 pub use super::event::{AlertEvent, Detail, Drain, NodeKey, Queued, Status, Subject};
+use super::few::Few;
 use super::firing::{AlertPosition, FiringIndex};
 use super::rule::Rule;
 pub use super::saved::{SavedCondition, SavedConditions};
@@ -42,9 +43,8 @@ pub type HoldsRef<'a> = Option<(f64, &'a Detail)>;
 pub(super) struct Active {
     pub(super) rule: u16,
     pub(super) since: f64,
-    /// The condition's start plus the rule's duration.
-    pub(super) starts: f64,
-    /// When it fires: `starts`, later if the subject's records came late.
+    /// When it fires: [`Active::starts`], later if the subject's records
+    /// came late.
     pub(super) deadline: f64,
     /// Its timer, until it fires.
     pub(super) timer: Option<TimerId>,
@@ -52,9 +52,17 @@ pub(super) struct Active {
     pub(super) detail: Detail,
 }
 
+impl Active {
+    /// The condition's start plus its rule's duration: when its alert
+    /// starts. Worked out, not kept: every job's condition would carry it.
+    pub(super) fn starts(&self, rules: &[Rule]) -> f64 {
+        self.since + rules.get(self.rule as usize).map_or(0.0, |r| r.hold_secs)
+    }
+}
+
 /// A subject's conditions: most hold none or one at a time, and one is
 /// kept inline (no allocation per condition, none freed when it clears).
-pub(super) type List = SmallVec<[Active; 1]>;
+pub(super) type List = Few<Active>;
 
 /// A job's alert conditions, kept in its entry in the job table: one
 /// inline, more (rare) beside it.
@@ -399,7 +407,7 @@ impl Engine {
                     rule: rule as usize,
                     status: Status::Firing,
                     since: a.since,
-                    starts_at: a.starts,
+                    starts_at: a.starts(&self.rules),
                     ends_at: None,
                     detail: a.detail.clone(),
                     subject,
@@ -480,7 +488,7 @@ impl Engine {
                     subject: subject.clone(),
                     status: Status::Firing,
                     since: a.since,
-                    starts_at: a.starts,
+                    starts_at: a.starts(&self.rules),
                     ends_at: None,
                     detail: a.detail.clone(),
                 };
@@ -536,6 +544,7 @@ impl Engine {
         out: &mut Vec<AlertEvent>,
     ) {
         let firing = &mut self.firing;
+        let rules = &self.rules;
         for (subject, list) in jobs
             .conditions_all_mut()
             .filter(|(_, c)| !c.is_empty())
@@ -549,7 +558,10 @@ impl Engine {
             let Some(now) = clock(subject.cluster()) else {
                 continue;
             };
-            for a in list.iter_mut().filter(|a| !a.fired && a.starts <= now) {
+            for a in list
+                .iter_mut()
+                .filter(|a| !a.fired && a.starts(rules) <= now)
+            {
                 cancel_timer(&mut self.timers, subject.cluster(), a.timer.take());
                 a.fired = true;
                 firing.insert(subject.cluster(), subject.due(), a.rule, a.since);
@@ -558,7 +570,7 @@ impl Engine {
                     subject: subject.clone(),
                     status: Status::Firing,
                     since: a.since,
-                    starts_at: a.starts,
+                    starts_at: a.starts(rules),
                     ends_at: None,
                     detail: a.detail.clone(),
                 });
@@ -642,7 +654,6 @@ impl Ledger<'_> {
         Active {
             rule: rule as u16,
             since,
-            starts,
             deadline,
             timer: Some(timer),
             fired: false,
@@ -653,7 +664,7 @@ impl Ledger<'_> {
     /// A condition cleared at `at`: resolve its alert, or, if it was due
     /// but never fired, fire and resolve it.
     fn clear(&mut self, subject: &Subject, a: Active, at: f64, out: &mut Vec<AlertEvent>) {
-        let deadline = a.starts;
+        let deadline = a.starts(self.rules);
         let event = |status, ends_at| AlertEvent {
             rule: a.rule as usize,
             subject: subject.clone(),
@@ -895,8 +906,8 @@ mod tests {
     }
 
     /// A subject's conditions take the room they need, no more: a million
-    /// active jobs hold one each (a job's list is a boxed slice, exact by
-    /// its type; a node's is a `Vec`).
+    /// active jobs hold one each, inline ([`Few`]); more go on the heap,
+    /// and back inline when one is left.
     #[test]
     fn condition_lists_are_sized_exactly() {
         let mut e = engine();
@@ -905,7 +916,7 @@ mod tests {
             cluster: "d".into(),
             rank: 3,
         };
-        let host = |h: &str| Some((0.0, Detail::Host(Some(h.into()))));
+        let host = |h: &str| Some((0.0, Detail::Host(Some(Box::new(h.into())))));
         e.observe_node(&node, &[(1, host("a"))], 0.0, 0.0, &mut out);
         assert_eq!(e.e.nodes[&node].capacity(), 1);
         let mut again = engine();

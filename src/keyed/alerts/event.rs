@@ -38,8 +38,11 @@ pub struct NodeKey {
 pub enum Detail {
     /// The job's state when the condition began (or last changed).
     State(JobState),
-    /// The node's hostname, if known.
-    Host(Option<String>),
+    /// The node's hostname, if known. Behind one pointer (a `Box<str>`
+    /// takes two): the largest variant sets the size of every job
+    /// condition's detail, and nodes are few.
+    #[allow(clippy::box_collection)]
+    Host(Option<Box<String>>),
     /// A drained node: its hostname and the drain reason, as they stood
     /// while the condition held (an undrain clears the reason from the
     /// node before the alert resolves, and a late timer may fire after it).
@@ -84,7 +87,7 @@ impl Detail {
     /// The node's hostname, for node conditions.
     pub fn host(&self) -> Option<&str> {
         match self {
-            Detail::Host(h) => h.as_deref(),
+            Detail::Host(h) => h.as_deref().map(String::as_str),
             Detail::Drained(d) => d.host.as_deref(),
             Detail::State(_) | Detail::Queued(_) => None,
         }

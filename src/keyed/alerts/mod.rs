@@ -1,5 +1,6 @@
 //! Alerts on stuck jobs and sick nodes: the rules ([`rule`]), the engine
-//! that times them ([`engine`]), what it says ([`event`]), what fires now
+//! that times them ([`engine`]) and keeps a subject's conditions in the
+//! room of one ([`few`]), what it says ([`event`]), what fires now
 //! ([`firing`]) and how its conditions are saved and restored
 //! ([`saved`]), and the watch of feeds and instances on the wall clock
 //! ([`watch`]); the processor
@@ -9,6 +10,7 @@
 
 pub mod engine;
 pub mod event;
+pub mod few;
 pub mod firing;
 pub mod rule;
 pub mod saved;

@@ -85,7 +85,7 @@ impl<J: JobConditions> SavedConditions<'_, J> {
                     subject,
                     rule: &rule.name,
                     since: a.since,
-                    delay: a.deadline - a.starts,
+                    delay: a.deadline - a.starts(&engine.rules),
                     fired: a.fired,
                     detail: &a.detail,
                 })
@@ -157,7 +157,7 @@ impl Engine {
                 subject: subject.clone(),
                 rule: rule.name.as_str().into(),
                 since: a.since,
-                delay: a.deadline - a.starts,
+                delay: a.deadline - a.starts(&self.rules),
                 fired: a.fired,
                 detail: a.detail.clone(),
             });
@@ -227,7 +227,6 @@ impl Engine {
         list.push(Active {
             rule: rule as u16,
             since: c.since,
-            starts,
             deadline,
             timer,
             fired: c.fired,

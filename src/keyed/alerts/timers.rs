@@ -10,13 +10,16 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::num::NonZeroU32;
 
 /// A timer in a [`TimerQueue`]: its slot and the slot's generation, so an
 /// id of a timer that fired or was cancelled never names a later one.
+/// Generations start at 1, so that "no timer" (`Option<TimerId>`, in
+/// every alert condition) takes no room of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimerId {
     slot: u32,
-    generation: u32,
+    generation: NonZeroU32,
 }
 
 /// Timers with a payload each, popped in deadline order (ties in the order
@@ -36,12 +39,12 @@ struct Entry {
     key: DeadlineKey,
     seq: u64,
     slot: u32,
-    generation: u32,
+    generation: NonZeroU32,
 }
 
 #[derive(Debug)]
 struct Slot<T> {
-    generation: u32,
+    generation: NonZeroU32,
     payload: Option<T>,
 }
 
@@ -85,12 +88,12 @@ impl<T> TimerQueue<T> {
             None => {
                 let i = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
                 self.slots.push(Slot {
-                    generation: 0,
+                    generation: NonZeroU32::MIN,
                     payload: Some(payload),
                 });
                 TimerId {
                     slot: i,
-                    generation: 0,
+                    generation: NonZeroU32::MIN,
                 }
             }
         };
@@ -137,7 +140,7 @@ impl<T> TimerQueue<T> {
     }
 
     /// Free a live slot, taking its payload.
-    fn release(&mut self, slot: u32, generation: u32) -> Option<T> {
+    fn release(&mut self, slot: u32, generation: NonZeroU32) -> Option<T> {
         let s = self.slots.get_mut(slot as usize)?;
         if s.generation != generation {
             return None;
