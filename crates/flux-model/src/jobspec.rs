@@ -9,7 +9,7 @@
 //! What cannot be read is left unknown, in stages as job-list leaves it: a
 //! bad `resources` tree loses the counts, not the name.
 
-use crate::stamp::Stamp;
+use crate::packed::Stamp;
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -12,10 +12,9 @@ pub mod job;
 pub mod jobid;
 pub mod jobspec;
 pub mod object;
-pub mod opt_int;
+pub mod packed;
 pub mod queues;
 pub mod resource;
-pub mod stamp;
 pub mod user;
 
 pub use anomaly::{Anomaly, AnomalyKind, Stream};
