@@ -530,12 +530,13 @@ mod tests {
     use serde_json::json;
 
     fn look_of(metrics: &str, clusters: Value, alerts: Value) -> Look {
+        let (alerts, unreadable_alerts) = alert_records(&alerts);
         Look {
             url: "http://a".into(),
             metrics: parse_samples(metrics),
             clusters: clusters.as_array().cloned().unwrap_or_default(),
-            alerts: alert_records(&alerts).0,
-            unreadable_alerts: alert_records(&alerts).1,
+            alerts,
+            unreadable_alerts,
             firing: 1,
             error: None,
         }
