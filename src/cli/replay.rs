@@ -7,7 +7,7 @@ use super::listing::counted;
 use super::resource::{ByCluster, Node, print_rank_tables};
 use crate::decode::{self, EventStream, Format, Origin, PathKind, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
-use crate::flux::job::JobState;
+use crate::flux::job::{JobState, SummaryView};
 use crate::flux::jobid::JobId;
 use crate::keyed::JobKey;
 use crate::keyed::alerts::Clock;
@@ -22,11 +22,12 @@ use crate::output::{
     RankStateRecord, StreamSet, json_line,
 };
 use crate::sources::file::rotation;
+use crate::sources::lines::{BlockingLineReader, Buffered, Line, READ_BYTES};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::Value;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -496,7 +497,8 @@ impl Reader {
         if path == Path::new("-") {
             let stdin = std::io::stdin();
             let origin = self.told.clone().unwrap_or_default();
-            return self.lines(stdin.lock(), path, &origin);
+            let stdin = BufReader::with_capacity(READ_BYTES, stdin.lock());
+            return self.lines(stdin, path, &origin);
         }
         let meta =
             std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -556,14 +558,16 @@ impl Reader {
         match compressed {
             Compression::Gzip => {
                 let decoded = flate2::read::MultiGzDecoder::new(BufReader::new(file));
-                self.lines(BufReader::new(decoded), path, &origin)
+                self.lines(BufReader::with_capacity(READ_BYTES, decoded), path, &origin)
             }
             Compression::Zstd => {
                 let decoded = zstd::stream::read::Decoder::new(file)
                     .with_context(|| format!("cannot read {} as zstd", path.display()))?;
-                self.lines(BufReader::new(decoded), path, &origin)
+                self.lines(BufReader::with_capacity(READ_BYTES, decoded), path, &origin)
             }
-            Compression::None => self.lines(BufReader::new(file), path, &origin),
+            Compression::None => {
+                self.lines(BufReader::with_capacity(READ_BYTES, file), path, &origin)
+            }
         }
     }
 
@@ -592,17 +596,25 @@ impl Reader {
     /// Read and decode the lines of one input. An input whose first
     /// [`BINARY_AFTER`] lines are all undecodable is not an eventlog or a
     /// journal: it is left with one anomaly, not one per line.
-    fn lines(&mut self, mut reader: impl BufRead, path: &Path, origin: &Origin) -> Result<()> {
-        let mut line = Vec::new();
+    fn lines(
+        &mut self,
+        reader: impl BufRead + Buffered,
+        path: &Path,
+        origin: &Origin,
+    ) -> Result<()> {
+        let mut reader = BlockingLineReader::new(reader, MAX_LINE);
         let mut lineno = 0u64;
         let mut good = 0u64;
         loop {
-            line.clear();
-            let n = match (&mut reader)
-                .take(MAX_LINE as u64 + 1)
-                .read_until(b'\n', &mut line)
-            {
-                Ok(n) => n,
+            let text = match reader.next_line() {
+                Ok(Some(Line::Full(text))) => text,
+                Ok(Some(Line::TooLong { .. })) => {
+                    lineno += 1;
+                    self.lines += 1;
+                    self.input_anomaly(path, lineno, format!("line longer than {MAX_LINE} bytes"));
+                    continue;
+                }
+                Ok(None) => break,
                 // A damaged file (a gzip cut short) is said, and the rest
                 // of the input is still read.
                 Err(e) => {
@@ -610,27 +622,8 @@ impl Reader {
                     break;
                 }
             };
-            if n == 0 {
-                break;
-            }
             lineno += 1;
             self.lines += 1;
-            if line.len() > MAX_LINE && line.last() != Some(&b'\n') {
-                self.input_anomaly(path, lineno, format!("line longer than {MAX_LINE} bytes"));
-                // Skip the rest of the over-long line.
-                loop {
-                    line.clear();
-                    let n = (&mut reader)
-                        .take(MAX_LINE as u64)
-                        .read_until(b'\n', &mut line)?;
-                    if n == 0 || line.last() == Some(&b'\n') {
-                        break;
-                    }
-                }
-                continue;
-            }
-            let text = line.strip_suffix(b"\n").unwrap_or(&line);
-            let text = text.strip_suffix(b"\r").unwrap_or(text);
             if text.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
@@ -694,13 +687,58 @@ fn print_json(
     Ok(())
 }
 
-fn clock(ts: Option<f64>) -> String {
-    let Some(ts) = ts else {
-        return "-".into();
+/// A job row's cells that need formatting, rewritten in place for each row
+/// (a table of many jobs allocates them once).
+#[derive(Default)]
+struct RowCells {
+    userid: String,
+    returncode: String,
+    submitted: String,
+    runtime: String,
+    exception: String,
+}
+
+impl RowCells {
+    fn fill(&mut self, s: &SummaryView<'_>) {
+        use std::fmt::Write as _;
+        let number = |cell: &mut String, n: Option<i64>| {
+            cell.clear();
+            match n {
+                Some(n) => _ = write!(cell, "{n}"),
+                None => cell.push('-'),
+            }
+        };
+        number(&mut self.userid, s.userid);
+        number(&mut self.returncode, s.returncode);
+        self.submitted.clear();
+        match s.t_submit {
+            Some(ts) => clock(&mut self.submitted, ts),
+            None => self.submitted.push('-'),
+        }
+        self.runtime.clear();
+        match (s.t_run, s.t_cleanup) {
+            (Some(r), Some(c)) => crate::flux::fsd::write(&mut self.runtime, c - r),
+            _ => self.runtime.push('-'),
+        }
+        self.exception.clear();
+        if let Some(e) = s.ended_exception() {
+            _ = write!(self.exception, "{} (sev {}) {}", e.kind, e.severity, e.note);
+            self.exception.truncate(self.exception.trim_end().len());
+        }
+    }
+}
+
+/// `ts` as a UTC time to the second, `2026-11-30T08:54:00Z`.
+fn clock(out: &mut String, ts: f64) {
+    use std::fmt::Write as _;
+    // From 1970 on, a timestamp of whole seconds displays in exactly this
+    // form, with less work than strftime. Times jiff cannot hold (beyond
+    // the years -9999 and 9999) print as the number given.
+    _ = match jiff::Timestamp::from_second(ts.floor() as i64) {
+        Ok(t) if ts >= 0.0 => write!(out, "{t}"),
+        Ok(t) => write!(out, "{}", t.strftime("%Y-%m-%dT%H:%M:%SZ")),
+        Err(_) => write!(out, "{ts}"),
     };
-    jiff::Timestamp::from_second(ts.floor() as i64)
-        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
-        .unwrap_or_else(|_| format!("{ts}"))
 }
 
 fn print_table(
@@ -716,31 +754,22 @@ fn print_table(
         "{:<10} {:>14} {:>6} {:<8} {:<9} {:>4} {:<20} {:>8}  EXCEPTION",
         "CLUSTER", "JOBID", "UID", "STATE", "RESULT", "RC", "SUBMITTED", "RUNTIME"
     )?;
+    let mut cells = RowCells::default();
     for (key, entry) in jobs {
-        let s = entry.summary();
-        let runtime = match (s.t_run, s.t_cleanup) {
-            (Some(r), Some(c)) => crate::flux::fsd::format(c - r),
-            _ => "-".into(),
-        };
-        let exception = match (&s.exception_type, s.exception_severity) {
-            (Some(t), Some(sev)) => {
-                let note = s.exception_note.as_deref().unwrap_or("");
-                format!("{t} (sev {sev}) {note}").trim_end().to_string()
-            }
-            _ => String::new(),
-        };
+        let s = entry.job.summary_view();
+        cells.fill(&s);
         writeln!(
             out,
             "{:<10} {:>14} {:>6} {:<8} {:<9} {:>4} {:<20} {:>8}  {}",
             key.cluster,
-            key.id.to_f58(),
-            s.userid.map_or("-".into(), |u| u.to_string()),
+            key.id.f58(),
+            cells.userid,
             s.state.as_str(),
             s.result.map_or("-", |r| r.as_str()),
-            s.returncode.map_or("-".into(), |r| r.to_string()),
-            clock(s.t_submit),
-            runtime,
-            exception
+            cells.returncode,
+            cells.submitted,
+            cells.runtime,
+            cells.exception
         )?;
     }
     let mut clusters = ByCluster::new();
@@ -822,4 +851,35 @@ fn print_table(
         counted(firing, "alert", "alerts"),
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn clock_of(ts: f64) -> String {
+        let mut out = String::new();
+        clock(&mut out, ts);
+        out
+    }
+
+    #[test]
+    fn clock_prints_utc_to_the_second() {
+        assert_eq!(clock_of(0.0), "1970-01-01T00:00:00Z");
+        assert_eq!(clock_of(1_764_492_840.75), "2025-11-30T08:54:00Z");
+        assert_eq!(clock_of(-1.5), "1969-12-31T23:59:58Z");
+        // Beyond the year 9999: the number as given.
+        assert_eq!(clock_of(1e15), "1000000000000000");
+    }
+
+    proptest! {
+        /// The short way from 1970 on prints what strftime prints.
+        #[test]
+        fn clock_matches_strftime(secs in 0i64..253_402_300_799, frac in 0.0f64..1.0) {
+            let ts = secs as f64 + frac;
+            let t = jiff::Timestamp::from_second(ts.floor() as i64).unwrap();
+            prop_assert_eq!(clock_of(ts), t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+        }
+    }
 }

@@ -62,6 +62,12 @@ pub fn split_bounded(data: &[u8], max: usize) -> impl Iterator<Item = Line<'_>> 
 /// appended to), unless the caller says the input is over.
 pub struct LineReader<R> {
     inner: R,
+    line: Assembly,
+}
+
+/// The line being read, apart from the input it is read from: what the
+/// async [`LineReader`] and the blocking [`BlockingLineReader`] share.
+struct Assembly {
     max: usize,
     /// The current line's bytes (at most `max`) and its full length so far.
     buf: Vec<u8>,
@@ -75,15 +81,18 @@ pub struct LineReader<R> {
     line_end: u64,
 }
 
-impl<R: AsyncBufRead + Buffered + Unpin> LineReader<R> {
-    pub fn new(inner: R, max: usize) -> Self {
-        Self::starting_at(inner, max, 0)
-    }
+/// What one buffered chunk of input did to the line being read.
+enum Step {
+    /// The whole line (`body` bytes, then its newline) lies at the start of
+    /// the chunk: lent in place, not copied.
+    Lent { body: usize },
+    /// `consume` bytes were taken into the line; `done` if it is complete.
+    Took { consume: usize, done: bool },
+}
 
-    /// A reader whose input starts at byte `offset` of a file.
-    pub fn starting_at(inner: R, max: usize, offset: u64) -> Self {
-        LineReader {
-            inner,
+impl Assembly {
+    fn new(max: usize, offset: u64) -> Self {
+        Assembly {
             max: max.max(1),
             buf: Vec::new(),
             len: 0,
@@ -93,73 +102,57 @@ impl<R: AsyncBufRead + Buffered + Unpin> LineReader<R> {
         }
     }
 
-    /// Offset just past the last complete line returned: where a restart
-    /// resumes without re-reading or skipping.
-    pub fn position(&self) -> u64 {
-        self.line_end
-    }
-
-    /// Bytes of an unfinished last line held so far.
-    pub fn pending(&self) -> usize {
-        self.len
-    }
-
-    pub fn get_ref(&self) -> &R {
-        &self.inner
-    }
-
-    pub fn get_mut(&mut self) -> &mut R {
-        &mut self.inner
-    }
-
-    /// The next line, or `None` at the end of the input for now. When
-    /// `input_over` (a socket that closed, stdin at EOF), a last line with
-    /// no newline is returned; otherwise it is held until its newline comes.
-    pub async fn next(&mut self, input_over: bool) -> std::io::Result<Option<Line<'_>>> {
+    /// Before reading on: forget the line returned last; the bytes it
+    /// borrowed from the input's buffer, to consume now.
+    fn resume(&mut self) -> usize {
         if std::mem::take(&mut self.returned) {
             self.buf.clear();
         }
-        let lent = std::mem::take(&mut self.lent);
-        if lent > 0 {
-            self.inner.consume(lent);
+        std::mem::take(&mut self.lent)
+    }
+
+    /// A chunk of input (not empty).
+    fn step(&mut self, chunk: &[u8]) -> Step {
+        let (take, done) = match memchr::memchr(b'\n', chunk) {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let body = if done { take - 1 } else { take };
+        if done && self.len == 0 {
+            self.lent = take;
+            self.line_end += take as u64;
+            return Step::Lent { body };
         }
-        loop {
-            let chunk = self.inner.fill_buf().await?;
-            if chunk.is_empty() {
-                if self.len == 0 || !input_over {
-                    return Ok(None);
-                }
-                self.line_end += self.len as u64;
-                return Ok(Some(self.take()));
-            }
-            let (take, done) = match memchr::memchr(b'\n', chunk) {
-                Some(i) => (i + 1, true),
-                None => (chunk.len(), false),
-            };
-            let body = if done { take - 1 } else { take };
-            if done && self.len == 0 {
-                // The whole line is in the buffer: lent in place, not copied.
-                self.lent = take;
-                self.line_end += take as u64;
-                let line = &self.inner.buffer()[..body];
-                return Ok(Some(finish(&line[..body.min(self.max)], body, self.max)));
-            }
-            if self.len < self.max {
-                let room = self.max - self.len;
-                self.buf.extend_from_slice(&chunk[..body.min(room)]);
-            }
-            self.len += body;
-            self.inner.consume(take);
-            if done {
-                self.line_end += self.len as u64 + 1;
-                return Ok(Some(self.take()));
-            }
+        if self.len < self.max {
+            let room = self.max - self.len;
+            self.buf.extend_from_slice(&chunk[..body.min(room)]);
+        }
+        self.len += body;
+        if done {
+            self.line_end += self.len as u64 + 1;
+        }
+        Step::Took {
+            consume: take,
+            done,
         }
     }
 
-    /// The unfinished last line held so far, given up as it is (a
-    /// connection that ends without its newline), without reading more.
-    pub fn held(&mut self) -> Option<Line<'_>> {
+    /// The line lent in place, from the input's buffer.
+    fn lent<'a>(&self, buffer: &'a [u8], body: usize) -> Line<'a> {
+        let line = &buffer[..body];
+        finish(&line[..body.min(self.max)], body, self.max)
+    }
+
+    /// At the end of the input for now: the unfinished last line if the
+    /// input is over, else nothing (it is held for more).
+    fn at_end(&mut self, input_over: bool) -> Option<Line<'_>> {
+        if self.len == 0 || !input_over {
+            return None;
+        }
+        self.held()
+    }
+
+    fn held(&mut self) -> Option<Line<'_>> {
         if self.len == 0 {
             return None;
         }
@@ -174,13 +167,128 @@ impl<R: AsyncBufRead + Buffered + Unpin> LineReader<R> {
     }
 }
 
+impl<R: AsyncBufRead + Buffered + Unpin> LineReader<R> {
+    pub fn new(inner: R, max: usize) -> Self {
+        Self::starting_at(inner, max, 0)
+    }
+
+    /// A reader whose input starts at byte `offset` of a file.
+    pub fn starting_at(inner: R, max: usize, offset: u64) -> Self {
+        LineReader {
+            inner,
+            line: Assembly::new(max, offset),
+        }
+    }
+
+    /// Offset just past the last complete line returned: where a restart
+    /// resumes without re-reading or skipping.
+    pub fn position(&self) -> u64 {
+        self.line.line_end
+    }
+
+    /// Bytes of an unfinished last line held so far.
+    pub fn pending(&self) -> usize {
+        self.line.len
+    }
+
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
+    /// The next line, or `None` at the end of the input for now. When
+    /// `input_over` (a socket that closed, stdin at EOF), a last line with
+    /// no newline is returned; otherwise it is held until its newline comes.
+    pub async fn next(&mut self, input_over: bool) -> std::io::Result<Option<Line<'_>>> {
+        let lent = self.line.resume();
+        if lent > 0 {
+            self.inner.consume(lent);
+        }
+        loop {
+            let chunk = self.inner.fill_buf().await?;
+            if chunk.is_empty() {
+                return Ok(self.line.at_end(input_over));
+            }
+            match self.line.step(chunk) {
+                Step::Lent { body } => return Ok(Some(self.line.lent(self.inner.buffer(), body))),
+                Step::Took { consume, done } => {
+                    self.inner.consume(consume);
+                    if done {
+                        return Ok(Some(self.line.take()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The unfinished last line held so far, given up as it is (a
+    /// connection that ends without its newline), without reading more.
+    pub fn held(&mut self) -> Option<Line<'_>> {
+        self.line.held()
+    }
+}
+
+/// [`LineReader`] over a blocking reader (`fluxpipe replay`'s files,
+/// plain or decompressed), read to its end.
+pub struct BlockingLineReader<R> {
+    inner: R,
+    line: Assembly,
+}
+
+impl<R: std::io::BufRead + Buffered> BlockingLineReader<R> {
+    pub fn new(inner: R, max: usize) -> Self {
+        BlockingLineReader {
+            inner,
+            line: Assembly::new(max, 0),
+        }
+    }
+
+    /// The next line, or `None` at the end of the input; a last line with
+    /// no newline is returned too. (Not an `Iterator`: each line borrows
+    /// the reader's buffer until the next.)
+    pub fn next_line(&mut self) -> std::io::Result<Option<Line<'_>>> {
+        let lent = self.line.resume();
+        if lent > 0 {
+            self.inner.consume(lent);
+        }
+        loop {
+            let chunk = match self.inner.fill_buf() {
+                Ok(chunk) => chunk,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if chunk.is_empty() {
+                return Ok(self.line.at_end(true));
+            }
+            match self.line.step(chunk) {
+                Step::Lent { body } => return Ok(Some(self.line.lent(self.inner.buffer(), body))),
+                Step::Took { consume, done } => {
+                    self.inner.consume(consume);
+                    if done {
+                        return Ok(Some(self.line.take()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<R> Buffered for std::io::BufReader<R> {
+    fn buffer(&self) -> &[u8] {
+        std::io::BufReader::buffer(self)
+    }
+}
+
 impl<R: Buffered> LineReader<R> {
     /// Whether a whole line is buffered: the next read returns it without
     /// waiting for input.
     pub fn line_ready(&self) -> bool {
         let buffered = self.inner.buffer();
         // The line lent last is still in the buffer until the next read.
-        let rest = buffered.get(self.lent..).unwrap_or(&[]);
+        let rest = buffered.get(self.line.lent..).unwrap_or(&[]);
         memchr::memchr(b'\n', rest).is_some()
     }
 }
@@ -258,6 +366,34 @@ mod tests {
             });
         }
         out
+    }
+
+    fn all_blocking(input: &[u8], max: usize, capacity: usize) -> Vec<Owned> {
+        let inner = std::io::BufReader::with_capacity(capacity, input);
+        let mut r = BlockingLineReader::new(inner, max);
+        let mut out = Vec::new();
+        while let Some(l) = r.next_line().unwrap() {
+            out.push(match l {
+                Line::Full(b) => Owned::Full(b.to_vec()),
+                Line::TooLong { prefix, len } => Owned::TooLong(prefix.to_vec(), len),
+            });
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// The blocking reader gives the lines the async one gives, lines
+        /// lent in place or put together across reads alike.
+        #[test]
+        fn blocking_and_async_read_the_same_lines(
+            data in proptest::collection::vec(proptest::sample::select(b"ab\r\n".to_vec()), 0..200),
+            max in 1usize..12,
+            capacity in 1usize..16,
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let want = runtime.block_on(all_with(&data, max, capacity));
+            proptest::prop_assert_eq!(all_blocking(&data, max, capacity), want);
+        }
     }
 
     #[tokio::test]

@@ -12,14 +12,24 @@ pub struct FsdError(String);
 
 /// `secs` as flux-core prints a duration.
 pub fn format(secs: f64) -> String {
+    let mut out = String::new();
+    write(&mut out, secs);
+    out
+}
+
+/// [`format`], appended to `out` (a caller formatting many reuses one
+/// buffer).
+pub fn write(out: &mut String, secs: f64) {
+    use std::fmt::Write as _;
     if secs.is_infinite() {
-        return "inf".into();
+        return out.push_str("inf");
     }
     if secs.is_nan() || secs < 1.0e-3 {
-        return "0s".into();
+        return out.push_str("0s");
     }
     if secs < 10.0 {
-        return std::format!("{secs:.3}s");
+        _ = std::write!(out, "{secs:.3}s");
+        return;
     }
     let (value, unit) = if secs < 60.0 {
         (secs, 's')
@@ -30,7 +40,38 @@ pub fn format(secs: f64) -> String {
     } else {
         (secs / 86400.0, 'd')
     };
-    std::format!("{}{unit}", general(value, 4))
+    if !four_digits_fixed(out, value) {
+        out.push_str(&general(value, 4));
+    }
+    out.push(unit);
+}
+
+/// `general(value, 4)` for a value from 1 to below 10000 whose rounding to
+/// four significant digits does not carry into a fifth (as 9.99996 does),
+/// in one formatting instead of two; false, with `out` as it was, for any
+/// other value.
+fn four_digits_fixed(out: &mut String, value: f64) -> bool {
+    use std::fmt::Write as _;
+    let whole_digits = match value {
+        v if (1.0..10.0).contains(&v) => 1,
+        v if (10.0..100.0).contains(&v) => 2,
+        v if (100.0..1000.0).contains(&v) => 3,
+        v if (1000.0..10000.0).contains(&v) => 4,
+        _ => return false,
+    };
+    let start = out.len();
+    let decimals = 4 - whole_digits;
+    _ = std::write!(out, "{value:.decimals$}");
+    // Rounded at the same place as `general`'s exponent form, so the same
+    // carry: without one, the exponent is the one assumed here.
+    let whole = out[start..].find('.').unwrap_or(out.len() - start);
+    if whole != whole_digits {
+        out.truncate(start);
+        return false;
+    }
+    let kept = trim_zeros(&out[start..]).len();
+    out.truncate(start + kept);
+    true
 }
 
 /// Parse a duration: a non-negative number with an optional unit (seconds
@@ -149,7 +190,39 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_short_way_leaves_carries_to_general() {
+        for v in [
+            9.999_96, 99.999_6, 999.996, 9999.6, 9999.5, 1.0, 10.0, 9999.4,
+        ] {
+            let mut out = String::new();
+            if four_digits_fixed(&mut out, v) {
+                assert_eq!(out, general(v, 4), "{v}");
+            } else {
+                assert!(out.is_empty(), "{v}");
+            }
+        }
+        assert_eq!(format(60.0 * 9.999_96), "10m");
+        assert_eq!(format(86400.0 * 9999.6), "1e+04d");
+    }
+
     proptest! {
+        /// One formatting prints what `general`'s two do.
+        #[test]
+        fn the_short_way_prints_as_general(v in 1.0f64..10000.0, near in 0usize..4) {
+            // Also values just below a power of ten, where rounding carries.
+            let v = match near {
+                0 => v,
+                n => 10f64.powi(n as i32) - v / 1e5,
+            };
+            let mut out = String::from("kept ");
+            if four_digits_fixed(&mut out, v) {
+                prop_assert_eq!(&out[5..], general(v, 4));
+            } else {
+                prop_assert_eq!(out, "kept ");
+            }
+        }
+
         #[test]
         fn printed_durations_read_back_within_their_digits(secs in 0.0f64..1e9) {
             let back = parse(&format(secs)).unwrap();

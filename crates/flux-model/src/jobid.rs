@@ -157,16 +157,25 @@ impl JobId {
 
     /// `ƒuZZybuNNy`.
     pub fn to_f58(self) -> String {
-        let mut s = String::from(F58_PREFIX);
-        push_f58_digits(&mut s, self.0);
-        s
+        self.f58().to_string()
+    }
+
+    /// `ƒuZZybuNNy`, written where it is displayed (no string of its own;
+    /// width and alignment are honoured).
+    pub fn f58(self) -> F58 {
+        F58 {
+            id: self,
+            prefix: F58_PREFIX,
+        }
     }
 
     /// `fuZZybuNNy`, for places that cannot show `ƒ`.
     pub fn to_f58_ascii(self) -> String {
-        let mut s = String::from(F58_ASCII_PREFIX);
-        push_f58_digits(&mut s, self.0);
-        s
+        F58 {
+            id: self,
+            prefix: F58_ASCII_PREFIX,
+        }
+        .to_string()
     }
 
     /// `0017.e9fb.8df1.6c2e`.
@@ -201,17 +210,35 @@ impl JobId {
     }
 }
 
-fn push_f58_digits(out: &mut String, mut v: u64) {
-    // Collect least significant first, then reverse: at most 11 digits.
-    let mut digits = Vec::with_capacity(11);
-    loop {
-        digits.push(F58_ALPHABET[(v % 58) as usize]);
-        v /= 58;
-        if v == 0 {
-            break;
+/// A job id in F58, as [`JobId::f58`] displays it.
+#[derive(Debug, Clone, Copy)]
+pub struct F58 {
+    id: JobId,
+    prefix: &'static str,
+}
+
+impl fmt::Display for F58 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // At most 11 digits after a prefix of at most 2 bytes (`ƒ`), filled
+        // from the end: the least significant digit comes first.
+        let mut buf = [0u8; 13];
+        let mut at = buf.len();
+        let mut v = self.id.0;
+        loop {
+            at -= 1;
+            buf[at] = F58_ALPHABET[(v % 58) as usize];
+            v /= 58;
+            if v == 0 {
+                break;
+            }
+        }
+        at -= self.prefix.len();
+        buf[at..at + self.prefix.len()].copy_from_slice(self.prefix.as_bytes());
+        match std::str::from_utf8(&buf[at..]) {
+            Ok(text) => f.pad(text),
+            Err(_) => Err(fmt::Error),
         }
     }
-    out.extend(digits.iter().rev().map(|&b| char::from(b)));
 }
 
 /// Decodes everything but the `job.`/`job/` forms. `orig` is the caller's
@@ -356,6 +383,15 @@ mod tests {
         assert_eq!(JobId(0).encode(Encoding::Hex), "0x0");
         assert_eq!(JobId(u64::MAX).to_f58(), "ƒjpXCZedGfVQ");
         assert_eq!(JobId(u64::MAX).to_dothex(), "ffff.ffff.ffff.ffff");
+        assert_eq!(JobId(u64::MAX).to_f58_ascii(), "fjpXCZedGfVQ");
+    }
+
+    #[test]
+    fn f58_displays_with_width_and_alignment() {
+        // Width counts characters: `ƒ` is one.
+        assert_eq!(format!("{:>12}", EXAMPLE.f58()), "  ƒuZZybuNNy");
+        assert_eq!(format!("{:<12}|", JobId(0).f58()), "ƒ1          |");
+        assert_eq!(format!("{:3}", EXAMPLE.f58()), "ƒuZZybuNNy");
     }
 
     #[test]

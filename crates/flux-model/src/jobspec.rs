@@ -187,6 +187,31 @@ struct Vertex {
     with: Option<Vec<Vertex>>,
 }
 
+/// The first value of a JSON array, the rest skipped unread (a command's
+/// name, without its arguments).
+struct FirstOf(Option<Value>);
+
+impl<'de> Deserialize<'de> for FirstOf {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct First;
+        impl<'de> serde::de::Visitor<'de> for First {
+            type Value = FirstOf;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<FirstOf, A::Error> {
+                let first = seq.next_element::<Value>()?;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(FirstOf(first))
+            }
+        }
+        d.deserialize_seq(First)
+    }
+}
+
 /// The counts of a resources tree (`struct jj_counts`).
 #[derive(Debug, Default)]
 struct Counts {
@@ -310,8 +335,8 @@ impl JobSpec {
                 let arg0 = tasks
                     .first()
                     .and_then(|t| t.command)
-                    .and_then(|c| serde_json::from_str::<Vec<Value>>(c.get()).ok())
-                    .and_then(|c| c.into_iter().next());
+                    .and_then(|c| serde_json::from_str::<FirstOf>(c.get()).ok())
+                    .and_then(|c| c.0);
                 match arg0 {
                     Some(Value::String(s)) => Some(base_name(&s).into()),
                     _ => return Err(JobSpecError::NoName),
@@ -611,6 +636,23 @@ mod tests {
         );
         assert_eq!(s.duration(), Some(0.0));
         assert_eq!(s.queue, None);
+    }
+
+    #[test]
+    fn the_name_is_the_base_of_the_first_argument_if_a_string() {
+        for (command, name) in [
+            (r#"["/usr/bin/lmp","-in",{"x":[1]}]"#, Some("lmp")),
+            (r#"["dir/"]"#, Some("dir/")),
+            (r#"[3,"a"]"#, None),
+            (r#"[]"#, None),
+            (r#""a""#, None),
+            (r#"{"a":1}"#, None),
+        ] {
+            let text = HOSTNAME.replace(r#"["hostname"]"#, command);
+            let (s, err) = JobSpec::parse(&text);
+            assert_eq!(s.name.as_deref(), name, "{command}");
+            assert_eq!(err.is_some(), name.is_none(), "{command}");
+        }
     }
 
     #[test]
