@@ -696,11 +696,60 @@ struct RowCells {
     submitted: String,
     runtime: String,
     exception: String,
+    jobid: String,
+    /// The row, written whole (padded here: the same as `{:<10}` and
+    /// `{:>14}`, in a tenth of the work of formatting each cell).
+    line: String,
+}
+
+/// `text` padded with spaces to `width` characters (as `format!` counts
+/// them), after it if `left`, else before it.
+fn pad(out: &mut String, text: &str, width: usize, left: bool) {
+    let chars = match text.is_ascii() {
+        true => text.len(),
+        false => text.chars().count(),
+    };
+    let fill = width.saturating_sub(chars);
+    if !left {
+        out.extend(std::iter::repeat_n(' ', fill));
+    }
+    out.push_str(text);
+    if left {
+        out.extend(std::iter::repeat_n(' ', fill));
+    }
 }
 
 impl RowCells {
-    fn fill(&mut self, s: &SummaryView<'_>) {
+    /// The table row of a job, as the heading's columns lay it out.
+    fn row(&mut self, key: &JobKey, s: &SummaryView<'_>) -> &str {
+        let line = &mut self.line;
+        line.clear();
+        let cells: [(&str, usize, bool); 8] = [
+            (&key.cluster, 10, true),
+            (&self.jobid, 14, false),
+            (&self.userid, 6, false),
+            (s.state.as_str(), 8, true),
+            (s.result.map_or("-", |r| r.as_str()), 9, true),
+            (&self.returncode, 4, false),
+            (&self.submitted, 20, true),
+            (&self.runtime, 8, false),
+        ];
+        for (i, (text, width, left)) in cells.into_iter().enumerate() {
+            if i > 0 {
+                line.push(' ');
+            }
+            pad(line, text, width, left);
+        }
+        line.push_str("  ");
+        line.push_str(&self.exception);
+        line.push('\n');
+        line
+    }
+
+    fn fill(&mut self, key: &JobKey, s: &SummaryView<'_>) {
         use std::fmt::Write as _;
+        self.jobid.clear();
+        _ = write!(self.jobid, "{}", key.id.f58());
         let number = |cell: &mut String, n: Option<i64>| {
             cell.clear();
             match n {
@@ -757,20 +806,8 @@ fn print_table(
     let mut cells = RowCells::default();
     for (key, entry) in jobs {
         let s = entry.job.summary_view();
-        cells.fill(&s);
-        writeln!(
-            out,
-            "{:<10} {:>14} {:>6} {:<8} {:<9} {:>4} {:<20} {:>8}  {}",
-            key.cluster,
-            key.id.f58(),
-            cells.userid,
-            s.state.as_str(),
-            s.result.map_or("-", |r| r.as_str()),
-            cells.returncode,
-            cells.submitted,
-            cells.runtime,
-            cells.exception
-        )?;
+        cells.fill(key, &s);
+        out.write_all(cells.row(key, &s).as_bytes())?;
     }
     let mut clusters = ByCluster::new();
     let mut nranks = 0;

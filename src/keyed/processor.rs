@@ -312,7 +312,7 @@ impl Processor {
             );
         };
         let key = record.id.map(|id| JobKey {
-            cluster: interned,
+            cluster: interned.clone(),
             id,
         });
         if let Body::Event(ev) = &record.body
@@ -361,7 +361,7 @@ impl Processor {
             Body::Event(ev) if ev.timestamp.is_finite() => Some(ev.timestamp),
             _ => None,
         };
-        let fx = self.state.apply(cluster, record);
+        let fx = self.state.apply_in(interned.clone(), record);
         if let Some(expiry) = &mut self.expiry {
             note_expiry(
                 expiry,
@@ -376,7 +376,7 @@ impl Processor {
             );
         }
         if !fx.duplicate && self.alerting() {
-            self.alert_on(cluster, key.as_ref(), view, event_ts, &fx, alerts);
+            self.alert_on(&interned, key.as_ref(), view, event_ts, &fx, alerts);
         }
         let outcome = if fx.duplicate {
             Outcome::Repeat
@@ -481,7 +481,7 @@ impl Processor {
     /// before it.
     fn alert_on(
         &mut self,
-        cluster: &str,
+        cluster: &Arc<str>,
         key: Option<&JobKey>,
         view: Option<Option<JobView>>,
         event_ts: Option<f64>,
@@ -490,7 +490,7 @@ impl Processor {
     ) {
         // How far this record runs behind the cluster's event clock.
         let lag = match (self.clock, event_ts) {
-            (Clock::Event, Some(ts)) => self.event_clock.advance(cluster, ts),
+            (Clock::Event, Some(ts)) => self.event_clock.advance_shared(cluster, ts),
             _ => 0.0,
         };
         // What came due before this record goes first, in time order.
@@ -532,16 +532,23 @@ impl Processor {
 
     fn fire_due_now(&mut self, out: &mut Vec<AlertEvent>) {
         let jobs = &mut self.state.jobs;
+        // Nothing can be due while every clock is short of the earliest
+        // deadline: the common case, settled without a look at the timers.
+        let earliest = self.alerts.earliest_deadline();
         self.due = match self.clock {
             Clock::Wall => {
                 let now = (self.wall)();
-                self.alerts
-                    .advance(|_| Some(now), self.fire_batch, jobs, out)
+                now >= earliest
+                    && self
+                        .alerts
+                        .advance(|_| Some(now), self.fire_batch, jobs, out)
             }
             Clock::Event => {
                 let clocks = &self.event_clock;
-                self.alerts
-                    .advance(|c| clocks.now(c), self.fire_batch, jobs, out)
+                clocks.newest() >= earliest
+                    && self
+                        .alerts
+                        .advance(|c| clocks.now(c), self.fire_batch, jobs, out)
             }
         };
     }

@@ -588,9 +588,16 @@ impl State {
 
     /// Apply one record; `default_cluster` keys records that name none.
     pub fn apply(&mut self, default_cluster: &str, record: Record) -> Effects {
+        let cluster = self.intern(record.cluster.as_deref().unwrap_or(default_cluster));
+        self.apply_in(cluster, record)
+    }
+
+    /// [`State::apply`] for a caller that holds the interned name of the
+    /// record's cluster already (a processor, which interned it to admit
+    /// the record): not looked up twice.
+    pub fn apply_in(&mut self, cluster: Arc<str>, record: Record) -> Effects {
         let mut fx = Effects::default();
         self.counts.records += 1;
-        let cluster = self.intern(record.cluster.as_deref().unwrap_or(default_cluster));
         match (record.stream, record.id) {
             (EventStream::Resource, _) => self.apply_resource(&cluster, record.body, &mut fx),
             (stream, Some(id)) => {

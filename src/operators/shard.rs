@@ -270,12 +270,9 @@ impl Shard {
             self.metrics
                 .count_active(name(*cluster), queue.as_deref(), *state, *userid, *n);
         }
-        self.metrics.ages.add_all(
-            restored
-                .entered
-                .iter()
-                .map(|(c, state, t)| (name(*c), *state, *t)),
-        );
+        self.metrics
+            .ages
+            .add_all(&restored.clusters, restored.entered.iter().copied());
         self.metrics
             .report_finished(self.processor.finished().len());
         self.report_tracked();

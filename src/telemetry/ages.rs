@@ -62,23 +62,30 @@ impl OldestEntries {
         }
     }
 
-    /// Many jobs at once (a restore), each (cluster, state, entered at):
-    /// sorted first, so a set still empty is built in one ordered pass.
+    /// Many jobs at once (a restore), each (cluster, state, entered at),
+    /// the cluster by its place in `clusters`: sorted first, on numbers
+    /// only (a million names compared in a sort was a quarter of a
+    /// restore's take-over), so a set still empty is built in one ordered
+    /// pass.
     pub fn add_all<C: AsRef<str>>(
         &mut self,
-        entries: impl IntoIterator<Item = (C, JobState, Option<f64>)>,
+        clusters: &[C],
+        entries: impl IntoIterator<Item = (u32, JobState, Option<f64>)>,
     ) {
-        let mut entries: Vec<(C, usize, i64)> = entries
+        let mut entries: Vec<(u32, usize, i64)> = entries
             .into_iter()
             .filter_map(|(c, state, t)| {
                 let t = t.filter(|t| t.is_finite())?;
                 Some((c, state.index(), micros(t)))
             })
             .collect();
-        entries.sort_unstable_by(|a, b| (a.0.as_ref(), a.1, a.2).cmp(&(b.0.as_ref(), b.1, b.2)));
-        for group in entries.chunk_by(|a, b| a.0.as_ref() == b.0.as_ref() && a.1 == b.1) {
-            let (cluster, index) = (group[0].0.as_ref(), group[0].1);
-            let Some(sets) = self.sets_of(cluster) else {
+        entries.sort_unstable();
+        for group in entries.chunk_by(|a, b| a.0 == b.0 && a.1 == b.1) {
+            let (at, index) = (group[0].0, group[0].1);
+            let Some(cluster) = clusters.get(at as usize) else {
+                continue;
+            };
+            let Some(sets) = self.sets_of(cluster.as_ref()) else {
                 continue;
             };
             sets.changed |= 1 << index;
@@ -135,14 +142,18 @@ mod tests {
     /// Adding many at once leaves the sets as adding them one by one.
     #[test]
     fn adding_all_at_once_is_adding_one_by_one() {
+        // "d" first: the clusters' places, not their names, order the sort.
+        let clusters = ["d", "c", "unused"];
         let entries = vec![
-            ("c", JobState::Sched, Some(7.0)),
-            ("d", JobState::Run, Some(3.0)),
-            ("c", JobState::Sched, Some(2.5)),
-            ("c", JobState::Sched, Some(7.0)),
-            ("c", JobState::Run, Some(1.0)),
-            ("c", JobState::Sched, None),
-            ("c", JobState::Sched, Some(f64::NAN)),
+            (1, JobState::Sched, Some(7.0)),
+            (0, JobState::Run, Some(3.0)),
+            (1, JobState::Sched, Some(2.5)),
+            (1, JobState::Sched, Some(7.0)),
+            (1, JobState::Run, Some(1.0)),
+            (1, JobState::Sched, None),
+            (1, JobState::Sched, Some(f64::NAN)),
+            // A place with no cluster: left out.
+            (7, JobState::Sched, Some(1.0)),
         ];
         let sets = |o: &OldestEntries| {
             let mut v: Vec<_> = o
@@ -162,17 +173,20 @@ mod tests {
         );
         one.add("c", JobState::Sched, Some(9.0));
         all.add("c", JobState::Sched, Some(9.0));
-        for (c, s, t) in entries.clone() {
-            one.add(c, s, t);
+        for &(c, s, t) in entries.iter().filter(|e| e.0 < 2) {
+            one.add(clusters[c as usize], s, t);
         }
-        all.add_all(entries);
+        all.add_all(&clusters, entries);
         assert_eq!(sets(&one), sets(&all));
         let board = StateAges::default();
         let mut published = OldestEntries::new(board.clone());
-        published.add_all(vec![
-            ("c", JobState::Sched, Some(4.0)),
-            ("c", JobState::Sched, Some(2.0)),
-        ]);
+        published.add_all(
+            &["c"],
+            vec![
+                (0, JobState::Sched, Some(4.0)),
+                (0, JobState::Sched, Some(2.0)),
+            ],
+        );
         published.publish();
         assert!(board.render().contains("state=\"SCHED\"} 2\n"));
     }

@@ -16,6 +16,7 @@
 //! - the encoding merges a host into the previous range only when it is the
 //!   next number with the same prefix and a compatible padding.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -186,6 +187,30 @@ fn tokens(s: &str) -> Vec<&str> {
     }
 }
 
+/// `prefix[lo-hi]` with `lo` below `hi`, both unpadded and within
+/// [`MAX_RANGE`] of each other: a hostlist that is written back as it is.
+fn is_one_plain_range(text: &str) -> bool {
+    let Some((prefix, range)) = text.strip_suffix(']').and_then(|body| body.split_once('[')) else {
+        return false;
+    };
+    if prefix.is_empty() || prefix.bytes().any(|b| is_sep(b) || b == b']') {
+        return false;
+    }
+    let unpadded = |s: &str| {
+        let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        (digits && (s == "0" || !s.starts_with('0')))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    match range
+        .split_once('-')
+        .map(|(lo, hi)| (unpadded(lo), unpadded(hi)))
+    {
+        Some((Some(lo), Some(hi))) => lo < hi && hi - lo < MAX_RANGE,
+        _ => false,
+    }
+}
+
 /// One `lo`, `lo-hi` or `lo-` (flux reads `1-` as `1`) inside brackets.
 /// Returns (lo, hi, width).
 fn parse_range(range: &str, input: &str) -> Result<(u64, u64, usize), HostlistError> {
@@ -240,6 +265,17 @@ impl Item {
 }
 
 impl Hostlist {
+    /// `text` as flux-core writes the hostlist it decodes to (what
+    /// [`Hostlist::parse`] and Display make of it), without building the
+    /// list when `text` is written so already as one prefix and one range
+    /// (`node[3-17]`), the way R's nodelists mostly come.
+    pub fn normalize(text: &str) -> Result<Cow<'_, str>, HostlistError> {
+        if is_one_plain_range(text) {
+            return Ok(Cow::Borrowed(text));
+        }
+        Ok(Cow::Owned(Hostlist::parse(text)?.to_string()))
+    }
+
     /// Decodes an RFC 29 hostlist. `""` (or only separators) is empty.
     pub fn parse(s: &str) -> Result<Hostlist, HostlistError> {
         let mut hl = Hostlist::default();
@@ -843,7 +879,39 @@ mod tests {
         prop::collection::vec(prop_oneof![token, host_strategy()], 0..6).prop_map(|t| t.join(","))
     }
 
+    #[test]
+    fn one_plain_range_is_kept_as_written() {
+        for (text, kept) in [
+            ("node[3-17]", true),
+            ("node1[9-10]", true),
+            ("n[0-1]", true),
+            ("node[3-3]", false),
+            ("node[03-17]", false),
+            ("node[3-17],x", false),
+            ("[3-17]", false),
+            ("node[3-17]x", false),
+            ("node[17-3]", false),
+        ] {
+            assert_eq!(is_one_plain_range(text), kept, "{text}");
+            let parsed = Hostlist::parse(text).map(|h| h.to_string());
+            assert_eq!(
+                Hostlist::normalize(text).map(Cow::into_owned),
+                parsed,
+                "{text}"
+            );
+        }
+    }
+
     proptest! {
+        /// The short way says what parsing and printing say.
+        #[test]
+        fn normalize_is_parse_then_display(
+            text in r"[a-z0-9]{0,3}(\[[0-9]{1,3}(-[0-9]{0,3})?(,[0-9]{1,2})?\])?[a-z,]{0,2}|[a-z\[\]0-9, -]{0,12}"
+        ) {
+            let parsed = Hostlist::parse(&text).map(|h| h.to_string());
+            prop_assert_eq!(Hostlist::normalize(&text).map(Cow::into_owned), parsed);
+        }
+
         #[test]
         fn compatibility_matches_flux(n in 0u64..2000, wn in 0usize..6, m in 0u64..2000, wm in 0usize..6) {
             prop_assert_eq!(

@@ -815,12 +815,15 @@ impl Job {
                 if !ranks.is_empty() {
                     self.ranks = ranks.ranges().iter().copied().collect();
                     // The hosts as one hostlist, in R's order.
-                    let nodelist = e.nodelist.as_ref().and_then(|parts| {
-                        let mut hosts = Hostlist::default();
-                        for part in parts {
-                            hosts.append(&Hostlist::parse(part).ok()?);
+                    let nodelist = e.nodelist.as_ref().and_then(|parts| match &parts[..] {
+                        [one] => Hostlist::normalize(one).ok().map(CompactString::from),
+                        _ => {
+                            let mut hosts = Hostlist::default();
+                            for part in parts {
+                                hosts.append(&Hostlist::parse(part).ok()?);
+                            }
+                            Some(hosts.to_string().into())
                         }
-                        Some(hosts.to_string().into())
                     });
                     let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
                     self.spec.get_or_insert_default().apply_r(

@@ -176,7 +176,48 @@ impl TimerSubject for Subject {
     }
 }
 
-pub(super) type Timers = HashMap<String, ClusterTimers>;
+/// Every cluster's timers, and a bound on their earliest deadline: a look
+/// for due timers (made for every record on the event clock) returns at
+/// once when no clock has reached it.
+#[derive(Debug)]
+pub(super) struct Timers {
+    by_cluster: HashMap<String, ClusterTimers>,
+    /// At or before every deadline that can fire: lowered as timers are
+    /// set, raised to the queues' true earliest after each round of
+    /// firing. A cancel leaves it low, which costs one look.
+    earliest: f64,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Timers {
+            by_cluster: HashMap::default(),
+            earliest: f64::INFINITY,
+        }
+    }
+}
+
+impl Timers {
+    fn get(&self, cluster: &str) -> Option<&ClusterTimers> {
+        self.by_cluster.get(cluster)
+    }
+
+    fn get_mut(&mut self, cluster: &str) -> Option<&mut ClusterTimers> {
+        self.by_cluster.get_mut(cluster)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &ClusterTimers> {
+        self.by_cluster.values()
+    }
+
+    /// The earliest deadline of any queue, taken again.
+    fn measure(&mut self) {
+        self.earliest = self
+            .values()
+            .filter_map(|t| t.queue.next_deadline())
+            .fold(f64::INFINITY, f64::min);
+    }
+}
 
 /// Set a timer in the subject's cluster.
 pub(super) fn set_timer(
@@ -186,12 +227,15 @@ pub(super) fn set_timer(
     rule: u16,
 ) -> TimerId {
     let payload = (subject.due(), rule);
+    // A deadline that is not a number never fires: no bound needed.
+    timers.earliest = timers.earliest.min(deadline);
     // Looked up before inserted: the cluster's name is copied once, not
     // for every timer.
     if let Some(t) = timers.get_mut(subject.cluster()) {
         return t.queue.insert(deadline, payload);
     }
     timers
+        .by_cluster
         .entry(subject.cluster().to_string())
         .or_insert_with(|| ClusterTimers {
             cluster: subject.cluster_name(),
@@ -378,9 +422,31 @@ impl Engine {
         jobs: &mut impl JobConditions,
         out: &mut Vec<AlertEvent>,
     ) -> bool {
+        let more = self.fire(clock, limit, jobs, out);
+        self.timers.measure();
+        more
+    }
+
+    /// The earliest deadline of any timer, or a time before it: no alert
+    /// fires while every clock is short of it.
+    pub fn earliest_deadline(&self) -> f64 {
+        self.timers.earliest
+    }
+
+    fn fire(
+        &mut self,
+        clock: impl Fn(&str) -> Option<f64>,
+        limit: usize,
+        jobs: &mut impl JobConditions,
+        out: &mut Vec<AlertEvent>,
+    ) -> bool {
         let mut fired = 0;
-        for (cluster, timers) in &mut self.timers {
-            let Some(now) = clock(cluster) else { continue };
+        for timers in self.timers.by_cluster.values_mut() {
+            // The name the timers share with the jobs' keys (compared by
+            // address where the clock holds it too).
+            let Some(now) = clock(&timers.cluster) else {
+                continue;
+            };
             while timers.queue.next_deadline().is_some_and(|d| d <= now) {
                 if fired >= limit {
                     return true;
@@ -1214,6 +1280,14 @@ mod tests {
                         again.e.restore(saved, &mut jobs);
                         again.jobs = jobs;
                         e = again;
+                    }
+                }
+                // No timer comes due before the bound the look for due
+                // timers trusts.
+                let bound = e.e.earliest_deadline();
+                for t in e.e.timers.values() {
+                    if let Some(d) = t.queue.next_deadline() {
+                        prop_assert!(d >= bound, "{} before {}", d, bound);
                     }
                 }
                 let want = fired_by_scan(&e);

@@ -19,6 +19,7 @@ pub mod watch;
 pub use rule::{JobView, job_view};
 
 use foldhash::HashMap;
+use std::sync::Arc;
 
 /// Which clock alert durations are measured against.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -35,22 +36,43 @@ pub enum Clock {
 /// The newest event timestamp seen per cluster: "now" for
 /// `clock = "event"`. Advanced by every record and read by every due-timer
 /// check: records come in runs of one cluster, so the cluster met last is
-/// compared first, before any hashing. Saved as a map of cluster to time.
-#[derive(Debug, Clone, Default)]
+/// compared first, by address when the caller holds the same shared name
+/// (the processor's interned copy), before any hashing. Saved as a map of
+/// cluster to time.
+#[derive(Debug, Clone)]
 pub struct EventClock {
     /// Each cluster's clock, in the order first seen.
-    clocks: Vec<(Box<str>, f64)>,
+    clocks: Vec<(Arc<str>, f64)>,
     /// Where each cluster's clock is in `clocks`.
-    index: HashMap<Box<str>, usize>,
+    index: HashMap<Arc<str>, usize>,
     /// The place in `clocks` of the cluster advanced last.
     last: usize,
+    /// The latest of every cluster's clock.
+    newest: f64,
+}
+
+impl Default for EventClock {
+    fn default() -> Self {
+        EventClock {
+            clocks: Vec::new(),
+            index: HashMap::default(),
+            last: 0,
+            newest: f64::NEG_INFINITY,
+        }
+    }
+}
+
+/// Whether `name` is the text of `held`, by address first: a name held
+/// here stays alive, so the same address and length are the same text.
+fn same_name(held: &Arc<str>, name: &str) -> bool {
+    (std::ptr::eq(held.as_ptr(), name.as_ptr()) && held.len() == name.len()) || **held == *name
 }
 
 impl EventClock {
     /// Where `cluster`'s clock is, if it has one.
     fn place(&self, cluster: &str) -> Option<usize> {
         match self.clocks.get(self.last) {
-            Some((c, _)) if **c == *cluster => Some(self.last),
+            Some((c, _)) if same_name(c, cluster) => Some(self.last),
             _ => self.index.get(cluster).copied(),
         }
     }
@@ -58,9 +80,27 @@ impl EventClock {
     /// Move a cluster's clock to `ts` if later; returns how far `ts` runs
     /// behind the clock as it was (the lag the engine gives a late subject).
     pub fn advance(&mut self, cluster: &str, ts: f64) -> f64 {
+        self.advance_at(cluster, ts, || Arc::from(cluster))
+    }
+
+    /// [`EventClock::advance`] with the caller's shared copy of the name,
+    /// kept to be compared by address from then on.
+    pub fn advance_shared(&mut self, cluster: &Arc<str>, ts: f64) -> f64 {
+        if let Some((held, _)) = self.clocks.get_mut(self.last)
+            && !Arc::ptr_eq(held, cluster)
+            && **held == **cluster
+        {
+            // Met first under another copy (a restore's): this one from now.
+            *held = cluster.clone();
+        }
+        self.advance_at(cluster, ts, || cluster.clone())
+    }
+
+    fn advance_at(&mut self, cluster: &str, ts: f64, name: impl FnOnce() -> Arc<str>) -> f64 {
         if !ts.is_finite() {
             return 0.0;
         }
+        self.newest = self.newest.max(ts);
         match self.place(cluster) {
             Some(at) => {
                 self.last = at;
@@ -70,9 +110,10 @@ impl EventClock {
                 lag
             }
             None => {
+                let name = name();
                 self.last = self.clocks.len();
-                self.index.insert(cluster.into(), self.last);
-                self.clocks.push((cluster.into(), ts));
+                self.index.insert(name.clone(), self.last);
+                self.clocks.push((name, ts));
                 0.0
             }
         }
@@ -83,6 +124,11 @@ impl EventClock {
         self.clocks.iter().map(|(c, t)| (&**c, *t))
     }
 
+    /// The latest clock of any cluster (minus infinity before any).
+    pub fn newest(&self) -> f64 {
+        self.newest
+    }
+
     /// A cluster's clock, if it has seen an event.
     pub fn now(&self, cluster: &str) -> Option<f64> {
         self.place(cluster).map(|at| self.clocks[at].1)
@@ -91,7 +137,7 @@ impl EventClock {
     /// Take the later of each cluster's clock from `other`, and give it ours.
     pub fn merge(&mut self, other: &mut EventClock) {
         for (c, t) in &other.clocks {
-            self.advance(c, *t);
+            self.advance_at(c, *t, || c.clone());
         }
         other.clone_from(self);
     }
@@ -168,10 +214,17 @@ mod tests {
         proptest!(|(steps in proptest::collection::vec((0u8..4, 1.0f64..1e9), 0..60))| {
             let mut c = EventClock::default();
             let mut want: BTreeMap<String, f64> = BTreeMap::new();
-            for (cluster, t) in &steps {
+            // Shared names, one per cluster: compared by address.
+            let shared: Vec<std::sync::Arc<str>> =
+                (0..4).map(|i| std::sync::Arc::from(format!("c{i}"))).collect();
+            for (i, (cluster, t)) in steps.iter().enumerate() {
                 let name = format!("c{cluster}");
                 let before = want.get(&name).copied();
-                let lag = c.advance(&name, *t);
+                // By name and by a shared copy, in turns.
+                let lag = match i % 2 {
+                    0 => c.advance(&name, *t),
+                    _ => c.advance_shared(&shared[usize::from(*cluster)], *t),
+                };
                 prop_assert_eq!(lag, before.map_or(0.0, |b| (b - t).max(0.0)));
                 let newest = want.entry(name).or_insert(*t);
                 *newest = newest.max(*t);
@@ -180,6 +233,8 @@ mod tests {
                 let name = format!("c{cluster}");
                 prop_assert_eq!(c.now(&name), want.get(&name).copied());
             }
+            let newest = want.values().copied().fold(f64::NEG_INFINITY, f64::max);
+            prop_assert_eq!(c.newest(), newest);
             let saved = rmp_serde::to_vec(&c).expect("saved");
             let back: EventClock = rmp_serde::from_slice(&saved).expect("read");
             let got: BTreeMap<String, f64> =

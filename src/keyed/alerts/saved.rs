@@ -224,17 +224,17 @@ impl Engine {
         let deadline = starts + c.delay.max(0.0);
         let timer =
             (!c.fired).then(|| set_timer(&mut self.timers, &c.subject, deadline, rule as u16));
+        // Copied only for the alert a firing condition announces again.
+        let announced = c.fired.then(|| c.detail.clone());
         list.push(Active {
             rule: rule as u16,
             since: c.since,
             deadline,
             timer,
             fired: c.fired,
-            detail: c.detail.clone(),
+            detail: c.detail,
         });
-        if !c.fired {
-            return None;
-        }
+        let detail = announced?;
         self.firing
             .insert(c.subject.cluster(), c.subject.due(), rule as u16, c.since);
         Some(AlertEvent {
@@ -244,7 +244,7 @@ impl Engine {
             since: c.since,
             starts_at: starts,
             ends_at: None,
-            detail: c.detail,
+            detail,
         })
     }
 }
