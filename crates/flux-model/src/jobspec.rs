@@ -187,8 +187,11 @@ struct Vertex {
     with: Option<Vec<Vertex>>,
 }
 
-/// The first value of a JSON array, the rest skipped unread (a command's
-/// name, without its arguments).
+/// The first value of a JSON array (a command's name), the rest read and
+/// dropped at once, not collected. Each is read as a `Value` still: that
+/// refuses what a skip would let by (a lone surrogate, a number beyond
+/// f64, nesting past serde_json's limit), as reading the whole command as
+/// a `Vec<Value>` did.
 struct FirstOf(Option<Value>);
 
 impl<'de> Deserialize<'de> for FirstOf {
@@ -204,7 +207,7 @@ impl<'de> Deserialize<'de> for FirstOf {
                 mut seq: A,
             ) -> Result<FirstOf, A::Error> {
                 let first = seq.next_element::<Value>()?;
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                while seq.next_element::<Value>()?.is_some() {}
                 Ok(FirstOf(first))
             }
         }
@@ -642,6 +645,9 @@ mod tests {
     fn the_name_is_the_base_of_the_first_argument_if_a_string() {
         for (command, name) in [
             (r#"["/usr/bin/lmp","-in",{"x":[1]}]"#, Some("lmp")),
+            // What a `Value` refuses anywhere in the command: no name.
+            (r#"["/bin/app","\udc80"]"#, None),
+            (r#"["/bin/app",1e400]"#, None),
             (r#"["dir/"]"#, Some("dir/")),
             (r#"[3,"a"]"#, None),
             (r#"[]"#, None),
