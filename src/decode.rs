@@ -884,8 +884,8 @@ mod tests {
         assert!(spec.errors.is_empty(), "{:?}", spec.errors);
         match &spec.records[0].body {
             Body::JobSpec(read) => {
-                assert_eq!(read.spec.name.as_deref(), Some("app"));
-                assert_eq!(read.spec.queue.as_deref(), Some("q"));
+                assert_eq!(read.spec.name(), Some("app"));
+                assert_eq!(read.spec.queue(), Some("q"));
                 assert!(read.text.is_some(), "its text travels on");
             }
             other => panic!("{other:?}"),

@@ -42,8 +42,8 @@ pub struct Processed {
     /// The job as it was before, if it was counted as active or inactive
     /// (submitted and valid): its state and since when.
     pub before: Option<(JobState, Option<f64>)>,
-    /// The queue it was counted in before (inline: no allocation).
-    pub queue_before: Option<compact_str::CompactString>,
+    /// The queue it was counted in before.
+    pub queue_before: QueueBefore,
     /// The record made the job's state (it was not held before).
     pub new_job: bool,
     /// It is of a job that ended and was dropped (a backlog sent again):
@@ -55,6 +55,28 @@ pub struct Processed {
     /// Refused because it names a cluster beyond the most followed.
     pub refused_cluster: bool,
     pub fx: Effects,
+}
+
+/// The queue a job was counted in before a record.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub enum QueueBefore {
+    /// The record cannot move a job to another queue: its queue before is
+    /// its queue now (nearly every record; nothing copied).
+    #[default]
+    Same,
+    /// A jobspec, or an update of one: the queue it was in (inline: no
+    /// allocation).
+    Was(Option<compact_str::CompactString>),
+}
+
+impl QueueBefore {
+    /// The queue before, given the job's queue now.
+    pub fn or_now<'a>(&'a self, now: Option<&'a str>) -> Option<&'a str> {
+        match self {
+            QueueBefore::Same => now,
+            QueueBefore::Was(q) => q.as_deref(),
+        }
+    }
 }
 
 /// How far ahead of the wall clock an event may be dated, by default.
@@ -352,7 +374,17 @@ impl Processor {
         }
         let counted = prior.filter(|e| e.job.submitted && !e.job.invalidated);
         let before = counted.map(|e| (e.job.state, e.job.t_state()));
-        let queue_before = counted.and_then(|e| e.job.queue()).map(Into::into);
+        // Only a jobspec, or an update of one, can move a job to another
+        // queue.
+        let queue_before = match &record.body {
+            Body::JobSpec(_) => {
+                QueueBefore::Was(counted.and_then(|e| e.job.queue()).map(Into::into))
+            }
+            Body::Event(ev) if ev.name == "jobspec-update" => {
+                QueueBefore::Was(counted.and_then(|e| e.job.queue()).map(Into::into))
+            }
+            _ => QueueBefore::Same,
+        };
         // What the job rules see of the job: a record that leaves it as it
         // was need not be shown to the engine.
         let view = (key.is_some() && self.alerting())
@@ -730,12 +762,12 @@ fn observe_job(
     // Those about other states, or other queues, cannot, and are not
     // looked at.
     let exec = entry.exec.as_deref();
-    let holds: SmallVec<[(usize, HoldsRef); 2]> = engine
-        .job_rules_in(entry.job.state)
+    let (rules, details) = engine.job_rules_and_details(entry.job.state);
+    let holds: SmallVec<[(usize, HoldsRef); 2]> = rules
         .filter(|(_, rule)| rule.watches_queue(queue))
         .filter_map(|(i, rule)| {
             job_condition(rule.kind, &entry.job, exec).map(|since| {
-                let detail = detail.get_or_init(|| Detail::of_job(entry.job.state, queue));
+                let detail = detail.get_or_init(|| details.of_job(entry.job.state, queue));
                 (i, Some((since, detail)))
             })
         })

@@ -1188,7 +1188,7 @@ mod footprint {
         };
         let key = size_of::<super::JobKey>();
         let slot = key + size_of::<Box<super::JobEntry>>();
-        let want: [(&str, Vec<usize>); 5] = [
+        let want: [(&str, Vec<usize>); 6] = [
             ("`JobEntry`, boxed", vec![size_of::<super::JobEntry>()]),
             ("of which `Job`", vec![size_of::<crate::flux::job::Job>()]),
             (
@@ -1199,6 +1199,10 @@ mod footprint {
             (
                 "`JobSpec`, boxed",
                 vec![size_of::<crate::flux::jobspec::JobSpec>()],
+            ),
+            (
+                "a pending alert's timer",
+                vec![crate::keyed::alerts::engine::TIMER_SLOT_BYTES],
             ),
         ];
         for (row, sizes) in want {

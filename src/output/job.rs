@@ -116,11 +116,12 @@ impl JobRecord {
         let s = job.summary_view();
         let t = job.last_timestamp().unwrap_or(0.0).to_bits().to_le_bytes();
         let spec = s.spec;
-        let text = |f: fn(&JobSpec) -> &Option<CompactString>| spec.and_then(|s| f(s).clone());
+        let texts = spec.map(JobSpec::texts).unwrap_or_default();
+        let text = |t: Option<&str>| t.map(CompactString::from);
         // job-list gives a job's exception once it is inactive.
         let ended = s.ended_exception();
         JobRecord {
-            bank: text(|s| &s.bank),
+            bank: text(texts.bank),
             cluster: key.cluster.as_ref().into(),
             dependencies: s.dependencies.to_vec(),
             duration: spec.and_then(JobSpec::duration),
@@ -140,15 +141,15 @@ impl JobRecord {
             id: key.id.0,
             jobid: key.id.encode(crate::flux::jobid::Encoding::F58),
             kind: RecordKind::Job,
-            name: text(|s| &s.name),
+            name: text(texts.name),
             ncores: spec.and_then(JobSpec::ncores),
             ngpus: spec.and_then(JobSpec::ngpus),
             nnodes: spec.and_then(JobSpec::nnodes),
-            nodelist: text(|s| &s.nodelist),
+            nodelist: text(texts.nodelist),
             ntasks: spec.and_then(JobSpec::ntasks),
             priority: s.priority,
-            project: text(|s| &s.project),
-            queue: text(|s| &s.queue),
+            project: text(texts.project),
+            queue: text(texts.queue),
             ranks: s.ranks_text(),
             record_id: record_id(&[b"job", key.cluster.as_bytes(), &key.id.0.to_le_bytes(), &t]),
             result: s.result,
@@ -162,7 +163,7 @@ impl JobRecord {
             t_submit: s.t_submit,
             urgency: s.urgency,
             userid: s.userid,
-            username: text(|s| &s.username),
+            username: text(texts.username),
             waitstatus: s.waitstatus,
         }
     }

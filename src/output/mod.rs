@@ -696,7 +696,7 @@ mod tests {
             since: 10.0,
             starts_at: 310.0,
             ends_at: Some(400.5),
-            detail: Detail::Queued(Box::new(Queued {
+            detail: Detail::Queued(std::sync::Arc::new(Queued {
                 state: JobState::Sched,
                 queue: "debug".into(),
             })),

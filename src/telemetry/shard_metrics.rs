@@ -172,7 +172,7 @@ impl ShardMetrics {
                     cluster,
                     &entry.job,
                     done.before,
-                    done.queue_before.as_deref(),
+                    done.queue_before.or_now(entry.job.queue()),
                     &fx.transitions,
                 );
             }

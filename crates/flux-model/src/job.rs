@@ -6,7 +6,7 @@ use super::anomaly::{Anomaly, AnomalyKind, Stream};
 use super::event::{ContextError, Event};
 use super::hostlist::Hostlist;
 use super::idset::{IdSet, Ranks};
-use super::jobspec::JobSpec;
+use super::jobspec::{JobSpec, Text};
 use super::object::{self, JsonObject};
 use super::packed::{OptInt, Stamp};
 use super::resource::bounded_idset;
@@ -830,7 +830,7 @@ impl Job {
                         clamp(ranks.len()),
                         clamp(cores),
                         clamp(gpus),
-                        nodelist,
+                        nodelist.as_deref(),
                     );
                 }
                 e.expiration
@@ -855,12 +855,14 @@ impl Job {
 
     /// Who submitted it, by name, when Flux's side said.
     pub fn username(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.username.as_deref())
+        self.spec.as_ref().and_then(|s| s.username())
     }
 
     /// Its submitter's name, as Flux's side resolved it.
     pub fn set_username(&mut self, name: CompactString) {
-        self.spec.get_or_insert_default().username = Some(name);
+        self.spec
+            .get_or_insert_default()
+            .set_text(Text::Username, Some(&name));
     }
 
     /// Who submitted it, by user id.
@@ -884,7 +886,7 @@ impl Job {
 
     /// The queue its jobspec (or an update) names, if any.
     pub fn queue(&self) -> Option<&str> {
-        self.spec.as_ref().and_then(|s| s.queue.as_deref())
+        self.spec.as_ref().and_then(|s| s.queue())
     }
 
     /// What its jobspec says (read again from a later copy): what R
@@ -916,7 +918,7 @@ impl Job {
         let ended = v.ended_exception();
         JobSummary {
             userid: v.userid,
-            username: v.spec.and_then(|s| s.username.as_deref().map(String::from)),
+            username: v.spec.and_then(|s| s.username().map(String::from)),
             urgency: v.urgency,
             priority: v.priority,
             state: v.state,
@@ -936,15 +938,15 @@ impl Job {
             t_inactive: v.t_inactive,
             expiration: v.expiration,
             dependencies: v.dependencies.to_vec(),
-            name: v.spec.and_then(|s| s.name.as_deref().map(String::from)),
-            queue: v.spec.and_then(|s| s.queue.as_deref().map(String::from)),
-            project: v.spec.and_then(|s| s.project.as_deref().map(String::from)),
-            bank: v.spec.and_then(|s| s.bank.as_deref().map(String::from)),
+            name: v.spec.and_then(|s| s.name().map(String::from)),
+            queue: v.spec.and_then(|s| s.queue().map(String::from)),
+            project: v.spec.and_then(|s| s.project().map(String::from)),
+            bank: v.spec.and_then(|s| s.bank().map(String::from)),
             duration: v.spec.and_then(JobSpec::duration),
             ntasks: v.spec.and_then(JobSpec::ntasks),
             ncores: v.spec.and_then(JobSpec::ncores),
             nnodes: v.spec.and_then(JobSpec::nnodes),
-            nodelist: v.spec.and_then(|s| s.nodelist.as_deref().map(String::from)),
+            nodelist: v.spec.and_then(|s| s.nodelist().map(String::from)),
             ranks: v.ranks_text(),
         }
     }

@@ -10,6 +10,7 @@
 //! bad `resources` tree loses the counts, not the name.
 
 use crate::packed::Stamp;
+use crate::texts::Texts;
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -18,18 +19,20 @@ use thiserror::Error;
 
 /// A job's values from its jobspec and its R. Counts are unknown (`None`)
 /// where job-list leaves them unset (-1).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+///
+/// Saved as the struct it was before its texts were packed ([`Saved`]):
+/// checkpoints read and write the same bytes.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobSpec {
-    /// `attributes.system.job.name`, else the base name of the first
-    /// task's `command[0]`.
-    pub name: Option<CompactString>,
-    pub queue: Option<CompactString>,
-    pub project: Option<CompactString>,
-    pub bank: Option<CompactString>,
+    /// The job's name (`attributes.system.job.name`, else the base name of
+    /// the first task's `command[0]`), queue, project, bank, R's hosts as
+    /// a hostlist (`node[0-3]`), and who submitted it, by name, as
+    /// resolved where Flux runs (the forwarder sends it with `submit`):
+    /// by [`Text`], in one allocation (8 bytes, where six
+    /// `Option<CompactString>` took 144).
+    texts: Texts<{ Text::COUNT }>,
     /// The requested time limit in seconds (0: none). A [`Stamp`], 8
-    /// bytes where `Option<f64>` takes 16, saved as the `Option` it was:
-    /// with `freed_at`, this keeps the boxed spec in a smaller allocation
-    /// class (224 bytes, not 256). JSON has no NaN, so none is lost.
+    /// bytes where `Option<f64>` takes 16.
     duration: Stamp,
     /// From the jobspec alone.
     spec_ntasks: Option<u32>,
@@ -41,24 +44,161 @@ pub struct JobSpec {
     /// From R: what it allocated, which wins over what was asked.
     r_nnodes: Option<u32>,
     r_ncores: Option<u32>,
-    /// R's hosts, as a hostlist (`node[0-3]`).
-    pub nodelist: Option<CompactString>,
     /// When the job's `free` gave R back (a job restored after its end
     /// tells a drain applied later that it held the ranks until then).
     freed_at: Stamp,
     /// The values a `jobspec-update` set (bits of [`Updated`]): a copy of
     /// the jobspec read after it (a KVS `jobspec` is as submitted) keeps them.
+    updated: u8,
+    /// R's GPUs plus one; 0 before R. Not an `Option`: this fits where one
+    /// would add 8 bytes to every job.
+    r_ngpus_1: u32,
+}
+
+/// The texts of a [`JobSpec`], by index: the queue first, as it is read
+/// most (for every change of a job's state, by its alert rules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Text {
+    Queue,
+    Name,
+    Nodelist,
+    Username,
+    Project,
+    Bank,
+}
+
+impl Text {
+    const COUNT: usize = 6;
+}
+
+/// A [`JobSpec`]'s texts, each by its name: read in one walk.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Named<'a> {
+    pub name: Option<&'a str>,
+    pub queue: Option<&'a str>,
+    pub project: Option<&'a str>,
+    pub bank: Option<&'a str>,
+    pub nodelist: Option<&'a str>,
+    pub username: Option<&'a str>,
+}
+
+impl<'a> Named<'a> {
+    fn of(texts: &'a Texts<{ Text::COUNT }>) -> Self {
+        let all = texts.all();
+        let at = |t: Text| all[t as usize];
+        Named {
+            name: at(Text::Name),
+            queue: at(Text::Queue),
+            project: at(Text::Project),
+            bank: at(Text::Bank),
+            nodelist: at(Text::Nodelist),
+            username: at(Text::Username),
+        }
+    }
+
+    fn pack(self) -> Texts<{ Text::COUNT }> {
+        let mut all = [None; Text::COUNT];
+        all[Text::Name as usize] = self.name;
+        all[Text::Queue as usize] = self.queue;
+        all[Text::Project as usize] = self.project;
+        all[Text::Bank as usize] = self.bank;
+        all[Text::Nodelist as usize] = self.nodelist;
+        all[Text::Username as usize] = self.username;
+        Texts::new(all)
+    }
+}
+
+/// A [`JobSpec`] as checkpoints hold it: the fields of the struct it was,
+/// in its order. Fields added later are last and defaulted, so older
+/// checkpoints still read.
+#[derive(Serialize, Deserialize)]
+struct Saved<S> {
+    name: Option<S>,
+    queue: Option<S>,
+    project: Option<S>,
+    bank: Option<S>,
+    duration: Stamp,
+    spec_ntasks: Option<u32>,
+    spec_ncores: Option<u32>,
+    spec_nnodes: Option<u32>,
+    tasks_per_node: u32,
+    tasks_per_core: u32,
+    r_nnodes: Option<u32>,
+    r_ncores: Option<u32>,
+    nodelist: Option<S>,
+    freed_at: Stamp,
     #[serde(default)]
     updated: u8,
-    /// R's GPUs plus one; 0 before R, and in checkpoints written before
-    /// this field (last and defaulted, so they still read). Not an
-    /// `Option`: this fits where one would add 8 bytes to every job.
     #[serde(default)]
     r_ngpus_1: u32,
-    /// Who submitted it, by name, as resolved where Flux runs (the
-    /// forwarder sends it with `submit`). Last and defaulted, as above.
-    #[serde(default)]
-    pub username: Option<CompactString>,
+    #[serde(default = "none")]
+    username: Option<S>,
+}
+
+fn none<S>() -> Option<S> {
+    None
+}
+
+impl Serialize for JobSpec {
+    fn serialize<Se: serde::Serializer>(&self, serializer: Se) -> Result<Se::Ok, Se::Error> {
+        let Named {
+            name,
+            queue,
+            project,
+            bank,
+            nodelist,
+            username,
+        } = Named::of(&self.texts);
+        Saved {
+            name,
+            queue,
+            project,
+            bank,
+            duration: self.duration,
+            spec_ntasks: self.spec_ntasks,
+            spec_ncores: self.spec_ncores,
+            spec_nnodes: self.spec_nnodes,
+            tasks_per_node: self.tasks_per_node,
+            tasks_per_core: self.tasks_per_core,
+            r_nnodes: self.r_nnodes,
+            r_ncores: self.r_ncores,
+            nodelist,
+            freed_at: self.freed_at,
+            updated: self.updated,
+            r_ngpus_1: self.r_ngpus_1,
+            username,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for JobSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // Owned: a text with escapes cannot be borrowed from JSON.
+        let s = Saved::<CompactString>::deserialize(deserializer)?;
+        Ok(JobSpec {
+            texts: Named {
+                name: s.name.as_deref(),
+                queue: s.queue.as_deref(),
+                project: s.project.as_deref(),
+                bank: s.bank.as_deref(),
+                nodelist: s.nodelist.as_deref(),
+                username: s.username.as_deref(),
+            }
+            .pack(),
+            duration: s.duration,
+            spec_ntasks: s.spec_ntasks,
+            spec_ncores: s.spec_ncores,
+            spec_nnodes: s.spec_nnodes,
+            tasks_per_node: s.tasks_per_node,
+            tasks_per_core: s.tasks_per_core,
+            r_nnodes: s.r_nnodes,
+            r_ncores: s.r_ncores,
+            freed_at: s.freed_at,
+            updated: s.updated,
+            r_ngpus_1: s.r_ngpus_1,
+        })
+    }
 }
 
 /// The bits of [`JobSpec::updated`].
@@ -262,6 +402,48 @@ fn base_name(path: &str) -> &str {
 }
 
 impl JobSpec {
+    /// One of its texts, if known.
+    pub fn text(&self, text: Text) -> Option<&str> {
+        self.texts.get(text as usize)
+    }
+
+    /// Set one of its texts.
+    pub fn set_text(&mut self, text: Text, value: Option<&str>) {
+        self.texts.set(text as usize, value);
+    }
+
+    /// Every text, each by its name (one walk where six calls take six).
+    pub fn texts(&self) -> Named<'_> {
+        Named::of(&self.texts)
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> Option<&str> {
+        self.text(Text::Name)
+    }
+
+    pub fn queue(&self) -> Option<&str> {
+        self.text(Text::Queue)
+    }
+
+    pub fn project(&self) -> Option<&str> {
+        self.text(Text::Project)
+    }
+
+    pub fn bank(&self) -> Option<&str> {
+        self.text(Text::Bank)
+    }
+
+    /// R's hosts, as a hostlist.
+    pub fn nodelist(&self) -> Option<&str> {
+        self.text(Text::Nodelist)
+    }
+
+    /// Who submitted it, by name.
+    pub fn username(&self) -> Option<&str> {
+        self.text(Text::Username)
+    }
+
     /// The requested time limit in seconds (0: none), if it was read.
     pub fn duration(&self) -> Option<f64> {
         self.duration.get()
@@ -332,8 +514,8 @@ impl JobSpec {
         attributes: Attributes,
     ) -> Result<(), JobSpecError> {
         let system = attributes.system.unwrap_or_default();
-        self.name = match system.job.and_then(|j| j.name) {
-            Some(name) => Some(name),
+        let name = match system.job.and_then(|j| j.name) {
+            Some(name) => name,
             None => {
                 let arg0 = tasks
                     .first()
@@ -341,14 +523,20 @@ impl JobSpec {
                     .and_then(|c| serde_json::from_str::<FirstOf>(c.get()).ok())
                     .and_then(|c| c.0);
                 match arg0 {
-                    Some(Value::String(s)) => Some(base_name(&s).into()),
+                    Some(Value::String(s)) => base_name(&s).into(),
                     _ => return Err(JobSpecError::NoName),
                 }
             }
         };
-        self.queue = system.queue;
-        self.project = system.project;
-        self.bank = system.bank;
+        let was = Named::of(&self.texts);
+        self.texts = Named {
+            name: Some(&name),
+            queue: system.queue.as_deref(),
+            project: system.project.as_deref(),
+            bank: system.bank.as_deref(),
+            ..was
+        }
+        .pack();
         self.duration = system.duration.into();
         let per_resource = system
             .shell
@@ -431,18 +619,12 @@ impl JobSpec {
 
     /// What R allocated: its number of nodes, cores and GPUs, and its
     /// hosts.
-    pub fn apply_r(
-        &mut self,
-        nnodes: u32,
-        ncores: u32,
-        ngpus: u32,
-        nodelist: Option<CompactString>,
-    ) {
+    pub fn apply_r(&mut self, nnodes: u32, ncores: u32, ngpus: u32, nodelist: Option<&str>) {
         self.r_nnodes = Some(nnodes);
         self.r_ncores = Some(ncores);
         self.r_ngpus_1 = ngpus.saturating_add(1);
         if nodelist.is_some() {
-            self.nodelist = nodelist;
+            self.set_text(Text::Nodelist, nodelist);
         }
     }
 
@@ -452,28 +634,40 @@ impl JobSpec {
         self.r_nnodes = old.r_nnodes;
         self.r_ncores = old.r_ncores;
         self.r_ngpus_1 = old.r_ngpus_1;
-        self.nodelist.clone_from(&old.nodelist);
         self.freed_at = old.freed_at;
         let kept = |bit: u8| old.updated & bit != 0;
-        if kept(Updated::NAME) {
-            self.name.clone_from(&old.name);
+        let new = Named::of(&self.texts);
+        let was = Named::of(&old.texts);
+        let texts = Named {
+            name: if kept(Updated::NAME) {
+                was.name
+            } else {
+                new.name
+            },
+            queue: if kept(Updated::QUEUE) {
+                was.queue
+            } else {
+                new.queue
+            },
+            project: if kept(Updated::PROJECT) {
+                was.project
+            } else {
+                new.project
+            },
+            bank: if kept(Updated::BANK) {
+                was.bank
+            } else {
+                new.bank
+            },
+            nodelist: was.nodelist,
+            username: new.username.or(was.username),
         }
-        if kept(Updated::QUEUE) {
-            self.queue.clone_from(&old.queue);
-        }
-        if kept(Updated::PROJECT) {
-            self.project.clone_from(&old.project);
-        }
-        if kept(Updated::BANK) {
-            self.bank.clone_from(&old.bank);
-        }
+        .pack();
+        self.texts = texts;
         if kept(Updated::DURATION) {
             self.duration = old.duration;
         }
         self.updated = old.updated;
-        if self.username.is_none() {
-            self.username.clone_from(&old.username);
-        }
     }
 
     /// Apply a `jobspec-update` event's keys (RFC 21: period-delimited
@@ -496,20 +690,20 @@ impl JobSpec {
                     Err(_) => 0,
                 },
                 "attributes.system.queue" => {
-                    self.queue = text();
+                    self.set_text(Text::Queue, text().as_deref());
                     Updated::QUEUE
                 }
                 "attributes.system.project" => {
-                    self.project = text();
+                    self.set_text(Text::Project, text().as_deref());
                     Updated::PROJECT
                 }
                 "attributes.system.bank" => {
-                    self.bank = text();
+                    self.set_text(Text::Bank, text().as_deref());
                     Updated::BANK
                 }
                 "attributes.system.job.name" => match text() {
                     Some(name) => {
-                        self.name = Some(name);
+                        self.set_text(Text::Name, Some(&name));
                         Updated::NAME
                     }
                     None => 0,
@@ -627,18 +821,87 @@ mod tests {
         s
     }
 
+    /// The struct as it was before its texts were packed, field for
+    /// field: checkpoints hold this layout.
+    #[derive(Serialize)]
+    struct Before {
+        name: Option<String>,
+        queue: Option<String>,
+        project: Option<String>,
+        bank: Option<String>,
+        duration: Option<f64>,
+        spec_ntasks: Option<u32>,
+        spec_ncores: Option<u32>,
+        spec_nnodes: Option<u32>,
+        tasks_per_node: u32,
+        tasks_per_core: u32,
+        r_nnodes: Option<u32>,
+        r_ncores: Option<u32>,
+        nodelist: Option<String>,
+        freed_at: Option<f64>,
+        updated: u8,
+        r_ngpus_1: u32,
+        username: Option<String>,
+    }
+
+    impl Before {
+        fn of(s: &JobSpec) -> Before {
+            let text = |t: Text| s.text(t).map(String::from);
+            Before {
+                name: text(Text::Name),
+                queue: text(Text::Queue),
+                project: text(Text::Project),
+                bank: text(Text::Bank),
+                duration: s.duration(),
+                spec_ntasks: s.spec_ntasks,
+                spec_ncores: s.spec_ncores,
+                spec_nnodes: s.spec_nnodes,
+                tasks_per_node: s.tasks_per_node,
+                tasks_per_core: s.tasks_per_core,
+                r_nnodes: s.r_nnodes,
+                r_ncores: s.r_ncores,
+                nodelist: text(Text::Nodelist),
+                freed_at: s.freed_at(),
+                updated: s.updated,
+                r_ngpus_1: s.r_ngpus_1,
+                username: text(Text::Username),
+            }
+        }
+    }
+
+    /// A spec writes the bytes the struct it was wrote, and reads them
+    /// back: packing its texts changed no checkpoint.
+    #[test]
+    fn a_spec_saves_as_the_struct_it_was() {
+        let (mut full, _) = JobSpec::parse(&HOSTNAME.replace(
+            r#""cwd":"/w""#,
+            r#""queue":"débug","project":"p","bank":"b","job":{"name":"n"}"#,
+        ));
+        full.apply_r(2, 4, 1, Some("node[0-1]"));
+        full.set_text(Text::Username, Some("alice"));
+        full.free(1.5);
+        let raw = RawValue::from_string("\"q2\"".into()).unwrap();
+        full.update([("attributes.system.queue", &*raw)]);
+        for spec in [full, JobSpec::default()] {
+            let bytes = rmp_serde::to_vec(&spec).unwrap();
+            assert_eq!(bytes, rmp_serde::to_vec(&Before::of(&spec)).unwrap());
+            let back: JobSpec = rmp_serde::from_slice(&bytes).unwrap();
+            assert_eq!(back, spec);
+        }
+    }
+
     const HOSTNAME: &str = r#"{"resources":[{"type":"slot","count":1,"with":[{"type":"core","count":1}],"label":"task"}],"tasks":[{"command":["hostname"],"slot":"task","count":{"per_slot":1}}],"attributes":{"system":{"duration":0,"cwd":"/w"}},"version":1}"#;
 
     #[test]
     fn one_task_on_one_core() {
         let s = spec(HOSTNAME);
-        assert_eq!(s.name.as_deref(), Some("hostname"));
+        assert_eq!(s.name(), Some("hostname"));
         assert_eq!(
             (s.ntasks(), s.ncores(), s.nnodes()),
             (Some(1), Some(1), None)
         );
         assert_eq!(s.duration(), Some(0.0));
-        assert_eq!(s.queue, None);
+        assert_eq!(s.queue(), None);
     }
 
     #[test]
@@ -656,7 +919,7 @@ mod tests {
         ] {
             let text = HOSTNAME.replace(r#"["hostname"]"#, command);
             let (s, err) = JobSpec::parse(&text);
-            assert_eq!(s.name.as_deref(), name, "{command}");
+            assert_eq!(s.name(), name, "{command}");
             assert_eq!(err.is_some(), name.is_none(), "{command}");
         }
     }
@@ -666,21 +929,18 @@ mod tests {
         // flux run -N2 -n4 --exclusive -q batch --job-name=x /bin/app
         let text = r#"{"version":1,"resources":[{"type":"node","count":2,"exclusive":true,"with":[{"type":"slot","count":2,"label":"task","with":[{"type":"core","count":3}]}]}],"tasks":[{"command":["/bin/app"],"slot":"task","count":{"per_slot":1}}],"attributes":{"system":{"duration":60.0,"queue":"batch","job":{"name":"x"},"bank":"b1"}}}"#;
         let mut s = spec(text);
-        assert_eq!(s.name.as_deref(), Some("x"));
-        assert_eq!(
-            (s.queue.as_deref(), s.bank.as_deref()),
-            (Some("batch"), Some("b1"))
-        );
+        assert_eq!(s.name(), Some("x"));
+        assert_eq!((s.queue(), s.bank()), (Some("batch"), Some("b1")));
         assert_eq!(
             (s.ntasks(), s.ncores(), s.nnodes()),
             (Some(4), None, Some(2))
         );
-        s.apply_r(2, 16, 0, Some("n[0-1]".into()));
+        s.apply_r(2, 16, 0, Some("n[0-1]"));
         assert_eq!(
             (s.ntasks(), s.ncores(), s.nnodes()),
             (Some(4), Some(16), Some(2))
         );
-        assert_eq!(s.nodelist.as_deref(), Some("n[0-1]"));
+        assert_eq!(s.nodelist(), Some("n[0-1]"));
     }
 
     #[test]
@@ -705,7 +965,7 @@ mod tests {
         assert_eq!(s.ntasks(), None);
         s.apply_r(3, 6, 0, None);
         assert_eq!(s.ntasks(), Some(6));
-        assert_eq!(s.name.as_deref(), Some("b"));
+        assert_eq!(s.name(), Some("b"));
     }
 
     #[test]
@@ -730,13 +990,13 @@ mod tests {
         let text = HOSTNAME.replace(r#""count":1,"with""#, r#""count":0,"with""#);
         let (s, err) = JobSpec::parse(&text);
         assert!(matches!(err, Some(JobSpecError::Counts(_))), "{err:?}");
-        assert_eq!(s.name.as_deref(), Some("hostname"));
+        assert_eq!(s.name(), Some("hostname"));
         assert_eq!((s.ntasks(), s.ncores()), (None, None));
         // a queue of the wrong type loses the attributes
         let text = HOSTNAME.replace(r#""cwd":"/w""#, r#""queue":5"#);
         let (s, err) = JobSpec::parse(&text);
         assert!(matches!(err, Some(JobSpecError::Attributes(_))));
-        assert_eq!(s.name, None);
+        assert_eq!(s.name(), None);
     }
 
     #[test]
@@ -750,18 +1010,15 @@ mod tests {
             ("resources", &*r),
         ]);
         assert_eq!(ignored, ["resources"]);
-        assert_eq!(
-            (s.duration(), s.queue.as_deref()),
-            (Some(3600.0), Some("debug"))
-        );
+        assert_eq!((s.duration(), s.queue()), (Some(3600.0), Some("debug")));
         // the jobspec as submitted, read after the update, keeps it
         let mut again = spec(HOSTNAME);
         again.keep_later_of(&s);
         assert_eq!(
-            (again.duration(), again.queue.as_deref()),
+            (again.duration(), again.queue()),
             (Some(3600.0), Some("debug"))
         );
-        assert_eq!(again.name.as_deref(), Some("hostname"));
+        assert_eq!(again.name(), Some("hostname"));
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod object;
 pub mod packed;
 pub mod queues;
 pub mod resource;
+pub mod texts;
 pub mod user;
 
 pub use anomaly::{Anomaly, AnomalyKind, Stream};

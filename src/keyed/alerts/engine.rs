@@ -18,7 +18,9 @@
 //! still fires, and resolves at once: the job was stuck, whenever we
 //! learned of it.
 
-pub use super::event::{AlertEvent, Detail, Drain, NodeKey, Queued, Status, Subject};
+pub use super::event::{
+    AlertEvent, Detail, Drain, NodeKey, Queued, SharedDetails, Status, Subject,
+};
 use super::few::Few;
 use super::firing::{AlertPosition, FiringIndex};
 use super::rule::Rule;
@@ -101,7 +103,7 @@ pub trait JobConditions {
 #[derive(Debug)]
 pub(super) struct ClusterTimers {
     cluster: Arc<str>,
-    queue: TimerQueue<(Due, u16)>,
+    queue: TimerQueue<Fire>,
 }
 
 /// The subject of a timer, within its cluster.
@@ -110,6 +112,50 @@ pub(super) enum Due {
     Job(JobId),
     Node(u32),
 }
+
+/// A timer's payload: its subject within the cluster and its rule, 4-aligned
+/// in 12 bytes so that a timer's slot takes 16, not 32 (a million pending
+/// jobs hold about a million timers).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Fire {
+    /// The job's id or the node's rank, in halves: a `u64` would align the
+    /// payload to 8.
+    subject: [u32; 2],
+    rule: u16,
+    kind: FireKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum FireKind {
+    Job,
+    Node,
+}
+
+impl Fire {
+    fn new(due: Due, rule: u16) -> Fire {
+        let (kind, id) = match due {
+            Due::Job(id) => (FireKind::Job, id.0),
+            Due::Node(rank) => (FireKind::Node, u64::from(rank)),
+        };
+        Fire {
+            subject: [id as u32, (id >> 32) as u32],
+            rule,
+            kind,
+        }
+    }
+
+    fn due(self) -> Due {
+        let [lo, hi] = self.subject;
+        match self.kind {
+            FireKind::Job => Due::Job(JobId(u64::from(lo) | (u64::from(hi) << 32))),
+            FireKind::Node => Due::Node(lo),
+        }
+    }
+}
+
+/// The bytes of a timer's slot, for the README's memory table.
+#[cfg(test)]
+pub(crate) const TIMER_SLOT_BYTES: usize = super::timers::slot_bytes::<Fire>();
 
 impl ClusterTimers {
     fn subject(&self, due: Due) -> Subject {
@@ -226,7 +272,7 @@ pub(super) fn set_timer(
     deadline: f64,
     rule: u16,
 ) -> TimerId {
-    let payload = (subject.due(), rule);
+    let payload = Fire::new(subject.due(), rule);
     // A deadline that is not a number never fires: no bound needed.
     timers.earliest = timers.earliest.min(deadline);
     // Looked up before inserted: the cluster's name is copied once, not
@@ -263,6 +309,8 @@ pub struct Engine {
     pub(super) timers: Timers,
     /// The fired conditions, in the order they are listed.
     pub(super) firing: FiringIndex,
+    /// The details jobs' conditions share.
+    pub(super) details: SharedDetails,
 }
 
 impl Engine {
@@ -282,6 +330,21 @@ impl Engine {
 
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// The job rules that can hold in `state` (as [`Engine::job_rules_in`]),
+    /// and the details the conditions of jobs share, to make one from
+    /// while the rules are read.
+    pub fn job_rules_and_details(
+        &mut self,
+        state: JobState,
+    ) -> (impl Iterator<Item = (usize, &Rule)>, &mut SharedDetails) {
+        let rules = &self.rules;
+        let indices = self.job_rules[state.index()].iter();
+        (
+            indices.filter_map(|&i| Some((i, rules.get(i)?))),
+            &mut self.details,
+        )
     }
 
     /// Indices of the job rules and of the node rules.
@@ -451,9 +514,10 @@ impl Engine {
                 if fired >= limit {
                     return true;
                 }
-                let Some((id, _, (due, rule))) = timers.queue.pop_due(now) else {
+                let Some((id, _, fire)) = timers.queue.pop_due(now) else {
                     break;
                 };
+                let (due, rule) = (fire.due(), fire.rule);
                 let subject = timers.subject(due);
                 let actives = match &subject {
                     Subject::Job(k) => jobs.conditions_mut(k).map(|c| &mut c.0[..]),
@@ -761,6 +825,24 @@ mod tests {
     use crate::flux::jobid::JobId;
     use crate::keyed::alerts::rule::RuleKind;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_timer_slot_takes_16_bytes() {
+        assert_eq!(TIMER_SLOT_BYTES, 16);
+    }
+
+    proptest! {
+        /// A timer's payload gives back the subject and rule it was set with.
+        #[test]
+        fn a_timer_payload_round_trips(id in any::<u64>(), rank in any::<u32>(), rule in any::<u16>()) {
+            let job = Fire::new(Due::Job(JobId(id)), rule);
+            prop_assert!(matches!(job.due(), Due::Job(JobId(i)) if i == id));
+            prop_assert_eq!(job.rule, rule);
+            let node = Fire::new(Due::Node(rank), rule);
+            prop_assert!(matches!(node.due(), Due::Node(r) if r == rank));
+            prop_assert_eq!(node.rule, rule);
+        }
+    }
 
     /// A job table as the engine sees it: each job's conditions by key.
     #[derive(Default)]

@@ -5,6 +5,7 @@
 use crate::flux::job::JobState;
 use crate::keyed::JobKey;
 use compact_str::CompactString;
+use std::sync::Arc;
 
 /// What an alert is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -49,9 +50,10 @@ pub enum Detail {
     /// Boxed: every job condition carries a `Detail`.
     Drained(Box<Drain>),
     /// A job of a queue: its state and queue when the condition began (or
-    /// last changed). Boxed, as `Drained`; after it, so saved conditions
-    /// of the other kinds read as before.
-    Queued(Box<Queued>),
+    /// last changed). Behind one pointer, as `Drained`, and shared: jobs of
+    /// one queue in one state hold the same ([`SharedDetails`]). After
+    /// `Drained`, so saved conditions of the other kinds read as before.
+    Queued(Arc<Queued>),
 }
 
 /// A job's state and queue, for its conditions.
@@ -72,16 +74,52 @@ pub struct Drain {
     pub draining: bool,
 }
 
-impl Detail {
+/// The queued details in use, shared: a million pending jobs of a few
+/// queues hold a few, not a million. Bounded, as queue names come from the
+/// input: past [`SharedDetails::MAX`] a detail is made for its job alone.
+#[derive(Debug, Default)]
+pub struct SharedDetails {
+    /// By state (so a look compares the queues of one state only).
+    queued: [Vec<Arc<Queued>>; JobState::ALL.len()],
+    len: usize,
+}
+
+impl SharedDetails {
+    const MAX: usize = 256;
+
     /// A job's detail: its state, and its queue if it has one.
-    pub fn of_job(state: JobState, queue: Option<&str>) -> Detail {
-        match queue {
-            Some(q) => Detail::Queued(Box::new(Queued {
-                state,
-                queue: q.into(),
-            })),
-            None => Detail::State(state),
+    pub fn of_job(&mut self, state: JobState, queue: Option<&str>) -> Detail {
+        let Some(queue) = queue else {
+            return Detail::State(state);
+        };
+        let same = &mut self.queued[state.index()];
+        if let Some(q) = same.iter().find(|q| q.queue == queue) {
+            return Detail::Queued(q.clone());
         }
+        let q = Arc::new(Queued {
+            state,
+            queue: queue.into(),
+        });
+        if self.len < Self::MAX {
+            same.push(q.clone());
+            self.len += 1;
+        }
+        Detail::Queued(q)
+    }
+
+    /// A detail read back from a checkpoint, shared as if made here.
+    pub fn share(&mut self, detail: Detail) -> Detail {
+        match detail {
+            Detail::Queued(q) => self.of_job(q.state, Some(&q.queue)),
+            other => other,
+        }
+    }
+}
+
+impl Detail {
+    /// A job's detail, its own (not shared): tests and one-off records.
+    pub fn of_job(state: JobState, queue: Option<&str>) -> Detail {
+        SharedDetails::default().of_job(state, queue)
     }
 
     /// The node's hostname, for node conditions.

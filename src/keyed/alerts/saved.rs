@@ -232,7 +232,7 @@ impl Engine {
             deadline,
             timer,
             fired: c.fired,
-            detail: c.detail,
+            detail: self.details.share(c.detail),
         });
         let detail = announced?;
         self.firing

@@ -48,6 +48,12 @@ struct Slot<T> {
     payload: Option<T>,
 }
 
+/// The bytes of a slot holding a `T`, for tests that hold a payload's size.
+#[cfg(test)]
+pub(super) const fn slot_bytes<T>() -> usize {
+    std::mem::size_of::<Slot<T>>()
+}
+
 /// Below this many stale entries the heap is never compacted: a small
 /// queue does not pay for a rebuild.
 const COMPACT_FROM: usize = 1024;

@@ -111,7 +111,7 @@ fn name(r: &Routed) -> String {
     match &r.record.body {
         Body::Event(e) => e.name.to_string(),
         Body::R(_) => "R".into(),
-        Body::JobSpec(read) => format!("jobspec {}", read.spec.name.as_deref().unwrap_or("?")),
+        Body::JobSpec(read) => format!("jobspec {}", read.spec.name().unwrap_or("?")),
         other => format!("{other:?}"),
     }
 }
