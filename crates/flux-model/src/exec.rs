@@ -11,11 +11,13 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use thin_vec::ThinVec;
 use thiserror::Error;
 
 use super::anomaly::{Anomaly, AnomalyKind, Stream};
 use super::event::{ContextError, Event};
 use super::idset::{IdSet, Ranks};
+use super::packed::{OptInt, Stamp};
 
 /// What the exec system recorded when the leader shell exited.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,7 +35,11 @@ pub struct ExecApplied {
     pub skipped_duplicate: bool,
 }
 
-/// State of one job's exec eventlog.
+/// State of one job's exec eventlog. Every running job has one: its
+/// optional numbers are packed ([`Stamp`], [`OptInt`]: 8 bytes, not 16)
+/// and the shell's exit, known only at the end, is boxed, so it fits a
+/// 96-byte allocation, not a 192-byte one. Each is saved as the field it
+/// replaced.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ExecLog {
     events: u64,
@@ -41,9 +47,9 @@ pub struct ExecLog {
     starting: bool,
     reattach_count: u32,
     restarted: bool,
-    complete_status: Option<i64>,
-    complete_timestamp: Option<f64>,
-    shell_exit: Option<ShellExit>,
+    complete_status: OptInt,
+    complete_timestamp: Stamp,
+    shell_exit: Option<Box<ShellExit>>,
     done: bool,
     shell_events: u64,
     last_shell_event: Option<compact_str::CompactString>,
@@ -51,10 +57,10 @@ pub struct ExecLog {
     /// for order: the shell writes `shell.*` events on its own, and real
     /// logs interleave the two writers with slightly crossed timestamps
     /// (`recoverable` a fraction of a millisecond before `shell.start`).
-    last_system_ts: Option<f64>,
+    last_system_ts: Stamp,
     /// Each event applied, as a 64-bit digest of its timestamp and name,
     /// sorted: repeats are recognized without keeping names per job.
-    seen: Vec<u64>,
+    seen: ThinVec<u64>,
     /// `recoverable` was seen: the shells can be reattached after a
     /// restart (RFC 50). Last, with a default: state saved before it
     /// reads as before.
@@ -112,13 +118,13 @@ impl ExecLog {
     /// The wait status of the (first) `complete` event; the job's `finish`
     /// event must carry the same.
     pub fn complete_status(&self) -> Option<i64> {
-        self.complete_status
+        self.complete_status.get()
     }
 
     /// (rank, wait status) of the leader shell's exit.
     /// When the (first) `complete` event was written.
     pub fn complete_timestamp(&self) -> Option<f64> {
-        self.complete_timestamp
+        self.complete_timestamp.get()
     }
 
     pub fn shell_exit(&self) -> Option<(u32, i64)> {
@@ -127,7 +133,7 @@ impl ExecLog {
 
     /// The full `shell-exit` record, with `active_ranks`.
     pub fn shell_exit_info(&self) -> Option<&ShellExit> {
-        self.shell_exit.as_ref()
+        self.shell_exit.as_deref()
     }
 
     /// `done` was seen: nothing more may follow.
@@ -182,7 +188,7 @@ impl ExecLog {
         }
         let system = !name.starts_with("shell.");
         if system {
-            if let Some(last) = self.last_system_ts
+            if let Some(last) = self.last_system_ts.get()
                 && ev.timestamp < last
             {
                 flag(
@@ -190,8 +196,8 @@ impl ExecLog {
                     format!("timestamp {} is older than {last}", ev.timestamp),
                 );
             }
-            if self.last_system_ts.is_none_or(|t| ev.timestamp > t) {
-                self.last_system_ts = Some(ev.timestamp);
+            if self.last_system_ts.get().is_none_or(|t| ev.timestamp > t) {
+                self.last_system_ts.set(ev.timestamp);
             }
         }
         if EMPTY_CONTEXT.contains(&name) && ev.context.as_ref().is_some_and(|c| !c.is_empty()) {
@@ -248,8 +254,8 @@ impl ExecLog {
                     if self.complete_status.is_some() {
                         flag(AnomalyKind::Repeated, "second `complete` event".into());
                     } else {
-                        self.complete_status = Some(status);
-                        self.complete_timestamp = Some(ev.timestamp);
+                        self.complete_status.set(status);
+                        self.complete_timestamp.set(ev.timestamp);
                     }
                 }
                 Err(e) => flag(context_kind(&e), e.to_string()),
@@ -302,11 +308,11 @@ impl ExecLog {
                         "`shell-exit` SHALL be posted at most once".into(),
                     );
                 } else if let (Some(rank), Some(wait_status)) = (rank, wait_status) {
-                    self.shell_exit = Some(ShellExit {
+                    self.shell_exit = Some(Box::new(ShellExit {
                         rank,
                         wait_status,
                         active_ranks,
-                    });
+                    }));
                 }
             }
             "done" => self.done = true,

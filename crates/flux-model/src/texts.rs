@@ -31,11 +31,11 @@ impl<const N: usize> Texts<N> {
     /// Texts with these values.
     pub fn new(values: [Option<&str>; N]) -> Self {
         let values = values.map(|v| v.map(fitted));
-        let size: usize = values.iter().map(|v| encoded_len(*v)).sum();
-        if size == N {
-            // No text: a tag each, and no allocation.
+        if values.iter().all(Option::is_none) {
+            // No text, no allocation.
             return Texts(ThinVec::new());
         }
+        let size: usize = values.iter().map(|v| encoded_len(*v)).sum();
         // Sized once and written in place (ThinVec's own extend copies a
         // byte at a time).
         let mut bytes = ThinVec::new();
@@ -173,6 +173,8 @@ mod tests {
         let edge = "y".repeat(253);
         let over = "z".repeat(254);
         let t = Texts::<5>::new([Some(""), Some("lmp"), Some(&long), Some(&edge), Some(&over)]);
+        let blank = Texts::<3>::new([None, Some(""), None]);
+        assert_eq!(blank.all(), [None, Some(""), None]);
         assert_eq!(
             t.all(),
             [
