@@ -251,7 +251,8 @@ impl ExecLog {
             }
             "complete" => match ev.int("status") {
                 Ok(status) => {
-                    if self.complete_status.is_some() {
+                    // Seen by its time: a status of i64::MIN packs to none.
+                    if self.complete_timestamp.is_some() {
                         flag(AnomalyKind::Repeated, "second `complete` event".into());
                     } else {
                         self.complete_status.set(status);
@@ -733,6 +734,14 @@ mod tests {
         ]);
         assert_eq!(kinds(&a), [AnomalyKind::Repeated]);
         assert_eq!(log.complete_status(), Some(9));
+            // A status that packs to none still counts as the first complete.
+        let (log, a) = run(&[
+            ev(1.0, "init"),
+            evc(2.0, "complete", json!({"status": i64::MIN})),
+            evc(3.0, "complete", json!({"status": 0})),
+        ]);
+        assert_eq!(kinds(&a), [AnomalyKind::Repeated]);
+        assert_eq!(log.complete_timestamp(), Some(2.0));
     }
 
     #[test]

@@ -916,9 +916,11 @@ impl Job {
     pub fn summary(&self) -> JobSummary {
         let v = self.summary_view();
         let ended = v.ended_exception();
+        let texts = v.spec.map(JobSpec::texts).unwrap_or_default();
+        let text = |t: Option<&str>| t.map(String::from);
         JobSummary {
             userid: v.userid,
-            username: v.spec.and_then(|s| s.username().map(String::from)),
+            username: text(texts.username),
             urgency: v.urgency,
             priority: v.priority,
             state: v.state,
@@ -938,15 +940,15 @@ impl Job {
             t_inactive: v.t_inactive,
             expiration: v.expiration,
             dependencies: v.dependencies.to_vec(),
-            name: v.spec.and_then(|s| s.name().map(String::from)),
-            queue: v.spec.and_then(|s| s.queue().map(String::from)),
-            project: v.spec.and_then(|s| s.project().map(String::from)),
-            bank: v.spec.and_then(|s| s.bank().map(String::from)),
+            name: text(texts.name),
+            queue: text(texts.queue),
+            project: text(texts.project),
+            bank: text(texts.bank),
             duration: v.spec.and_then(JobSpec::duration),
             ntasks: v.spec.and_then(JobSpec::ntasks),
             ncores: v.spec.and_then(JobSpec::ncores),
             nnodes: v.spec.and_then(JobSpec::nnodes),
-            nodelist: v.spec.and_then(|s| s.nodelist().map(String::from)),
+            nodelist: text(texts.nodelist),
             ranks: v.ranks_text(),
         }
     }

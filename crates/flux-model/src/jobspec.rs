@@ -422,21 +422,9 @@ impl JobSpec {
         self.text(Text::Name)
     }
 
+    /// The queue: read for every change of a job's state.
     pub fn queue(&self) -> Option<&str> {
         self.text(Text::Queue)
-    }
-
-    pub fn project(&self) -> Option<&str> {
-        self.text(Text::Project)
-    }
-
-    pub fn bank(&self) -> Option<&str> {
-        self.text(Text::Bank)
-    }
-
-    /// R's hosts, as a hostlist.
-    pub fn nodelist(&self) -> Option<&str> {
-        self.text(Text::Nodelist)
     }
 
     /// Who submitted it, by name.
@@ -930,7 +918,7 @@ mod tests {
         let text = r#"{"version":1,"resources":[{"type":"node","count":2,"exclusive":true,"with":[{"type":"slot","count":2,"label":"task","with":[{"type":"core","count":3}]}]}],"tasks":[{"command":["/bin/app"],"slot":"task","count":{"per_slot":1}}],"attributes":{"system":{"duration":60.0,"queue":"batch","job":{"name":"x"},"bank":"b1"}}}"#;
         let mut s = spec(text);
         assert_eq!(s.name(), Some("x"));
-        assert_eq!((s.queue(), s.bank()), (Some("batch"), Some("b1")));
+        assert_eq!((s.queue(), s.text(Text::Bank)), (Some("batch"), Some("b1")));
         assert_eq!(
             (s.ntasks(), s.ncores(), s.nnodes()),
             (Some(4), None, Some(2))
@@ -940,7 +928,7 @@ mod tests {
             (s.ntasks(), s.ncores(), s.nnodes()),
             (Some(4), Some(16), Some(2))
         );
-        assert_eq!(s.nodelist(), Some("n[0-1]"));
+        assert_eq!(s.text(Text::Nodelist), Some("n[0-1]"));
     }
 
     #[test]

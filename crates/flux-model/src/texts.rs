@@ -36,8 +36,7 @@ impl<const N: usize> Texts<N> {
             return Texts(ThinVec::new());
         }
         let size: usize = values.iter().map(|v| encoded_len(*v)).sum();
-        // Sized once and written in place (ThinVec's own extend copies a
-        // byte at a time).
+        // Sized once, then written a piece at a time.
         let mut bytes = ThinVec::new();
         bytes.resize(size, 0);
         let mut rest: &mut [u8] = &mut bytes;

@@ -76,7 +76,8 @@ pub struct Drain {
 
 /// The queued details in use, shared: a million pending jobs of a few
 /// queues hold a few, not a million. Bounded, as queue names come from the
-/// input: past [`SharedDetails::MAX`] a detail is made for its job alone.
+/// input: once [`SharedDetails::MAX`] are held, those no condition holds
+/// are forgotten, and past that a detail is made for its job alone.
 #[derive(Debug, Default)]
 pub struct SharedDetails {
     /// By state (so a look compares the queues of one state only).
@@ -92,7 +93,7 @@ impl SharedDetails {
         let Some(queue) = queue else {
             return Detail::State(state);
         };
-        let same = &mut self.queued[state.index()];
+        let same = &self.queued[state.index()];
         if let Some(q) = same.iter().find(|q| q.queue == queue) {
             return Detail::Queued(q.clone());
         }
@@ -100,11 +101,23 @@ impl SharedDetails {
             state,
             queue: queue.into(),
         });
+        if self.len >= Self::MAX {
+            self.drop_unused();
+        }
         if self.len < Self::MAX {
-            same.push(q.clone());
+            self.queued[state.index()].push(q.clone());
             self.len += 1;
         }
         Detail::Queued(q)
+    }
+
+    /// Forget the details no condition holds any more, so that queues seen
+    /// later are shared too.
+    fn drop_unused(&mut self) {
+        for list in &mut self.queued {
+            list.retain(|q| Arc::strong_count(q) > 1);
+        }
+        self.len = self.queued.iter().map(Vec::len).sum();
     }
 
     /// A detail read back from a checkpoint, shared as if made here.
@@ -194,4 +207,51 @@ pub struct AlertEvent {
     /// When the condition cleared (resolved alerts only).
     pub ends_at: Option<f64>,
     pub detail: Detail,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(d: &Detail) -> &Arc<Queued> {
+        match d {
+            Detail::Queued(q) => q,
+            other => panic!("not queued: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn jobs_of_one_queue_in_one_state_share_their_detail() {
+        let mut shared = SharedDetails::default();
+        let a = shared.of_job(JobState::Sched, Some("batch"));
+        let b = shared.of_job(JobState::Sched, Some("batch"));
+        assert!(Arc::ptr_eq(queued(&a), queued(&b)));
+        let run = shared.of_job(JobState::Run, Some("batch"));
+        let debug = shared.of_job(JobState::Sched, Some("debug"));
+        assert!(!Arc::ptr_eq(queued(&a), queued(&run)));
+        assert!(!Arc::ptr_eq(queued(&a), queued(&debug)));
+        assert_eq!(
+            shared.of_job(JobState::Sched, None),
+            Detail::State(JobState::Sched)
+        );
+        // Read back from a checkpoint: shared as if made here.
+        let restored = shared.share(Detail::of_job(JobState::Sched, Some("batch")));
+        assert!(Arc::ptr_eq(queued(&a), queued(&restored)));
+    }
+
+    #[test]
+    fn when_full_the_details_no_one_holds_make_room() {
+        let mut shared = SharedDetails::default();
+        let held = shared.of_job(JobState::Sched, Some("kept"));
+        for i in 0..SharedDetails::MAX {
+            shared.of_job(JobState::Sched, Some(&format!("q{i}")));
+        }
+        // Full of details no condition holds (and one that is held).
+        let late = shared.of_job(JobState::Sched, Some("late"));
+        let again = shared.of_job(JobState::Sched, Some("late"));
+        assert!(Arc::ptr_eq(queued(&late), queued(&again)));
+        let kept = shared.of_job(JobState::Sched, Some("kept"));
+        assert!(Arc::ptr_eq(queued(&held), queued(&kept)));
+        assert!(shared.len <= SharedDetails::MAX);
+    }
 }
