@@ -734,7 +734,7 @@ mod tests {
         ]);
         assert_eq!(kinds(&a), [AnomalyKind::Repeated]);
         assert_eq!(log.complete_status(), Some(9));
-            // A status that packs to none still counts as the first complete.
+        // A status that packs to none still counts as the first complete.
         let (log, a) = run(&[
             ev(1.0, "init"),
             evc(2.0, "complete", json!({"status": i64::MIN})),
