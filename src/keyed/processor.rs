@@ -376,14 +376,15 @@ impl Processor {
         let before = counted.map(|e| (e.job.state, e.job.t_state()));
         // Only a jobspec, or an update of one, can move a job to another
         // queue.
-        let queue_before = match &record.body {
-            Body::JobSpec(_) => {
-                QueueBefore::Was(counted.and_then(|e| e.job.queue()).map(Into::into))
-            }
-            Body::Event(ev) if ev.name == "jobspec-update" => {
-                QueueBefore::Was(counted.and_then(|e| e.job.queue()).map(Into::into))
-            }
-            _ => QueueBefore::Same,
+        let may_move = match &record.body {
+            Body::JobSpec(_) => true,
+            Body::Event(ev) => ev.name == "jobspec-update",
+            _ => false,
+        };
+        let queue_before = if may_move {
+            QueueBefore::Was(counted.and_then(|e| e.job.queue()).map(Into::into))
+        } else {
+            QueueBefore::Same
         };
         // What the job rules see of the job: a record that leaves it as it
         // was need not be shown to the engine.

@@ -626,27 +626,15 @@ impl JobSpec {
         let kept = |bit: u8| old.updated & bit != 0;
         let new = Named::of(&self.texts);
         let was = Named::of(&old.texts);
+        // An updated text stays as the update set it.
+        fn either<'x>(kept: bool, was: Option<&'x str>, new: Option<&'x str>) -> Option<&'x str> {
+            if kept { was } else { new }
+        }
         let texts = Named {
-            name: if kept(Updated::NAME) {
-                was.name
-            } else {
-                new.name
-            },
-            queue: if kept(Updated::QUEUE) {
-                was.queue
-            } else {
-                new.queue
-            },
-            project: if kept(Updated::PROJECT) {
-                was.project
-            } else {
-                new.project
-            },
-            bank: if kept(Updated::BANK) {
-                was.bank
-            } else {
-                new.bank
-            },
+            name: either(kept(Updated::NAME), was.name, new.name),
+            queue: either(kept(Updated::QUEUE), was.queue, new.queue),
+            project: either(kept(Updated::PROJECT), was.project, new.project),
+            bank: either(kept(Updated::BANK), was.bank, new.bank),
             nodelist: was.nodelist,
             username: new.username.or(was.username),
         }
