@@ -394,7 +394,7 @@ impl Processor {
             Body::Event(ev) if ev.timestamp.is_finite() => Some(ev.timestamp),
             _ => None,
         };
-        let fx = self.state.apply_in(interned.clone(), record);
+        let fx = self.state.apply_keyed(&interned, key.as_ref(), record);
         if let Some(expiry) = &mut self.expiry {
             note_expiry(
                 expiry,
@@ -758,17 +758,20 @@ fn observe_job(
     // each, and made only if one holds: this runs for every change of a
     // job's state.
     let detail = std::cell::OnceCell::new();
-    let queue = entry.job.queue();
+    // The queue too is read only when needed (a rule of some queues, a
+    // detail made): the texts are another allocation, often not in cache.
+    let queue = std::cell::OnceCell::new();
+    let queue = || *queue.get_or_init(|| entry.job.queue());
     // Only the rules that hold (one or two at a time): the others clear.
     // Those about other states, or other queues, cannot, and are not
     // looked at.
     let exec = entry.exec.as_deref();
     let (rules, details) = engine.job_rules_and_details(entry.job.state);
     let holds: SmallVec<[(usize, HoldsRef); 2]> = rules
-        .filter(|(_, rule)| rule.watches_queue(queue))
+        .filter(|(_, rule)| rule.queues.is_empty() || rule.watches_queue(queue()))
         .filter_map(|(i, rule)| {
             job_condition(rule.kind, &entry.job, exec).map(|since| {
-                let detail = detail.get_or_init(|| details.of_job(entry.job.state, queue));
+                let detail = detail.get_or_init(|| details.of_job(entry.job.state, queue()));
                 (i, Some((since, detail)))
             })
         })

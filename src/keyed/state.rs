@@ -15,7 +15,6 @@ use crate::flux::resource::{RankChange, ResourceState};
 use serde::{Deserialize, Serialize};
 // Keys come from input: foldhash is fast and seeded per process.
 use foldhash::{HashMap, HashSet};
-use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// A job in the table not yet in the listing: its cluster, where it is
@@ -589,21 +588,23 @@ impl State {
     /// Apply one record; `default_cluster` keys records that name none.
     pub fn apply(&mut self, default_cluster: &str, record: Record) -> Effects {
         let cluster = self.intern(record.cluster.as_deref().unwrap_or(default_cluster));
-        self.apply_in(cluster, record)
+        let key = record.id.map(|id| JobKey {
+            cluster: cluster.clone(),
+            id,
+        });
+        self.apply_keyed(&cluster, key.as_ref(), record)
     }
 
-    /// [`State::apply`] for a caller that holds the interned name of the
-    /// record's cluster already (a processor, which interned it to admit
-    /// the record): not looked up twice.
-    pub fn apply_in(&mut self, cluster: Arc<str>, record: Record) -> Effects {
+    /// [`State::apply`] for a caller that holds the record's key already
+    /// (a processor, which interned the cluster's name to admit the
+    /// record, and built the key from its id): nothing looked up twice, and
+    /// a job's key cloned only where it is kept (a new job, a transition).
+    pub fn apply_keyed(&mut self, cluster: &str, key: Option<&JobKey>, record: Record) -> Effects {
         let mut fx = Effects::default();
         self.counts.records += 1;
-        match (record.stream, record.id) {
-            (EventStream::Resource, _) => self.apply_resource(&cluster, record.body, &mut fx),
-            (stream, Some(id)) => {
-                let key = JobKey { cluster, id };
-                self.apply_job(key, stream, record.body, &mut fx)
-            }
+        match (record.stream, key) {
+            (EventStream::Resource, _) => self.apply_resource(cluster, record.body, &mut fx),
+            (stream, Some(key)) => self.apply_job(key, stream, record.body, &mut fx),
             (stream, None) => {
                 // Only a journal sentinel has no job id; it marks the end of
                 // the backlog and changes nothing.
@@ -667,14 +668,15 @@ impl State {
             }));
     }
 
-    fn apply_job(&mut self, key: JobKey, stream: EventStream, body: Body, fx: &mut Effects) {
-        let (entry, before) = match self.jobs.entry(key.clone()) {
-            Entry::Occupied(held) => {
-                let entry = held.into_mut();
+    fn apply_job(&mut self, key: &JobKey, stream: EventStream, body: Body, fx: &mut Effects) {
+        // Looked up by reference: the key's name is not counted again
+        // for a job already held (nearly every record).
+        let (entry, before) = match self.jobs.get_mut(key) {
+            Some(entry) => {
                 let before = Standing::of(key.id, &entry.job);
                 (entry, Some(before))
             }
-            Entry::Vacant(new) => (new.insert(Box::default()), None),
+            None => (self.jobs.entry(key.clone()).or_default(), None),
         };
         let mut anomalies = Vec::new();
         // Whether the job's ranks are counted held: a new R may name other

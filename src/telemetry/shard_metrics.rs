@@ -10,7 +10,7 @@ use crate::flux::job::{Job, JobState};
 use crate::flux::resource::ResourceState;
 use crate::keyed::alerts::engine::{AlertEvent, Status};
 use crate::keyed::alerts::rule::Rule;
-use crate::keyed::processor::Processed;
+use crate::keyed::processor::{Processed, QueueBefore};
 use crate::keyed::state::State;
 use crate::keyed::state::{KeyedAnomaly, KeyedTransition};
 use crate::telemetry::metric;
@@ -172,7 +172,7 @@ impl ShardMetrics {
                     cluster,
                     &entry.job,
                     done.before,
-                    done.queue_before.or_now(entry.job.queue()),
+                    &done.queue_before,
                     &fx.transitions,
                 );
             }
@@ -218,18 +218,37 @@ impl ShardMetrics {
     }
 
     /// A record changed `job` (as it is now; `before`: its state and since
-    /// when, if it was counted, in `queue_before`): active jobs per state
-    /// and queue, transitions, results and the time spent in each state.
+    /// when, if it was counted, in the queue `queue_before` says): active
+    /// jobs per state and queue, transitions, results and the time spent
+    /// in each state. The queue is read only when a count moves: most
+    /// records move none, and the job's texts are another allocation.
     pub fn job_changed(
         &mut self,
         cluster: &str,
         job: &Job,
         before: Option<(JobState, Option<f64>)>,
-        queue_before: Option<&str>,
+        queue_before: &QueueBefore,
+        transitions: &[KeyedTransition],
+    ) {
+        let counted = job.submitted && !job.invalidated;
+        let moved = matches!(queue_before, QueueBefore::Was(_));
+        if before.is_none() || !counted || moved || !transitions.is_empty() {
+            self.job_counts_changed(cluster, job, before, queue_before, transitions);
+        }
+    }
+
+    /// [`ShardMetrics::job_changed`] for a record that may move a count.
+    fn job_counts_changed(
+        &mut self,
+        cluster: &str,
+        job: &Job,
+        before: Option<(JobState, Option<f64>)>,
+        queue_before: &QueueBefore,
         transitions: &[KeyedTransition],
     ) {
         let counted = job.submitted && !job.invalidated;
         let queue = job.queue();
+        let queue_before = queue_before.or_now(queue);
         match (before, counted) {
             // A new job (or one whose submit came after other events).
             (None, true) if job.state != JobState::Inactive => {
