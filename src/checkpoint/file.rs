@@ -20,14 +20,13 @@
 //! error, never read as empty.
 
 use crate::flux::resource::ResourceState;
-use crate::keyed::JobKey;
 use crate::keyed::Owner;
 use crate::keyed::alerts::EventClock;
 use crate::keyed::alerts::engine::Engine;
 use crate::keyed::finished::FinishedJobs;
+use crate::keyed::job_table::JobTable;
 use crate::keyed::processor::Processor;
 use crate::keyed::saved::SavedState;
-use crate::keyed::state::JobEntry;
 use foldhash::HashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -150,7 +149,7 @@ pub fn mismatch(
 /// with everything but jobs): restore decodes parts side by side whatever
 /// the number of shards, and holds one part's bytes per thread at a time.
 pub struct ShardStateRef<'a> {
-    pub jobs: &'a HashMap<JobKey, Box<JobEntry>>,
+    pub jobs: &'a JobTable,
     pub resources: &'a HashMap<String, ResourceState>,
     /// The nodes' conditions and those kept in `jobs`' entries.
     pub alerts: &'a Engine,
@@ -991,9 +990,9 @@ mod tests {
         let mut saved = Vec::new();
         for i in 0..2u64 {
             let mut part = SavedState::default();
-            for (k, e) in &st.jobs {
+            for (k, e) in st.jobs.iter() {
                 if k.id.0 % 2 == i {
-                    part.jobs.push((k.clone(), e.clone()));
+                    part.jobs.push((k.to_key(), Box::new(e.clone())));
                 }
             }
             part.clock.advance(&format!("c{i}"), 10.0 + i as f64);

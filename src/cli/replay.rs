@@ -150,7 +150,7 @@ fn listing(args: &ReplayArgs) -> Result<Option<(JobFilter, usize)>> {
 fn jobs_listed<'a>(
     state: &'a State,
     listing: Option<&(JobFilter, usize)>,
-) -> Vec<(&'a JobKey, &'a JobEntry)> {
+) -> Vec<(JobKey, &'a JobEntry)> {
     let Some((filter, count)) = listing else {
         return state.listed_jobs();
     };
@@ -159,9 +159,8 @@ fn jobs_listed<'a>(
     select_jobs(state, filter, None, state.jobs.len(), usize::MAX)
         .jobs
         .into_iter()
-        .filter_map(|(_, key)| state.jobs.get_key_value(&key))
+        .filter_map(|(_, key)| state.jobs.get(&key).map(|e| (key, e)))
         .filter(|(_, e)| e.job.submitted && !e.job.invalidated)
-        .map(|(k, e)| (k, &**e))
         .take(*count)
         .collect()
 }
@@ -666,7 +665,7 @@ impl Reader {
 fn print_json(
     out: &mut impl Write,
     state: &State,
-    jobs: &[(&JobKey, &JobEntry)],
+    jobs: &[(JobKey, &JobEntry)],
     anomalies: &[KeyedAnomaly],
     alerts: &[AlertRecord],
 ) -> Result<()> {
@@ -793,7 +792,7 @@ fn clock(out: &mut String, ts: f64) {
 fn print_table(
     out: &mut impl Write,
     state: &State,
-    jobs: &[(&JobKey, &JobEntry)],
+    jobs: &[(JobKey, &JobEntry)],
     anomalies: &[KeyedAnomaly],
     alerts: &[AlertRecord],
     lines: u64,

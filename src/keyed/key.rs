@@ -25,6 +25,16 @@ pub struct JobKey {
     pub id: JobId,
 }
 
+impl JobKey {
+    /// The key lent, as the job table lends its keys.
+    pub fn lend(&self) -> JobKeyRef<'_> {
+        JobKeyRef {
+            cluster: &self.cluster,
+            id: self.id,
+        }
+    }
+}
+
 /// Equal as the derived equality would say; cheaper: the ids first, and
 /// interned names by address before their bytes.
 impl PartialEq for JobKey {
@@ -63,6 +73,35 @@ impl<'de> Deserialize<'de> for JobKey {
             cluster: shared_name(&raw.cluster),
             id: raw.id,
         })
+    }
+}
+
+/// A job's key lent by the job table, which keeps the cluster's name once
+/// per cluster, not in each key: nothing counted to name a job while a
+/// million are walked (a checkpoint's threads counting one name's
+/// references at once would each wait for the others). Encodes as a
+/// [`JobKey`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename = "JobKey")]
+pub struct JobKeyRef<'a> {
+    pub cluster: &'a Arc<str>,
+    pub id: JobId,
+}
+
+impl JobKeyRef<'_> {
+    /// The key, owned: the name's reference counted once more.
+    pub fn to_key(self) -> JobKey {
+        JobKey {
+            cluster: self.cluster.clone(),
+            id: self.id,
+        }
+    }
+}
+
+impl PartialEq<JobKey> for JobKeyRef<'_> {
+    fn eq(&self, other: &JobKey) -> bool {
+        self.id == other.id
+            && (Arc::ptr_eq(self.cluster, &other.cluster) || **self.cluster == *other.cluster)
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod alerts;
 pub mod expiry;
 pub mod finished;
+pub mod job_table;
 pub mod key;
 pub mod listing;
 pub mod owners;

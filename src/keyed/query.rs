@@ -687,8 +687,9 @@ mod tests {
         let mut all: Vec<(Position, JobKey)> = s
             .jobs
             .iter()
+            .map(|(k, e)| (k.to_key(), e))
             .filter(|(k, e)| filter.takes(k, &e.job))
-            .map(|(k, e)| (Position::of(k, &e.job), k.clone()))
+            .map(|(k, e)| (Position::of(&k, &e.job), k))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
@@ -820,7 +821,7 @@ mod tests {
             for c in ["c", "d"] {
                 let mut by_state: BTreeMap<&'static str, u64> = BTreeMap::new();
                 let mut oldest = None;
-                for (k, e) in s.jobs.iter().filter(|(k, _)| &*k.cluster == c) {
+                for (k, e) in s.jobs.iter().filter(|(k, _)| &**k.cluster == c) {
                     *by_state.entry(e.job.state.as_str()).or_default() += 1;
                     if e.job.state.is_pending() {
                         let first = oldest.is_none_or(|(id, _)| k.id.0 < id);
@@ -836,7 +837,7 @@ mod tests {
                 let newest = s
                     .jobs
                     .iter()
-                    .filter(|(k, _)| &*k.cluster == c)
+                    .filter(|(k, _)| &**k.cluster == c)
                     .filter_map(|(_, e)| e.job.last_timestamp())
                     .fold(None, |n: Option<f64>, t| Some(n.map_or(t, |n| n.max(t))));
                 if out.is_empty() {

@@ -3,7 +3,8 @@
 //! drives it over files; the streaming operators drive one per shard.
 
 use super::alerts::engine::{Conditions, JobConditions};
-use super::key::{JobKey, Owner};
+use super::job_table::JobTable;
+use super::key::{JobKey, JobKeyRef, Owner};
 use super::listing::{Listing, Standing};
 use crate::decode::{Body, EventStream, Record};
 use crate::flux::allocation::Allocations;
@@ -53,17 +54,17 @@ pub struct JobEntry {
     pub alerts: Conditions,
 }
 
-impl JobConditions for HashMap<JobKey, Box<JobEntry>> {
+impl JobConditions for JobTable {
     fn conditions_of(&self, key: &JobKey) -> Option<&Conditions> {
         self.get(key).map(|e| &e.alerts)
     }
     fn conditions_mut(&mut self, key: &JobKey) -> Option<&mut Conditions> {
         self.get_mut(key).map(|e| &mut e.alerts)
     }
-    fn conditions(&self) -> impl Iterator<Item = (&JobKey, &Conditions)> {
+    fn conditions(&self) -> impl Iterator<Item = (JobKeyRef<'_>, &Conditions)> {
         self.iter().map(|(k, e)| (k, &e.alerts))
     }
-    fn conditions_all_mut(&mut self) -> impl Iterator<Item = (&JobKey, &mut Conditions)> {
+    fn conditions_all_mut(&mut self) -> impl Iterator<Item = (JobKeyRef<'_>, &mut Conditions)> {
         self.iter_mut().map(|(k, e)| (k, &mut e.alerts))
     }
 }
@@ -196,12 +197,10 @@ impl SharedAllocations {
 /// All jobs and ranks.
 #[derive(Debug, Default)]
 pub struct State {
-    /// Boxed: the table itself stays small (it doubles, with slack, as it
-    /// grows), each job one allocation of its exact size.
     /// Changed only through this type's methods, which keep `listing`
     /// in step (elsewhere, what a job's place does not depend on: its
     /// alert conditions, its owner).
-    pub jobs: HashMap<JobKey, Box<JobEntry>>,
+    pub jobs: JobTable,
     /// Every job's place in the listing order, and each cluster's counts.
     listing: Listing,
     pub resources: HashMap<String, ResourceState>,
@@ -429,7 +428,7 @@ impl State {
         let cluster = key.cluster.clone();
         let standing = Standing::of(key.id, &entry.job);
         let newest = entry.job.last_timestamp();
-        let old = self.jobs.insert(key, entry);
+        let old = self.jobs.insert(&key, entry);
         (old, (cluster, standing, newest))
     }
 
@@ -676,7 +675,7 @@ impl State {
                 let before = Standing::of(key.id, &entry.job);
                 (entry, Some(before))
             }
-            None => (self.jobs.entry(key.clone()).or_default(), None),
+            None => (self.jobs.get_or_insert_default(key), None),
         };
         let mut anomalies = Vec::new();
         // Whether the job's ranks are counted held: a new R may name other
@@ -757,14 +756,14 @@ impl State {
     }
 
     /// Jobs to list: submitted and not invalidated, sorted by key.
-    pub fn listed_jobs(&self) -> Vec<(&JobKey, &JobEntry)> {
-        let mut jobs: Vec<(&JobKey, &JobEntry)> = self
+    pub fn listed_jobs(&self) -> Vec<(JobKey, &JobEntry)> {
+        let mut jobs: Vec<(JobKey, &JobEntry)> = self
             .jobs
             .iter()
             .filter(|(_, e)| e.job.submitted && !e.job.invalidated)
-            .map(|(k, e)| (k, &**e))
+            .map(|(k, e)| (k.to_key(), e))
             .collect();
-        jobs.sort_by(|a, b| a.0.cmp(b.0));
+        jobs.sort_by(|a, b| a.0.cmp(&b.0));
         jobs
     }
 
@@ -1188,7 +1187,8 @@ mod footprint {
                 .filter_map(|n| n.parse().ok())
                 .collect()
         };
-        let key = size_of::<super::JobKey>();
+        // Each cluster's table is keyed by the id alone.
+        let key = size_of::<crate::flux::jobid::JobId>();
         let slot = key + size_of::<Box<super::JobEntry>>();
         let want: [(&str, Vec<usize>); 6] = [
             ("`JobEntry`, boxed", vec![size_of::<super::JobEntry>()]),

@@ -29,6 +29,7 @@ use super::timers::{TimerId, TimerQueue};
 use crate::flux::job::JobState;
 use crate::flux::jobid::JobId;
 use crate::keyed::JobKey;
+use crate::keyed::key::JobKeyRef;
 use foldhash::HashMap;
 use smallvec::SmallVec;
 use std::borrow::Borrow;
@@ -93,9 +94,9 @@ pub trait JobConditions {
     /// The same, to change.
     fn conditions_mut(&mut self, key: &JobKey) -> Option<&mut Conditions>;
     /// Every held job's conditions.
-    fn conditions(&self) -> impl Iterator<Item = (&JobKey, &Conditions)>;
+    fn conditions(&self) -> impl Iterator<Item = (JobKeyRef<'_>, &Conditions)>;
     /// The same, to change.
-    fn conditions_all_mut(&mut self) -> impl Iterator<Item = (&JobKey, &mut Conditions)>;
+    fn conditions_all_mut(&mut self) -> impl Iterator<Item = (JobKeyRef<'_>, &mut Conditions)>;
 }
 
 /// One cluster's timers. A timer names its subject without the cluster
@@ -678,7 +679,7 @@ impl Engine {
         for (subject, list) in jobs
             .conditions_all_mut()
             .filter(|(_, c)| !c.is_empty())
-            .map(|(k, c)| (Subject::Job(k.clone()), &mut c.0[..]))
+            .map(|(k, c)| (Subject::Job(k.to_key()), &mut c.0[..]))
             .chain(
                 self.nodes
                     .iter_mut()
@@ -855,11 +856,11 @@ mod tests {
         fn conditions_mut(&mut self, key: &JobKey) -> Option<&mut Conditions> {
             self.0.get_mut(key)
         }
-        fn conditions(&self) -> impl Iterator<Item = (&JobKey, &Conditions)> {
-            self.0.iter()
+        fn conditions(&self) -> impl Iterator<Item = (JobKeyRef<'_>, &Conditions)> {
+            self.0.iter().map(|(k, c)| (k.lend(), c))
         }
-        fn conditions_all_mut(&mut self) -> impl Iterator<Item = (&JobKey, &mut Conditions)> {
-            self.0.iter_mut()
+        fn conditions_all_mut(&mut self) -> impl Iterator<Item = (JobKeyRef<'_>, &mut Conditions)> {
+            self.0.iter_mut().map(|(k, c)| (k.lend(), c))
         }
     }
 

@@ -5,6 +5,7 @@
 use super::engine::{Active, Conditions, Engine, JobConditions, List, TimerSubject, set_timer};
 use super::event::{AlertEvent, Detail, NodeKey, Status, Subject};
 use crate::keyed::JobKey;
+use crate::keyed::key::JobKeyRef;
 
 /// A condition as a checkpoint keeps it: its rule by name, so a changed
 /// rule list still restores the rules that remain.
@@ -37,7 +38,7 @@ struct SavedConditionRef<'a> {
 #[derive(Clone, Copy, serde::Serialize)]
 #[serde(rename = "Subject")]
 enum SubjectRef<'a> {
-    Job(&'a JobKey),
+    Job(JobKeyRef<'a>),
     Node(&'a NodeKey),
 }
 

@@ -1,0 +1,286 @@
+//! The job table: every job held, by key (cluster + job id).
+//!
+//! One hash table per cluster, keyed by the id alone: a slot is the id and
+//! the entry's box (16 bytes), where one table keyed by the whole key also
+//! held the cluster's name (24 bytes) beside every job. A million jobs
+//! take about 35 MB of table, not 69. Clusters are few: a key finds its
+//! cluster's table by the address of its interned name among the first
+//! few, else by name.
+
+use super::key::{JobKey, JobKeyRef};
+use super::state::JobEntry;
+use crate::flux::jobid::JobId;
+use foldhash::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+/// Clusters looked for by address before the name is hashed.
+const BY_ADDRESS: usize = 4;
+
+/// Every job held, by key.
+#[derive(Debug, Default)]
+pub struct JobTable {
+    /// Each cluster's jobs, in the order the clusters came. A cluster's
+    /// table stays when its last job goes (its name is interned for good).
+    clusters: Vec<ClusterJobs>,
+    /// Where each cluster's table is in `clusters`.
+    by_name: HashMap<Arc<str>, usize>,
+    /// Jobs held, all clusters together.
+    len: usize,
+}
+
+/// One cluster's jobs.
+#[derive(Debug)]
+struct ClusterJobs {
+    name: Arc<str>,
+    jobs: HashMap<JobId, Box<JobEntry>>,
+}
+
+impl JobTable {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The place of `cluster`'s table.
+    #[inline]
+    fn find(&self, cluster: &Arc<str>) -> Option<usize> {
+        // Keys nearly always share the interned name: its address is
+        // enough, and nothing is hashed.
+        if let Some(at) = self
+            .clusters
+            .iter()
+            .take(BY_ADDRESS)
+            .position(|c| Arc::ptr_eq(&c.name, cluster))
+        {
+            return Some(at);
+        }
+        self.by_name.get(&**cluster).copied()
+    }
+
+    /// The place of `cluster`'s table, made if it has none.
+    fn place_of(&mut self, cluster: &Arc<str>) -> usize {
+        if let Some(at) = self.find(cluster) {
+            return at;
+        }
+        self.by_name.insert(cluster.clone(), self.clusters.len());
+        self.clusters.push(ClusterJobs {
+            name: cluster.clone(),
+            jobs: HashMap::default(),
+        });
+        self.clusters.len() - 1
+    }
+
+    #[inline]
+    pub fn get(&self, key: &JobKey) -> Option<&JobEntry> {
+        let at = self.find(&key.cluster)?;
+        self.clusters[at].jobs.get(&key.id).map(|e| &**e)
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, key: &JobKey) -> Option<&mut JobEntry> {
+        let at = self.find(&key.cluster)?;
+        self.clusters[at].jobs.get_mut(&key.id).map(|e| &mut **e)
+    }
+
+    pub fn contains_key(&self, key: &JobKey) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Put a job in; the entry it replaces, if any.
+    pub fn insert(&mut self, key: &JobKey, entry: Box<JobEntry>) -> Option<Box<JobEntry>> {
+        let at = self.place_of(&key.cluster);
+        let old = self.clusters[at].jobs.insert(key.id, entry);
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    /// The job held under `key`, made empty if there was none.
+    pub fn get_or_insert_default(&mut self, key: &JobKey) -> &mut JobEntry {
+        let at = self.place_of(&key.cluster);
+        match self.clusters[at].jobs.entry(key.id) {
+            Entry::Occupied(held) => held.into_mut(),
+            Entry::Vacant(new) => {
+                self.len += 1;
+                new.insert(Box::default())
+            }
+        }
+    }
+
+    pub fn remove(&mut self, key: &JobKey) -> Option<Box<JobEntry>> {
+        let at = self.find(&key.cluster)?;
+        let entry = self.clusters[at].jobs.remove(&key.id)?;
+        self.len -= 1;
+        Some(entry)
+    }
+
+    /// Room for the jobs of `keys` without growing (a restore's: a
+    /// million jobs, one growth of each table, not many). Keys decoded
+    /// together share their cluster's name: counted in runs of one name.
+    pub fn reserve<'k>(&mut self, keys: impl IntoIterator<Item = &'k JobKey>) {
+        let mut run: Option<(&Arc<str>, usize)> = None;
+        for key in keys {
+            match &mut run {
+                Some((name, n)) if Arc::ptr_eq(name, &key.cluster) => *n += 1,
+                _ => {
+                    if let Some((name, n)) = run.replace((&key.cluster, 1)) {
+                        self.reserve_in(name, n);
+                    }
+                }
+            }
+        }
+        if let Some((name, n)) = run {
+            self.reserve_in(name, n);
+        }
+    }
+
+    fn reserve_in(&mut self, cluster: &Arc<str>, more: usize) {
+        let at = self.place_of(cluster);
+        self.clusters[at].jobs.reserve(more);
+    }
+
+    /// Every job, with its key lent (nothing counted), cluster by cluster.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter {
+            clusters: self.clusters.iter(),
+            current: None,
+            left: self.len,
+        }
+    }
+
+    /// The same, to change the entries.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (JobKeyRef<'_>, &mut JobEntry)> + '_ {
+        self.clusters.iter_mut().flat_map(|c| {
+            let name = &c.name;
+            c.jobs.iter_mut().map(move |(id, e)| {
+                (
+                    JobKeyRef {
+                        cluster: name,
+                        id: *id,
+                    },
+                    &mut **e,
+                )
+            })
+        })
+    }
+
+    /// Every job, without its key.
+    pub fn values(&self) -> impl Iterator<Item = &JobEntry> + '_ {
+        self.clusters
+            .iter()
+            .flat_map(|c| c.jobs.values().map(|e| &**e))
+    }
+}
+
+/// One cluster's jobs, by id.
+type IdIter<'a> = std::collections::hash_map::Iter<'a, JobId, Box<JobEntry>>;
+
+/// The jobs of a [`JobTable`], with their keys lent. Its length is known:
+/// a checkpoint's encoder writes it first rather than gathering the
+/// sequence to count it.
+#[derive(Debug, Clone)]
+pub struct Iter<'a> {
+    clusters: std::slice::Iter<'a, ClusterJobs>,
+    /// The cluster being walked: its name and its jobs left.
+    current: Option<(&'a Arc<str>, IdIter<'a>)>,
+    left: usize,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = (JobKeyRef<'a>, &'a JobEntry);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some((name, jobs)) = &mut self.current
+                && let Some((id, entry)) = jobs.next()
+            {
+                self.left -= 1;
+                let key = JobKeyRef {
+                    cluster: name,
+                    id: *id,
+                };
+                return Some((key, &**entry));
+            }
+            let c = self.clusters.next()?;
+            self.current = Some((&c.name, c.jobs.iter()));
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+impl std::ops::Index<&JobKey> for JobTable {
+    type Output = JobEntry;
+
+    /// Panics if the job is not held: for tests.
+    fn index(&self, key: &JobKey) -> &JobEntry {
+        match self.get(key) {
+            Some(e) => e,
+            None => panic!("no job {key:?} held"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(cluster: &Arc<str>, id: u64) -> JobKey {
+        JobKey {
+            cluster: cluster.clone(),
+            id: JobId(id),
+        }
+    }
+
+    #[test]
+    fn jobs_are_found_by_name_whatever_copy_of_it_the_key_holds() {
+        let mut t = JobTable::default();
+        let names: Vec<Arc<str>> = (0..7).map(|i| Arc::from(format!("c{i}"))).collect();
+        for (i, c) in names.iter().enumerate() {
+            for id in 0..3 {
+                assert!(t.insert(&key(c, id), Box::default()).is_none());
+            }
+            assert_eq!(t.len(), 3 * (i + 1));
+        }
+        // Another copy of each name: found by name past the first few.
+        for i in 0..7 {
+            let other: Arc<str> = Arc::from(format!("c{i}"));
+            assert!(t.contains_key(&key(&other, 2)));
+            assert!(!t.contains_key(&key(&other, 3)));
+        }
+        assert!(t.get(&key(&Arc::from("elsewhere"), 0)).is_none());
+        assert!(t.insert(&key(&names[5], 1), Box::default()).is_some());
+        assert_eq!(t.len(), 21);
+        assert!(t.remove(&key(&names[5], 1)).is_some());
+        assert!(t.remove(&key(&names[5], 1)).is_none());
+        assert_eq!(t.len(), 20);
+        assert_eq!(t.iter().count(), 20);
+        // Its length known at every step (a checkpoint writes it first).
+        let mut it = t.iter().skip(5);
+        assert_eq!(it.size_hint(), (15, Some(15)));
+        it.next();
+        assert_eq!(it.len(), 14);
+        assert_eq!(it.count(), 14);
+        assert_eq!(t.values().count(), 20);
+        let mut keys: Vec<_> = t
+            .iter()
+            .map(|(k, _)| (k.cluster.to_string(), k.id.0))
+            .collect();
+        keys.sort();
+        assert_eq!(keys.len(), 20);
+        assert!(!keys.contains(&("c5".to_string(), 1)));
+        t.get_or_insert_default(&key(&names[0], 9)).ended_at = 3;
+        assert_eq!(t[&key(&names[0], 9)].ended_at, 3);
+        assert_eq!(t.len(), 21);
+    }
+}
