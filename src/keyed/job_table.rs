@@ -1,8 +1,9 @@
 //! The job table: every job held, by key (cluster + job id).
 //!
 //! One hash table per cluster, keyed by the id alone: a slot is the id and
-//! the entry's box (16 bytes), where one table keyed by the whole key also
-//! held the cluster's name (24 bytes) beside every job. A million jobs
+//! the entry's box (16 bytes), where one table keyed by the whole key (24
+//! bytes) also held the cluster's name (a 16-byte shared pointer) beside
+//! every job. A million jobs
 //! take about 35 MB of table, not 69. Clusters are few: a key finds its
 //! cluster's table by the address of its interned name among the first
 //! few, else by name.
@@ -119,29 +120,21 @@ impl JobTable {
         Some(entry)
     }
 
-    /// Room for the jobs of `keys` without growing (a restore's: a
-    /// million jobs, one growth of each table, not many). Keys decoded
-    /// together share their cluster's name: counted in runs of one name.
-    pub fn reserve<'k>(&mut self, keys: impl IntoIterator<Item = &'k JobKey>) {
-        let mut run: Option<(&Arc<str>, usize)> = None;
-        for key in keys {
-            match &mut run {
-                Some((name, n)) if Arc::ptr_eq(name, &key.cluster) => *n += 1,
-                _ => {
-                    if let Some((name, n)) = run.replace((&key.cluster, 1)) {
-                        self.reserve_in(name, n);
-                    }
-                }
-            }
-        }
-        if let Some((name, n)) = run {
-            self.reserve_in(name, n);
+    /// Room for `more` jobs of `cluster` without growing (a restore's:
+    /// a million jobs, one growth, not many).
+    pub fn reserve(&mut self, cluster: &Arc<str>, more: usize) {
+        let at = self.place_of(cluster);
+        if let Some(c) = self.clusters.get_mut(at) {
+            c.jobs.reserve(more);
         }
     }
 
-    fn reserve_in(&mut self, cluster: &Arc<str>, more: usize) {
-        let at = self.place_of(cluster);
-        self.clusters[at].jobs.reserve(more);
+    /// A cluster's table: the name it holds and its room, in jobs.
+    #[cfg(test)]
+    pub fn cluster_room(&self, cluster: &str) -> Option<(&Arc<str>, usize)> {
+        let at = *self.by_name.get(cluster)?;
+        let c = self.clusters.get(at)?;
+        Some((&c.name, c.jobs.capacity()))
     }
 
     /// Every job, with its key lent (nothing counted), cluster by cluster.
@@ -219,6 +212,7 @@ impl<'a> Iterator for Iter<'a> {
 
 impl ExactSizeIterator for Iter<'_> {}
 
+#[cfg(test)]
 impl std::ops::Index<&JobKey> for JobTable {
     type Output = JobEntry;
 

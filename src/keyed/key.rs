@@ -98,13 +98,6 @@ impl JobKeyRef<'_> {
     }
 }
 
-impl PartialEq<JobKey> for JobKeyRef<'_> {
-    fn eq(&self, other: &JobKey) -> bool {
-        self.id == other.id
-            && (Arc::ptr_eq(self.cluster, &other.cluster) || **self.cluster == *other.cluster)
-    }
-}
-
 thread_local! {
     /// The cluster name the last key decoded on this thread had.
     static LAST_NAME: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };

@@ -760,8 +760,8 @@ fn observe_job(
     let detail = std::cell::OnceCell::new();
     // The queue too is read only when needed (a rule of some queues, a
     // detail made): the texts are another allocation, often not in cache.
-    let queue = std::cell::OnceCell::new();
-    let queue = || *queue.get_or_init(|| entry.job.queue());
+    let queue_read = std::cell::OnceCell::new();
+    let queue = || *queue_read.get_or_init(|| entry.job.queue());
     // Only the rules that hold (one or two at a time): the others clear.
     // Those about other states, or other queues, cannot, and are not
     // looked at.

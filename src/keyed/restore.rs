@@ -91,7 +91,7 @@ impl Processor {
         // instead of many. Nothing in this loop touches a reference count
         // or a metric per job: each is an atomic operation, which waits
         // for the table's pending cache misses.
-        self.state.jobs.reserve(saved.jobs.iter().map(|(k, _)| k));
+        self.state.reserve_jobs(saved.jobs.iter().map(|(k, _)| k));
         out.entered.reserve(saved.jobs.len());
         // A checkpoint lists jobs' conditions in the order of the jobs: each
         // goes into its job's entry while the entry is at hand. What is out

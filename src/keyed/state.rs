@@ -570,6 +570,37 @@ impl State {
         c
     }
 
+    /// Room for restored jobs (a million: one growth of each cluster's
+    /// table, not many), each cluster's table made with the shared copy
+    /// of its name, the copy live keys carry (keys decoded on other
+    /// threads carry copies of their own, and a table named by one of
+    /// those would have every live lookup hash the name).
+    pub fn reserve_jobs<'k>(&mut self, keys: impl IntoIterator<Item = &'k JobKey>) {
+        // (the shared copy, jobs) per cluster; keys come in runs of one
+        // decoded copy.
+        let mut counts: Vec<(Arc<str>, usize)> = Vec::new();
+        let mut last: Option<(&Arc<str>, usize)> = None;
+        for key in keys {
+            let at = match last {
+                Some((copy, at)) if Arc::ptr_eq(copy, &key.cluster) => at,
+                _ => match counts.iter().position(|(c, _)| *c == key.cluster) {
+                    Some(at) => at,
+                    None => {
+                        counts.push((self.adopt(&key.cluster), 0));
+                        counts.len() - 1
+                    }
+                },
+            };
+            last = Some((&key.cluster, at));
+            if let Some((_, n)) = counts.get_mut(at) {
+                *n += 1;
+            }
+        }
+        for (cluster, n) in counts {
+            self.jobs.reserve(&cluster, n);
+        }
+    }
+
     /// The shared copy of `cluster`'s name; `cluster` itself becomes it if
     /// there is none yet (restored keys keep the copy they were decoded
     /// with).
@@ -947,6 +978,38 @@ mod tests {
         let undrain = resource("undrain", 40.0, r#"{"idset":"2"}"#);
         feed(&mut st, &[undrain]);
         assert_eq!(rank(&st, 2), (false, false));
+    }
+
+    #[test]
+    fn restored_jobs_are_made_room_for_under_the_shared_name() {
+        let mut st = State::new();
+        // Interned first (a restore puts resources back before jobs).
+        let shared = st.intern("c");
+        // Decoded on two threads: two other copies, alternating by part.
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("c"), Arc::from("c"));
+        let keys: Vec<JobKey> = (0..3000u64)
+            .map(|i| JobKey {
+                cluster: if (i / 1000) % 2 == 0 {
+                    a.clone()
+                } else {
+                    b.clone()
+                },
+                id: JobId(i),
+            })
+            .collect();
+        st.reserve_jobs(&keys);
+        let (name, room) = st.jobs.cluster_room("c").expect("a table for c");
+        assert!(Arc::ptr_eq(name, &shared), "named by the shared copy");
+        assert!(room >= 3000, "room for every run, not the largest: {room}");
+        for k in keys {
+            st.insert_job(k, Box::default());
+        }
+        assert_eq!(st.jobs.len(), 3000);
+        let live = JobKey {
+            cluster: shared,
+            id: JobId(2999),
+        };
+        assert!(st.jobs.contains_key(&live));
     }
 
     #[test]
