@@ -3,10 +3,9 @@
 //! One hash table per cluster, keyed by the id alone: a slot is the id and
 //! the entry's box (16 bytes), where one table keyed by the whole key (24
 //! bytes) also held the cluster's name (a 16-byte shared pointer) beside
-//! every job. A million jobs
-//! take about 35 MB of table, not 69. Clusters are few: a key finds its
-//! cluster's table by the address of its interned name among the first
-//! few, else by name.
+//! every job. A million jobs take about 35 MB of table, not 69. Clusters
+//! are few: a key finds its cluster's table by the address of its
+//! interned name among the first few, else by name.
 
 use super::key::{JobKey, JobKeyRef};
 use super::state::JobEntry;

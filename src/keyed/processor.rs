@@ -758,8 +758,8 @@ fn observe_job(
     // each, and made only if one holds: this runs for every change of a
     // job's state.
     let detail = std::cell::OnceCell::new();
-    // The queue too is read only when needed (a rule of some queues, a
-    // detail made): the texts are another allocation, often not in cache.
+    // The queue too is read once, and only when needed (a rule of some
+    // queues, a detail made).
     let queue_read = std::cell::OnceCell::new();
     let queue = || *queue_read.get_or_init(|| entry.job.queue());
     // Only the rules that hold (one or two at a time): the others clear.
@@ -768,7 +768,7 @@ fn observe_job(
     let exec = entry.exec.as_deref();
     let (rules, details) = engine.job_rules_and_details(entry.job.state);
     let holds: SmallVec<[(usize, HoldsRef); 2]> = rules
-        .filter(|(_, rule)| rule.queues.is_empty() || rule.watches_queue(queue()))
+        .filter(|(_, rule)| rule.watches_queue(queue))
         .filter_map(|(i, rule)| {
             job_condition(rule.kind, &entry.job, exec).map(|since| {
                 let detail = detail.get_or_init(|| details.of_job(entry.job.state, queue()));

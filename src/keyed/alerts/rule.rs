@@ -202,9 +202,11 @@ impl Rule {
         Ok(self)
     }
 
-    /// Whether it watches a job of `queue` (`None`: of no queue).
-    pub fn watches_queue(&self, queue: Option<&str>) -> bool {
-        self.queues.is_empty() || queue.is_some_and(|q| self.queues.iter().any(|w| w == q))
+    /// Whether it watches a job of the queue `queue` reads (`None`: of no
+    /// queue). Read only for a rule of some queues: a job's queue is in
+    /// another allocation, often not in cache.
+    pub fn watches_queue<'q>(&self, queue: impl FnOnce() -> Option<&'q str>) -> bool {
+        self.queues.is_empty() || queue().is_some_and(|q| self.queues.iter().any(|w| w == q))
     }
 }
 
