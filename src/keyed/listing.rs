@@ -45,7 +45,7 @@ impl Place {
     pub fn of(id: JobId, job: &Job) -> Self {
         let (group, primary) = match job.state {
             JobState::Run | JobState::Cleanup => (1, -job.t_run.get().unwrap_or(0.0)),
-            JobState::Inactive => (2, -job.t_inactive.get().unwrap_or(0.0)),
+            JobState::Inactive => (2, -job.t_inactive().unwrap_or(0.0)),
             // Before the priority is known, as the lowest (flux-core's
             // job-list lists such jobs last among the pending).
             _ => (0, -(job.priority().unwrap_or(-1) as f64)),

@@ -6,7 +6,7 @@
 //! record did comes back as values for the caller to emit.
 
 use super::alerts::engine::{AlertEvent, Detail, Drain, Engine, Holds, HoldsRef, NodeKey, Subject};
-use super::alerts::rule::{Rule, RuleKind, job_condition, job_view, node_condition};
+use super::alerts::rule::{Rule, RuleKind, job_view, node_condition};
 use super::alerts::{Clock, EventClock, JobView, wall_now};
 use super::expiry::{Eviction, Expiry, StateTtl};
 use super::finished::FinishedJobs;
@@ -540,9 +540,11 @@ impl Processor {
         };
         if let Some(key) = key
             && let Some(entry) = self.state.jobs.get_mut(key)
-            && view != Some(job_view(&entry.job, entry.exec_log()))
         {
-            observe_job(&mut self.alerts, entry, key, at, lag, out);
+            let now = job_view(&entry.job, entry.exec_log());
+            if view != Some(now) {
+                observe_job(&mut self.alerts, entry, now, key, at, lag, out);
+            }
         }
         for (c, change) in &fx.rank_changes {
             observe_rank(&mut self.alerts, c, change, at, lag, out);
@@ -744,11 +746,13 @@ fn note_expiry(
     }
 }
 
-/// Tell the engine where a job stands now, from its entry (which keeps
-/// its conditions). `at` is the time of the record just applied.
+/// Tell the engine where a job stands now (`now`, its view), from its
+/// entry (which keeps its conditions). `at` is the time of the record just
+/// applied.
 fn observe_job(
     engine: &mut Engine,
     entry: &mut JobEntry,
+    now: Option<JobView>,
     key: &JobKey,
     at: f64,
     lag: f64,
@@ -765,12 +769,11 @@ fn observe_job(
     // Only the rules that hold (one or two at a time): the others clear.
     // Those about other states, or other queues, cannot, and are not
     // looked at.
-    let exec = entry.exec.as_deref();
     let (rules, details) = engine.job_rules_and_details(entry.job.state);
     let holds: SmallVec<[(usize, HoldsRef); 2]> = rules
         .filter(|(_, rule)| rule.watches_queue(queue))
         .filter_map(|(i, rule)| {
-            job_condition(rule.kind, &entry.job, exec).map(|since| {
+            now?.condition(rule.kind).map(|since| {
                 let detail = detail.get_or_init(|| details.of_job(entry.job.state, queue()));
                 (i, Some((since, detail)))
             })

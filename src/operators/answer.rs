@@ -126,10 +126,10 @@ fn job_now(processor: &Processor, key: &JobKey, entry: &JobEntry, detail: bool) 
 /// its exec eventlog (RFC 21, RFC 50).
 fn progress(job: &Job, exec: Option<&ExecLog>) -> Value {
     let mut out = json!({
-        "prologs_running": job.prologs_active,
-        "prolog_since": job.prolog_since.get(),
-        "epilogs_running": job.epilogs_active,
-        "epilog_since": job.epilog_since.get(),
+        "prologs_running": job.prologs_active(),
+        "prolog_since": job.prolog_since(),
+        "epilogs_running": job.epilogs_active(),
+        "epilog_since": job.epilog_since(),
         "started": job.started,
         "freed": job.freed,
     });

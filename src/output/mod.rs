@@ -505,7 +505,7 @@ mod tests {
             map.insert("id".into(), json!(key.id.0));
             map.insert("jobid".into(), json!(key.id.to_f58()));
             map.insert("record_id".into(), json!(id));
-            if let Some(e) = entry.job.exception.as_deref()
+            if let Some(e) = entry.job.exception()
                 && entry.job.state != JobState::Inactive
             {
                 map.insert(

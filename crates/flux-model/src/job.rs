@@ -135,64 +135,254 @@ pub struct Applied {
 }
 
 /// One job, rebuilt from its primary eventlog (RFC 21).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+///
+/// Saved as it was before [`Rare`] moved out ([`JobWire`]): checkpoints of
+/// either layout read alike.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Job {
     pub state: JobState,
     /// A `submit` event has been applied: before it, the job does not exist.
     pub submitted: bool,
     /// The submission was invalidated: flux-core removes such a job entirely.
     pub invalidated: bool,
-    /// The four optional integers in 8 bytes each ([`OptInt`]), read
-    /// through [`Job::userid`] and the like: a million jobs, 32 MB.
-    userid: OptInt,
-    urgency: OptInt,
-    /// Known while the job has been in SCHED since its last fall back to
-    /// PRIORITY, as job-list reports it.
-    priority: OptInt,
-    pub flags: i64,
-    pub t_submit: Stamp,
-    pub t_depend: Stamp,
-    pub t_priority: Stamp,
-    pub t_sched: Stamp,
-    pub t_run: Stamp,
-    pub t_cleanup: Stamp,
-    pub t_inactive: Stamp,
-    /// The `finish` wait status.
-    waitstatus: OptInt,
-    /// Boxed: most jobs have none.
-    pub exception: Option<Box<JobException>>,
     /// A severity-0 exception was raised.
     pub fatal_exception: bool,
-    /// Outstanding dependencies, in the order they were added. Thin (one
-    /// pointer, no allocation while empty): most jobs have none.
-    pub dependencies: ThinVec<String>,
-    /// From R (`execution.expiration`) and `resource-update` events.
-    pub expiration: Stamp,
-    /// Prolog and epilog actions started and not yet finished.
-    pub prologs_active: u32,
-    pub epilogs_active: u32,
-    /// When the oldest prolog (epilog) still running started.
-    pub prolog_since: Stamp,
-    pub epilog_since: Stamp,
     pub started: bool,
     pub released_final: bool,
     pub freed: bool,
     /// The submit event had no `version` (flux-core before 0.41).
     pub unversioned: bool,
+    /// The three optional integers in 8 bytes each ([`OptInt`]), read
+    /// through [`Job::userid`] and the like: a million jobs, 24 MB.
+    userid: OptInt,
+    urgency: OptInt,
+    /// Known while the job has been in SCHED since its last fall back to
+    /// PRIORITY, as job-list reports it.
+    priority: OptInt,
+    pub t_submit: Stamp,
+    pub t_depend: Stamp,
+    pub t_priority: Stamp,
+    pub t_sched: Stamp,
+    pub t_run: Stamp,
+    /// From R (`execution.expiration`) and `resource-update` events.
+    pub expiration: Stamp,
     /// Timestamps of applied events, to skip repeats (Flux timestamps are
     /// unique and increasing within one eventlog). Kept sorted.
     /// Thin: one pointer in the entry (every job has a few).
     applied: ThinVec<f64>,
     /// The ranks R allocated to it (`execution.R_lite[].rank`), as the
     /// ranges of an idset: what it holds from `alloc` to `free`. Thin: no
-    /// allocation for jobs without R. Saved last, with a default: older
-    /// checkpoints read as before.
-    #[serde(default)]
+    /// allocation for jobs without R.
     ranks: ThinVec<(u32, u32)>,
     /// What it asked for and was given (jobspec and R): boxed, one
-    /// allocation of the values kept, not the jobspec. Saved last.
-    #[serde(default)]
+    /// allocation of the values kept, not the jobspec.
     pub spec: Option<Box<JobSpec>>,
+    /// What few jobs hold, or hold only near their end: none while all of
+    /// it is unset ([`Job::apply`] gives the box back once it is).
+    rare: Option<Box<Rare>>,
+}
+
+/// What a job holds only sometimes: submit flags, an exception,
+/// dependencies, prologs and epilogs running, and what its end leaves (the
+/// wait status, the CLEANUP and INACTIVE times). Apart from [`Job`], so
+/// that a pending or running job's entry keeps to a smaller allocation
+/// class (72 bytes here, in the 80-byte class, against 64 in every entry).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Rare {
+    flags: i64,
+    t_cleanup: Stamp,
+    t_inactive: Stamp,
+    /// The `finish` wait status.
+    waitstatus: OptInt,
+    /// Boxed: most jobs that hold a `Rare` have none.
+    exception: Option<Box<JobException>>,
+    /// Outstanding dependencies, in the order they were added.
+    dependencies: ThinVec<String>,
+    /// Prolog and epilog actions started and not yet finished.
+    prologs_active: u32,
+    epilogs_active: u32,
+    /// When the oldest prolog (epilog) still running started.
+    prolog_since: Stamp,
+    epilog_since: Stamp,
+}
+
+/// The size of a job's rare parts when it holds them (for the README's
+/// table of what a job costs).
+pub const RARE_BYTES: usize = std::mem::size_of::<Rare>();
+
+/// What a job without a [`Rare`] reads: nothing set.
+static NO_RARE: Rare = Rare {
+    flags: 0,
+    t_cleanup: Stamp::NONE,
+    t_inactive: Stamp::NONE,
+    waitstatus: OptInt::NONE,
+    exception: None,
+    dependencies: ThinVec::new(),
+    prologs_active: 0,
+    epilogs_active: 0,
+    prolog_since: Stamp::NONE,
+    epilog_since: Stamp::NONE,
+};
+
+/// A job as checkpoints and changelogs hold it: the fields in the order
+/// they had while [`Job`] held them all, read back into the split layout.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize, Clone))]
+#[serde(rename = "Job")]
+struct JobWire {
+    state: JobState,
+    submitted: bool,
+    invalidated: bool,
+    userid: OptInt,
+    urgency: OptInt,
+    priority: OptInt,
+    flags: i64,
+    t_submit: Stamp,
+    t_depend: Stamp,
+    t_priority: Stamp,
+    t_sched: Stamp,
+    t_run: Stamp,
+    t_cleanup: Stamp,
+    t_inactive: Stamp,
+    waitstatus: OptInt,
+    exception: Option<Box<JobException>>,
+    fatal_exception: bool,
+    dependencies: ThinVec<String>,
+    expiration: Stamp,
+    prologs_active: u32,
+    epilogs_active: u32,
+    prolog_since: Stamp,
+    epilog_since: Stamp,
+    started: bool,
+    released_final: bool,
+    freed: bool,
+    unversioned: bool,
+    applied: ThinVec<f64>,
+    /// Added later, with a default: older checkpoints read as before.
+    #[serde(default)]
+    ranks: ThinVec<(u32, u32)>,
+    #[serde(default)]
+    spec: Option<Box<JobSpec>>,
+}
+
+/// [`JobWire`] lent from a job, to save it without a copy.
+#[derive(Serialize)]
+#[serde(rename = "Job")]
+struct JobWireRef<'a> {
+    state: JobState,
+    submitted: bool,
+    invalidated: bool,
+    userid: OptInt,
+    urgency: OptInt,
+    priority: OptInt,
+    flags: i64,
+    t_submit: Stamp,
+    t_depend: Stamp,
+    t_priority: Stamp,
+    t_sched: Stamp,
+    t_run: Stamp,
+    t_cleanup: Stamp,
+    t_inactive: Stamp,
+    waitstatus: OptInt,
+    exception: Option<&'a JobException>,
+    fatal_exception: bool,
+    dependencies: &'a [String],
+    expiration: Stamp,
+    prologs_active: u32,
+    epilogs_active: u32,
+    prolog_since: Stamp,
+    epilog_since: Stamp,
+    started: bool,
+    released_final: bool,
+    freed: bool,
+    unversioned: bool,
+    applied: &'a [f64],
+    ranks: &'a [(u32, u32)],
+    spec: Option<&'a JobSpec>,
+}
+
+impl Serialize for Job {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let r = self.rare();
+        JobWireRef {
+            state: self.state,
+            submitted: self.submitted,
+            invalidated: self.invalidated,
+            userid: self.userid,
+            urgency: self.urgency,
+            priority: self.priority,
+            flags: r.flags,
+            t_submit: self.t_submit,
+            t_depend: self.t_depend,
+            t_priority: self.t_priority,
+            t_sched: self.t_sched,
+            t_run: self.t_run,
+            t_cleanup: r.t_cleanup,
+            t_inactive: r.t_inactive,
+            waitstatus: r.waitstatus,
+            exception: r.exception.as_deref(),
+            fatal_exception: self.fatal_exception,
+            dependencies: &r.dependencies,
+            expiration: self.expiration,
+            prologs_active: r.prologs_active,
+            epilogs_active: r.epilogs_active,
+            prolog_since: r.prolog_since,
+            epilog_since: r.epilog_since,
+            started: self.started,
+            released_final: self.released_final,
+            freed: self.freed,
+            unversioned: self.unversioned,
+            applied: &self.applied,
+            ranks: &self.ranks,
+            spec: self.spec.as_deref(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Job {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let w = JobWire::deserialize(d)?;
+        let mut job = Job {
+            state: w.state,
+            submitted: w.submitted,
+            invalidated: w.invalidated,
+            fatal_exception: w.fatal_exception,
+            started: w.started,
+            released_final: w.released_final,
+            freed: w.freed,
+            unversioned: w.unversioned,
+            userid: w.userid,
+            urgency: w.urgency,
+            priority: w.priority,
+            t_submit: w.t_submit,
+            t_depend: w.t_depend,
+            t_priority: w.t_priority,
+            t_sched: w.t_sched,
+            t_run: w.t_run,
+            expiration: w.expiration,
+            applied: w.applied,
+            ranks: w.ranks,
+            spec: w.spec,
+            rare: None,
+        };
+        let rare = Rare {
+            flags: w.flags,
+            t_cleanup: w.t_cleanup,
+            t_inactive: w.t_inactive,
+            waitstatus: w.waitstatus,
+            exception: w.exception,
+            dependencies: w.dependencies,
+            prologs_active: w.prologs_active,
+            epilogs_active: w.epilogs_active,
+            prolog_since: w.prolog_since,
+            epilog_since: w.epilog_since,
+        };
+        if rare != NO_RARE {
+            job.rare = Some(Box::new(rare));
+        }
+        Ok(job)
+    }
 }
 
 fn anomaly(kind: AnomalyKind, ev: &Event, message: impl Into<String>) -> Anomaly {
@@ -233,7 +423,116 @@ impl Job {
         Job::default()
     }
 
+    #[inline]
+    fn rare(&self) -> &Rare {
+        self.rare.as_deref().unwrap_or(&NO_RARE)
+    }
+
+    #[inline]
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_default()
+    }
+
+    /// Give back the [`Rare`] box once nothing in it is set (a prolog
+    /// finished, a dependency removed: the only events that unset what
+    /// they set): a job compares equal to its saved and restored copy,
+    /// which keeps none.
+    fn tidy_rare(&mut self) {
+        if self.rare.as_deref().is_some_and(|r| *r == NO_RARE) {
+            self.rare = None;
+        }
+    }
+
+    /// The submit event's flags.
+    #[inline]
+    pub fn flags(&self) -> i64 {
+        self.rare().flags
+    }
+
+    /// When it entered CLEANUP.
+    #[inline]
+    pub fn t_cleanup(&self) -> Option<f64> {
+        self.rare().t_cleanup.get()
+    }
+
+    /// When it became INACTIVE.
+    #[inline]
+    pub fn t_inactive(&self) -> Option<f64> {
+        self.rare().t_inactive.get()
+    }
+
+    /// Its recorded exception, if any (see [`JobException`]).
+    #[inline]
+    pub fn exception(&self) -> Option<&JobException> {
+        self.rare().exception.as_deref()
+    }
+
+    /// Outstanding dependencies, in the order they were added.
+    #[inline]
+    pub fn dependencies(&self) -> &[String] {
+        &self.rare().dependencies
+    }
+
+    /// Prolog actions started and not yet finished.
+    #[inline]
+    pub fn prologs_active(&self) -> u32 {
+        self.rare().prologs_active
+    }
+
+    /// Epilog actions started and not yet finished.
+    #[inline]
+    pub fn epilogs_active(&self) -> u32 {
+        self.rare().epilogs_active
+    }
+
+    /// When the oldest prolog still running started.
+    #[inline]
+    pub fn prolog_since(&self) -> Option<f64> {
+        self.rare().prolog_since.get()
+    }
+
+    /// When the oldest epilog still running started.
+    #[inline]
+    pub fn epilog_since(&self) -> Option<f64> {
+        self.rare().epilog_since.get()
+    }
+
+    /// Both: when the oldest prolog and the oldest epilog still running
+    /// started.
+    #[inline]
+    pub fn perilogs_since(&self) -> (Option<f64>, Option<f64>) {
+        let r = self.rare();
+        (r.prolog_since.get(), r.epilog_since.get())
+    }
+
+    /// Set every time the job keeps (state times, prolog and epilog
+    /// starts, expiration) to `t`, whatever its state: for tests of what
+    /// reads them.
+    #[doc(hidden)]
+    pub fn set_every_time(&mut self, t: f64) {
+        for slot in [
+            &mut self.t_submit,
+            &mut self.t_depend,
+            &mut self.t_priority,
+            &mut self.t_sched,
+            &mut self.t_run,
+            &mut self.expiration,
+        ] {
+            slot.set(t);
+        }
+        let r = self.rare_mut();
+        for slot in [
+            &mut r.t_cleanup,
+            &mut r.t_inactive,
+            &mut r.prolog_since,
+            &mut r.epilog_since,
+        ] {
+            slot.set(t);
+        }
+    }
+
     /// The time the job entered its current state.
+    #[inline]
     pub fn t_state(&self) -> Option<f64> {
         match self.state {
             JobState::New => self.t_submit,
@@ -241,8 +540,8 @@ impl Job {
             JobState::Priority => self.t_priority,
             JobState::Sched => self.t_sched,
             JobState::Run => self.t_run,
-            JobState::Cleanup => self.t_cleanup,
-            JobState::Inactive => self.t_inactive,
+            JobState::Cleanup => self.rare().t_cleanup,
+            JobState::Inactive => self.rare().t_inactive,
         }
         .get()
     }
@@ -262,7 +561,7 @@ impl Job {
         if self.state != JobState::Inactive {
             return None;
         }
-        Some(self.waitstatus.get() == Some(0) && !self.fatal_exception)
+        Some(self.rare().waitstatus.get() == Some(0) && !self.fatal_exception)
     }
 
     /// The job's result once it is inactive.
@@ -273,7 +572,7 @@ impl Job {
         if self.success() == Some(true) {
             return Some(JobResult::Completed);
         }
-        Some(match self.exception.as_ref().map(|e| e.kind.as_str()) {
+        Some(match self.exception().map(|e| e.kind.as_str()) {
             Some("cancel") => JobResult::Canceled,
             Some("timeout") => JobResult::Timeout,
             _ => JobResult::Failed,
@@ -284,7 +583,7 @@ impl Job {
     /// signal; -128 for a job canceled before it ran; 1 for any other job
     /// that failed without a finish status.
     pub fn returncode(&self) -> Option<i64> {
-        if let Some(status) = self.waitstatus.get() {
+        if let Some(status) = self.rare().waitstatus.get() {
             let sig = status & 0x7f;
             return Some(if sig == 0 { (status >> 8) & 0xff } else { -sig });
         }
@@ -369,8 +668,8 @@ impl Job {
             JobState::Priority => &mut self.t_priority,
             JobState::Sched => &mut self.t_sched,
             JobState::Run => &mut self.t_run,
-            JobState::Cleanup => &mut self.t_cleanup,
-            JobState::Inactive => &mut self.t_inactive,
+            JobState::Cleanup => &mut self.rare_mut().t_cleanup,
+            JobState::Inactive => &mut self.rare_mut().t_inactive,
         };
         slot.set(ts);
     }
@@ -485,46 +784,50 @@ impl Job {
             "prolog-start" => {
                 self.check_description(ev, anomalies);
                 if self.expect_state(ev, &[JobState::Run, JobState::Cleanup], anomalies) {
-                    if self.prologs_active == 0 {
-                        self.prolog_since.set(ts);
+                    let r = self.rare_mut();
+                    if r.prologs_active == 0 {
+                        r.prolog_since.set(ts);
                     }
-                    self.prologs_active += 1;
+                    r.prologs_active = r.prologs_active.saturating_add(1);
                 }
             }
             "prolog-finish" => {
-                let active = &mut self.prologs_active;
-                finish_action(ev, active, "prolog", anomalies);
-                if self.prologs_active == 0 {
-                    self.prolog_since.clear();
+                let r = self.rare_mut();
+                finish_action(ev, &mut r.prologs_active, "prolog", anomalies);
+                if r.prologs_active == 0 {
+                    r.prolog_since.clear();
                 }
+                self.tidy_rare();
             }
             "epilog-start" => {
                 self.check_description(ev, anomalies);
                 // flux-core's perilog posts the epilog of a failed prolog
                 // while the job is still in RUN, before the prolog's
                 // exception and prolog-finish.
-                let allowed: &[JobState] = if self.prologs_active > 0 {
+                let allowed: &[JobState] = if self.prologs_active() > 0 {
                     &[JobState::Run, JobState::Cleanup]
                 } else {
                     &[JobState::Cleanup]
                 };
                 if self.expect_state(ev, allowed, anomalies) {
-                    if self.epilogs_active == 0 {
-                        self.epilog_since.set(ts);
+                    let r = self.rare_mut();
+                    if r.epilogs_active == 0 {
+                        r.epilog_since.set(ts);
                     }
-                    self.epilogs_active += 1;
+                    r.epilogs_active = r.epilogs_active.saturating_add(1);
                 }
             }
             "epilog-finish" => {
-                let active = &mut self.epilogs_active;
-                finish_action(ev, active, "epilog", anomalies);
-                if self.epilogs_active == 0 {
-                    self.epilog_since.clear();
+                let r = self.rare_mut();
+                finish_action(ev, &mut r.epilogs_active, "epilog", anomalies);
+                if r.epilogs_active == 0 {
+                    r.epilog_since.clear();
                 }
+                self.tidy_rare();
             }
             "start" => {
                 if self.expect_state(ev, &[JobState::Run], anomalies) {
-                    if self.prologs_active > 0 {
+                    if self.prologs_active() > 0 {
                         anomalies.push(anomaly(
                             AnomalyKind::UnexpectedEvent,
                             ev,
@@ -540,11 +843,11 @@ impl Job {
             "finish" => match ev.int("status") {
                 Err(e) => anomalies.push(context_anomaly(ev, e)),
                 Ok(status) => {
-                    if self.waitstatus.is_some() {
+                    if self.rare().waitstatus.is_some() {
                         anomalies.push(anomaly(AnomalyKind::Repeated, ev, "second finish event"));
                     }
                     if self.expect_state(ev, &[JobState::Run, JobState::Cleanup], anomalies) {
-                        self.waitstatus.set(status);
+                        self.rare_mut().waitstatus.set(status);
                         if self.state == JobState::Run {
                             self.enter(JobState::Cleanup, ts);
                         }
@@ -557,7 +860,7 @@ impl Job {
                     // The epilog of a job that never started (its prolog
                     // failed) is not waited for: flux-core 0.88 frees and
                     // cleans such a job with no epilog-finish.
-                    if self.epilogs_active > 0 && self.started {
+                    if self.epilogs_active() > 0 && self.started {
                         anomalies.push(anomaly(
                             AnomalyKind::UnexpectedEvent,
                             ev,
@@ -576,10 +879,11 @@ impl Job {
                     self.enter(JobState::Inactive, ts);
                     // Nothing runs for an inactive job: an epilog never
                     // finished (see `free`) does not keep it "in epilog".
-                    self.epilogs_active = 0;
-                    self.epilog_since.clear();
-                    self.prologs_active = 0;
-                    self.prolog_since.clear();
+                    let r = self.rare_mut();
+                    r.epilogs_active = 0;
+                    r.epilog_since.clear();
+                    r.prologs_active = 0;
+                    r.prolog_since.clear();
                 }
             }
             "exception" => self.on_exception(ev, anomalies),
@@ -632,7 +936,11 @@ impl Job {
             Err(e) => anomalies.push(context_anomaly(ev, e)),
         }
         match values.opt_int("flags") {
-            Ok(f) => self.flags = f.unwrap_or(0),
+            // Most jobs have none: no [`Rare`] for them.
+            Ok(f) => match f.unwrap_or(0) {
+                0 if self.rare.is_none() => {}
+                f => self.rare_mut().flags = f,
+            },
             Err(e) => anomalies.push(context_anomaly(ev, e)),
         }
         // Eventlogs without a version (flux-core 0.40 and older) may have
@@ -703,12 +1011,8 @@ impl Job {
                 String::new()
             }
         };
-        if self
-            .exception
-            .as_ref()
-            .is_none_or(|e| severity < e.severity)
-        {
-            self.exception = Some(Box::new(JobException {
+        if self.exception().is_none_or(|e| severity < e.severity) {
+            self.rare_mut().exception = Some(Box::new(JobException {
                 kind,
                 severity,
                 note,
@@ -735,11 +1039,12 @@ impl Job {
             return;
         }
         if ev.name == "dependency-add" {
-            if !self.dependencies.iter().any(|d| *d == desc) {
-                self.dependencies.push(desc.to_string());
+            if !self.dependencies().iter().any(|d| *d == desc) {
+                self.rare_mut().dependencies.push(desc.to_string());
             }
-        } else if let Some(i) = self.dependencies.iter().position(|d| *d == desc) {
-            self.dependencies.remove(i);
+        } else if let Some(i) = self.dependencies().iter().position(|d| *d == desc) {
+            self.rare_mut().dependencies.remove(i);
+            self.tidy_rare();
         } else {
             anomalies.push(anomaly(
                 AnomalyKind::UnexpectedEvent,
@@ -880,8 +1185,9 @@ impl Job {
     }
 
     /// Its `finish` event's wait status, once finished.
+    #[inline]
     pub fn waitstatus(&self) -> Option<i64> {
-        self.waitstatus.get()
+        self.rare().waitstatus.get()
     }
 
     /// The queue its jobspec (or an update) names, if any.
@@ -956,6 +1262,7 @@ impl Job {
     /// The summary's values, borrowed (an output record serializes them
     /// without copying).
     pub fn summary_view(&self) -> SummaryView<'_> {
+        let r = self.rare();
         SummaryView {
             userid: self.userid.get(),
             urgency: self.urgency.get(),
@@ -963,16 +1270,16 @@ impl Job {
             state: self.state,
             result: self.result(),
             success: self.success(),
-            waitstatus: self.waitstatus.get(),
+            waitstatus: r.waitstatus.get(),
             returncode: self.returncode(),
-            exception: self.exception.as_deref(),
+            exception: r.exception.as_deref(),
             t_submit: self.t_submit.get(),
             t_depend: self.t_depend.get(),
             t_run: self.t_run.get(),
-            t_cleanup: self.t_cleanup.get(),
-            t_inactive: self.t_inactive.get(),
+            t_cleanup: r.t_cleanup.get(),
+            t_inactive: r.t_inactive.get(),
             expiration: self.expiration.get(),
-            dependencies: &self.dependencies,
+            dependencies: &r.dependencies,
             spec: self.spec.as_deref(),
             ranks: &self.ranks,
         }
@@ -1104,6 +1411,124 @@ mod tests {
             "submit",
             json!({"userid": 5588, "urgency": 16, "flags": 0, "version": 1}),
         )
+    }
+
+    /// The old layout, built apart from [`Job`]'s own encoder.
+    fn wire_of(job: &Job) -> JobWire {
+        let r = job.rare();
+        JobWire {
+            state: job.state,
+            submitted: job.submitted,
+            invalidated: job.invalidated,
+            userid: job.userid,
+            urgency: job.urgency,
+            priority: job.priority,
+            flags: r.flags,
+            t_submit: job.t_submit,
+            t_depend: job.t_depend,
+            t_priority: job.t_priority,
+            t_sched: job.t_sched,
+            t_run: job.t_run,
+            t_cleanup: r.t_cleanup,
+            t_inactive: r.t_inactive,
+            waitstatus: r.waitstatus,
+            exception: r.exception.clone(),
+            fatal_exception: job.fatal_exception,
+            dependencies: r.dependencies.clone(),
+            expiration: job.expiration,
+            prologs_active: r.prologs_active,
+            epilogs_active: r.epilogs_active,
+            prolog_since: r.prolog_since,
+            epilog_since: r.epilog_since,
+            started: job.started,
+            released_final: job.released_final,
+            freed: job.freed,
+            unversioned: job.unversioned,
+            applied: job.applied.clone(),
+            ranks: job.ranks.clone(),
+            spec: job.spec.clone(),
+        }
+    }
+
+    #[test]
+    fn a_job_saves_in_the_layout_it_had_before_its_rare_parts_moved() {
+        let events = [
+            ev(
+                1.0,
+                "submit",
+                json!({"userid": 7, "urgency": 16, "flags": 4, "version": 1}),
+            ),
+            ev(2.0, "validate", json!({})),
+            ev(2.5, "dependency-add", json!({"description": "afterok=f1"})),
+            ev(
+                3.0,
+                "dependency-remove",
+                json!({"description": "afterok=f1"}),
+            ),
+            ev(4.0, "depend", json!({})),
+            ev(5.0, "priority", json!({"priority": 16})),
+            ev(6.0, "alloc", json!({})),
+            ev(6.5, "prolog-start", json!({"description": "p"})),
+            ev(
+                7.0,
+                "prolog-finish",
+                json!({"description": "p", "status": 0}),
+            ),
+            ev(8.0, "start", json!({})),
+            ev(
+                9.0,
+                "exception",
+                json!({"type": "cancel", "severity": 0, "note": "x"}),
+            ),
+            ev(10.0, "finish", json!({"status": 15})),
+            ev(10.5, "epilog-start", json!({"description": "e"})),
+            ev(11.0, "release", json!({"ranks": "all", "final": true})),
+            ev(12.0, "free", json!({})),
+            ev(13.0, "clean", json!({})),
+        ];
+        let mut job = Job::default();
+        for e in &events {
+            job.apply(e);
+            let old = wire_of(&job);
+            let bytes = rmp_serde::to_vec(&job).unwrap();
+            assert_eq!(bytes, rmp_serde::to_vec(&old).unwrap(), "after {}", e.name);
+            assert_eq!(
+                serde_json::to_string(&job).unwrap(),
+                serde_json::to_string(&old).unwrap()
+            );
+            let back: Job = rmp_serde::from_slice(&bytes).unwrap();
+            assert_eq!(back, job, "after {}", e.name);
+            assert_eq!(back.rare.is_some(), job.rare.is_some());
+        }
+        assert_eq!(job.flags(), 4);
+        assert_eq!(job.t_inactive(), Some(13.0));
+        assert_eq!(job.exception().map(|e| e.note.as_str()), Some("x"));
+    }
+
+    #[test]
+    fn the_rare_parts_are_held_only_while_something_in_them_is_set() {
+        let mut job = Job::default();
+        job.apply(&submit(1.0));
+        job.apply(&ev(2.0, "validate", json!({})));
+        assert!(job.rare.is_none(), "no flags, nothing rare");
+        job.apply(&ev(2.5, "dependency-add", json!({"description": "a"})));
+        assert_eq!(job.dependencies(), ["a".to_string()]);
+        job.apply(&ev(3.0, "dependency-remove", json!({"description": "a"})));
+        assert!(job.rare.is_none(), "the dependency went");
+        job.apply(&ev(4.0, "depend", json!({})));
+        job.apply(&ev(5.5, "priority", json!({"priority": 1})));
+        job.apply(&ev(6.0, "alloc", json!({})));
+        job.apply(&ev(6.5, "prolog-start", json!({"description": "p"})));
+        assert_eq!(job.state, JobState::Run);
+        assert_eq!((job.prologs_active(), job.prolog_since()), (1, Some(6.5)));
+        job.apply(&ev(
+            7.0,
+            "prolog-finish",
+            json!({"description": "p", "status": 0}),
+        ));
+        assert!(job.rare.is_none(), "the prolog finished");
+        assert_eq!(std::mem::size_of::<Job>(), 112);
+        assert_eq!(std::mem::size_of::<Rare>(), 72);
     }
 
     #[test]
@@ -1284,7 +1709,7 @@ mod tests {
         }
         assert_eq!(all, vec![]);
         assert_eq!(job.state, JobState::Inactive);
-        assert_eq!((job.epilogs_active, job.epilog_since.get()), (0, None));
+        assert_eq!((job.epilogs_active(), job.epilog_since()), (0, None));
         // An epilog-start in RUN with no prolog running is still wrong.
         let mut job = Job::new();
         for e in to_run() {
@@ -1389,7 +1814,7 @@ mod tests {
         assert!(run(&mut job, &evs).is_empty());
         assert_eq!(job.result(), Some(JobResult::Timeout));
         assert_eq!(job.returncode(), Some(-9));
-        assert_eq!(job.t_cleanup.get(), Some(6.5));
+        assert_eq!(job.t_cleanup(), Some(6.5));
     }
 
     #[test]
@@ -1448,7 +1873,7 @@ mod tests {
             ),
         ];
         assert!(run(&mut job, &evs).is_empty());
-        assert_eq!(job.dependencies, vec!["after-ok=f1".to_string()]);
+        assert_eq!(job.dependencies(), ["after-ok=f1".to_string()]);
         let a = job.apply(&ev(
             2.6,
             "dependency-remove",
@@ -1586,7 +2011,7 @@ mod tests {
                 let s = job.summary();
                 prop_assert_eq!(s.result.is_some(), job.state == JobState::Inactive);
                 if job.state.is_active() { prop_assert!(job.t_depend.is_some()); }
-                if job.state == JobState::Inactive { prop_assert!(job.t_cleanup.is_some()); }
+                if job.state == JobState::Inactive { prop_assert!(job.t_cleanup().is_some()); }
             }
             // replaying the same events again changes nothing
             let snapshot = job.clone();

@@ -297,38 +297,44 @@ pub fn default_rules() -> Vec<Rule> {
 
 /// When `kind`'s condition began for this job, if it holds now.
 pub fn job_condition(kind: RuleKind, job: &Job, exec: Option<&ExecLog>) -> Option<f64> {
-    if !job.submitted || job.invalidated || job.state == JobState::Inactive {
-        return None;
-    }
-    match kind {
-        RuleKind::JobState(s) if job.state == s => job.t_state(),
-        // SCHED → PRIORITY → SCHED (urgency, jobspec-update, flux-restart)
-        // leaves a job waiting all along: the SCHED rule neither resolves
-        // nor starts over (t_sched keeps the first entry).
-        RuleKind::JobState(JobState::Sched) if job.reverted_to_priority() => job.t_sched.get(),
-        RuleKind::Prolog => job.prolog_since.get(),
-        RuleKind::Epilog => job.epilog_since.get(),
-        // The condition "running past the expiration" begins at the
-        // expiration; the rule's duration is the grace after it.
-        RuleKind::Overrun if job.state == JobState::Run => job.expiration.get(),
-        RuleKind::ExecIncomplete => exec
-            .filter(|x| !x.done())
-            .and_then(|x| x.complete_timestamp()),
-        _ => None,
-    }
+    job_view(job, exec)?.condition(kind)
 }
 
-/// All that [`job_condition`] reads of a job: where two views are equal,
+/// All that the job rules read of a job: where two views are equal,
 /// every job rule holds or not alike, so a record that leaves the view as
-/// it was need not be shown to the alert engine.
+/// it was need not be shown to the alert engine. Read once per change,
+/// then asked by each rule ([`JobView::condition`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct JobView {
     state: JobState,
     t_state: Option<f64>,
+    /// When it first entered SCHED, if it has gone back to PRIORITY since.
+    sched_since: Option<f64>,
     prolog: Option<f64>,
     epilog: Option<f64>,
     expiration: Option<f64>,
     exec_complete: Option<f64>,
+}
+
+impl JobView {
+    /// When `kind`'s condition began, if it holds now.
+    pub fn condition(&self, kind: RuleKind) -> Option<f64> {
+        match kind {
+            RuleKind::JobState(s) if self.state == s => self.t_state,
+            // SCHED → PRIORITY → SCHED (urgency, jobspec-update,
+            // flux-restart) leaves a job waiting all along: the SCHED rule
+            // neither resolves nor starts over (t_sched keeps the first
+            // entry).
+            RuleKind::JobState(JobState::Sched) => self.sched_since,
+            RuleKind::Prolog => self.prolog,
+            RuleKind::Epilog => self.epilog,
+            // The condition "running past the expiration" begins at the
+            // expiration; the rule's duration is the grace after it.
+            RuleKind::Overrun if self.state == JobState::Run => self.expiration,
+            RuleKind::ExecIncomplete => self.exec_complete,
+            _ => None,
+        }
+    }
 }
 
 /// The view of a job the rules can hold for; `None` for one they cannot
@@ -337,11 +343,16 @@ pub fn job_view(job: &Job, exec: Option<&ExecLog>) -> Option<JobView> {
     if !job.submitted || job.invalidated || job.state == JobState::Inactive {
         return None;
     }
+    let (prolog, epilog) = job.perilogs_since();
     Some(JobView {
         state: job.state,
         t_state: job.t_state(),
-        prolog: job.prolog_since.get(),
-        epilog: job.epilog_since.get(),
+        sched_since: job
+            .reverted_to_priority()
+            .then(|| job.t_sched.get())
+            .flatten(),
+        prolog,
+        epilog,
         expiration: job.expiration.get(),
         exec_complete: exec
             .filter(|x| !x.done())
@@ -418,20 +429,7 @@ mod tests {
             let job = &mut entry.job;
             job.submitted = true;
             job.state = state;
-            for t in [
-                &mut job.t_submit,
-                &mut job.t_depend,
-                &mut job.t_priority,
-                &mut job.t_sched,
-                &mut job.t_run,
-                &mut job.t_cleanup,
-                &mut job.t_inactive,
-                &mut job.prolog_since,
-                &mut job.epilog_since,
-                &mut job.expiration,
-            ] {
-                t.set(100.0);
-            }
+            job.set_every_time(100.0);
             let complete = crate::flux::Event::new(101.0, "complete")
                 .with_context(serde_json::json!({"status": 0}));
             entry.exec.get_or_insert_default().apply(&complete);
