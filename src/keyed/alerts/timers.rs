@@ -12,39 +12,44 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::num::NonZeroU32;
 
-/// A timer in a [`TimerQueue`]: its slot and the slot's generation, so an
-/// id of a timer that fired or was cancelled never names a later one.
-/// Generations start at 1, so that "no timer" (`Option<TimerId>`, in
-/// every alert condition) takes no room of its own.
+/// A timer in a [`TimerQueue`]: its slot and its stamp (the count of
+/// timers set when it was, [`TimerQueue::insert`]), which its slot keeps
+/// while it is set: an id of a timer that fired or was cancelled names no
+/// later one (until four billion timers later, when the stamps wrap).
+/// Stamps start at 1, so that "no timer" (`Option<TimerId>`, in every
+/// alert condition) takes no room of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimerId {
     slot: u32,
-    generation: NonZeroU32,
+    stamp: NonZeroU32,
 }
 
 /// Timers with a payload each, popped in deadline order (ties in the order
-/// they were set).
+/// they were set, but across the stamps' wrap every four billion timers).
 #[derive(Debug)]
 pub struct TimerQueue<T> {
     heap: BinaryHeap<Reverse<Entry>>,
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
     live: usize,
-    seq: u64,
+    /// The last stamp given.
+    seq: NonZeroU32,
 }
 
-/// A heap entry: ordered by deadline, then by when it was set.
+/// A heap entry: ordered by deadline, then by when it was set. 16 bytes
+/// (one per pending alert, a million for a million stuck jobs): the stamp
+/// both orders ties and tells a stale entry from its slot's next timer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Entry {
     key: DeadlineKey,
-    seq: u64,
+    stamp: NonZeroU32,
     slot: u32,
-    generation: NonZeroU32,
 }
 
 #[derive(Debug)]
 struct Slot<T> {
-    generation: NonZeroU32,
+    /// The stamp of the timer it holds, or last held.
+    stamp: NonZeroU32,
     payload: Option<T>,
 }
 
@@ -65,7 +70,7 @@ impl<T> Default for TimerQueue<T> {
             slots: Vec::new(),
             free: Vec::new(),
             live: 0,
-            seq: 0,
+            seq: NonZeroU32::MAX,
         }
     }
 }
@@ -82,41 +87,36 @@ impl<T> TimerQueue<T> {
 
     /// Set a timer for `deadline`.
     pub fn insert(&mut self, deadline: f64, payload: T) -> TimerId {
+        let stamp = self.seq.checked_add(1).unwrap_or(NonZeroU32::MIN);
+        self.seq = stamp;
         let slot = match self.free.pop() {
             Some(i) => {
                 let s = &mut self.slots[i as usize];
                 s.payload = Some(payload);
-                TimerId {
-                    slot: i,
-                    generation: s.generation,
-                }
+                s.stamp = stamp;
+                i
             }
             None => {
                 let i = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
                 self.slots.push(Slot {
-                    generation: NonZeroU32::MIN,
+                    stamp,
                     payload: Some(payload),
                 });
-                TimerId {
-                    slot: i,
-                    generation: NonZeroU32::MIN,
-                }
+                i
             }
         };
-        self.seq += 1;
         self.heap.push(Reverse(Entry {
             key: DeadlineKey::new(deadline),
-            seq: self.seq,
-            slot: slot.slot,
-            generation: slot.generation,
+            stamp,
+            slot,
         }));
         self.live += 1;
-        slot
+        TimerId { slot, stamp }
     }
 
     /// Cancel a timer; its payload, if it was still set.
     pub fn cancel(&mut self, id: TimerId) -> Option<T> {
-        let payload = self.release(id.slot, id.generation)?;
+        let payload = self.release(id.slot, id.stamp)?;
         self.drop_stale_top();
         self.compact_if_stale();
         Some(payload)
@@ -135,37 +135,32 @@ impl<T> TimerQueue<T> {
             return None;
         }
         self.heap.pop();
-        let payload = self.release(top.slot, top.generation);
+        let payload = self.release(top.slot, top.stamp);
         self.drop_stale_top();
         let id = TimerId {
             slot: top.slot,
-            generation: top.generation,
+            stamp: top.stamp,
         };
         // The top is always live (stale tops are dropped as they surface).
         payload.map(|p| (id, deadline, p))
     }
 
     /// Free a live slot, taking its payload.
-    fn release(&mut self, slot: u32, generation: NonZeroU32) -> Option<T> {
+    fn release(&mut self, slot: u32, stamp: NonZeroU32) -> Option<T> {
         let s = self.slots.get_mut(slot as usize)?;
-        if s.generation != generation {
+        if s.stamp != stamp {
             return None;
         }
         let payload = s.payload.take()?;
         self.live -= 1;
-        // A slot whose generation would wrap is retired, so that an old id
-        // can never match it again.
-        if let Some(next) = s.generation.checked_add(1) {
-            s.generation = next;
-            self.free.push(slot);
-        }
+        self.free.push(slot);
         Some(payload)
     }
 
     fn is_live(&self, e: &Entry) -> bool {
         self.slots
             .get(e.slot as usize)
-            .is_some_and(|s| s.generation == e.generation && s.payload.is_some())
+            .is_some_and(|s| s.stamp == e.stamp && s.payload.is_some())
     }
 
     /// Keep the top live, so the next deadline can be read without a walk.
@@ -260,6 +255,23 @@ mod tests {
     }
 
     #[test]
+    fn a_heap_entry_is_16_bytes_and_stamps_wrap_past_zero() {
+        assert_eq!(std::mem::size_of::<Entry>(), 16);
+        let mut q = TimerQueue::default();
+        let a = q.insert(5.0, "a");
+        assert_eq!(a.stamp, NonZeroU32::MIN, "the first stamp is 1");
+        q.seq = NonZeroU32::new(u32::MAX - 1).unwrap();
+        let b = q.insert(7.0, "b");
+        let c = q.insert(7.0, "c");
+        assert_eq!(c.stamp, NonZeroU32::MIN, "after the last stamp, 1 again");
+        // Both stamped 1, in slots of their own: the ids differ.
+        assert_ne!(a, c);
+        assert_eq!(q.cancel(b), Some("b"));
+        assert_eq!(q.pop_due(10.0).map(|(_, _, p)| p), Some("a"));
+        assert_eq!(q.pop_due(10.0).map(|(_, _, p)| p), Some("c"));
+    }
+
+    #[test]
     fn stale_entries_are_compacted_away() {
         let mut q = TimerQueue::default();
         let keep = q.insert(0.0, 0);
@@ -291,16 +303,16 @@ mod tests {
             ops in prop::collection::vec((0u8..4, 0u16..200), 0..400),
         ) {
             let mut q = TimerQueue::default();
-            let mut model: BTreeMap<(DeadlineKey, u64), usize> = BTreeMap::new();
-            let mut ids: Vec<(TimerId, DeadlineKey, u64)> = Vec::new();
+            let mut model: BTreeMap<(DeadlineKey, u32), usize> = BTreeMap::new();
+            let mut ids: Vec<(TimerId, DeadlineKey, u32)> = Vec::new();
             let mut n = 0usize;
             for (op, v) in ops {
                 match op {
                     0 | 1 => {
                         let d = f64::from(v);
                         let id = q.insert(d, n);
-                        ids.push((id, DeadlineKey::new(d), q.seq));
-                        model.insert((DeadlineKey::new(d), q.seq), n);
+                        ids.push((id, DeadlineKey::new(d), q.seq.get()));
+                        model.insert((DeadlineKey::new(d), q.seq.get()), n);
                         n += 1;
                     }
                     2 if !ids.is_empty() => {
