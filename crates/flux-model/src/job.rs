@@ -167,8 +167,10 @@ pub struct Job {
     /// From R (`execution.expiration`) and `resource-update` events.
     pub expiration: Stamp,
     /// Timestamps of applied events, to skip repeats (Flux timestamps are
-    /// unique and increasing within one eventlog). Kept sorted.
-    /// Thin: one pointer in the entry (every job has a few).
+    /// unique and increasing within one eventlog), but for those a state
+    /// time holds: each state time is the timestamp of the event that
+    /// entered the state, so a pending job keeps none here. Kept sorted.
+    /// Thin: one pointer in the entry, no allocation while empty.
     applied: ThinVec<f64>,
     /// The ranks R allocated to it (`execution.R_lite[].rank`), as the
     /// ranges of an idset: what it holds from `alloc` to `free`. Thin: no
@@ -209,6 +211,12 @@ struct Rare {
 /// The size of a job's rare parts when it holds them (for the README's
 /// table of what a job costs).
 pub const RARE_BYTES: usize = std::mem::size_of::<Rare>();
+
+/// Whether a state time is this timestamp, bit for bit (as
+/// `f64::total_cmp` tells timestamps apart).
+fn same_time(time: Stamp, ts: f64) -> bool {
+    time.get().is_some_and(|t| t.to_bits() == ts.to_bits())
+}
 
 /// What a job without a [`Rare`] reads: nothing set.
 static NO_RARE: Rare = Rare {
@@ -296,9 +304,57 @@ struct JobWireRef<'a> {
     released_final: bool,
     freed: bool,
     unversioned: bool,
-    applied: &'a [f64],
+    applied: AppliedWire<'a>,
     ranks: &'a [(u32, u32)],
     spec: Option<&'a JobSpec>,
+}
+
+/// Every applied event's timestamp, ascending, as checkpoints hold them:
+/// the state times and the others kept apart ([`Job::applied`]), merged.
+struct AppliedWire<'a> {
+    /// The state times set, ascending, each once (an unversioned job's
+    /// DEPEND time is its submit time).
+    times: [f64; 7],
+    set: usize,
+    rest: &'a [f64],
+}
+
+impl AppliedWire<'_> {
+    /// No timestamp is in both lists: the others never hold what a state
+    /// time does ([`Job::note_applied`], and a restore takes them out).
+    fn len(&self) -> usize {
+        self.set + self.rest.len()
+    }
+
+    fn merged(&self) -> impl Iterator<Item = f64> + '_ {
+        let mut a = self.times[..self.set].iter().copied().peekable();
+        let mut b = self.rest.iter().copied().peekable();
+        std::iter::from_fn(move || match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x.total_cmp(y).is_le() => a.next(),
+            (Some(_), Some(_)) => b.next(),
+            (Some(_), None) => a.next(),
+            (None, _) => b.next(),
+        })
+    }
+}
+
+impl Serialize for AppliedWire<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        // Counted first: MessagePack writes the length ahead.
+        let mut seq = s.serialize_seq(Some(self.len()))?;
+        if self.rest.is_empty() {
+            // A pending job's: its state times alone.
+            for t in &self.times[..self.set] {
+                seq.serialize_element(t)?;
+            }
+        } else {
+            for t in self.merged() {
+                seq.serialize_element(&t)?;
+            }
+        }
+        seq.end()
+    }
 }
 
 impl Serialize for Job {
@@ -332,7 +388,7 @@ impl Serialize for Job {
             released_final: self.released_final,
             freed: self.freed,
             unversioned: self.unversioned,
-            applied: &self.applied,
+            applied: self.applied_wire(),
             ranks: &self.ranks,
             spec: self.spec.as_deref(),
         }
@@ -361,7 +417,7 @@ impl<'de> Deserialize<'de> for Job {
             t_sched: w.t_sched,
             t_run: w.t_run,
             expiration: w.expiration,
-            applied: w.applied,
+            applied: ThinVec::new(),
             ranks: w.ranks,
             spec: w.spec,
             rare: None,
@@ -381,6 +437,15 @@ impl<'de> Deserialize<'de> for Job {
         if rare != NO_RARE {
             job.rare = Some(Box::new(rare));
         }
+        // What a state time holds is not kept twice (checkpoints hold
+        // every applied timestamp).
+        let times = job.state_times();
+        let apart = |t: &f64| !times.iter().any(|s| same_time(*s, *t));
+        job.applied = if w.applied.iter().all(apart) {
+            w.applied
+        } else {
+            w.applied.into_iter().filter(apart).collect()
+        };
         Ok(job)
     }
 }
@@ -546,14 +611,103 @@ impl Job {
         .get()
     }
 
+    /// The times of the states entered (none for those not entered).
+    fn state_times(&self) -> [Stamp; 7] {
+        let r = self.rare();
+        [
+            self.t_submit,
+            self.t_depend,
+            self.t_priority,
+            self.t_sched,
+            self.t_run,
+            r.t_cleanup,
+            r.t_inactive,
+        ]
+    }
+
+    /// Whether an event of this timestamp was applied (a state time holds
+    /// it, or the others do), and the last timestamp applied: one pass
+    /// over the state times, and a search of the others only for a
+    /// timestamp not after the last of them.
+    #[inline]
+    fn applied_probe(&self, ts: f64) -> (bool, Option<f64>) {
+        let bits = ts.to_bits();
+        let mut seen = false;
+        let mut last = self.applied.last().copied();
+        for t in self.state_times() {
+            if let Some(t) = t.get() {
+                seen |= t.to_bits() == bits;
+                if last.is_none_or(|l| t.total_cmp(&l).is_gt()) {
+                    last = Some(t);
+                }
+            }
+        }
+        if !seen
+            && let Some(&kept) = self.applied.last()
+            && kept.total_cmp(&ts).is_ge()
+        {
+            seen = self.applied.binary_search_by(|t| t.total_cmp(&ts)).is_ok();
+        }
+        (seen, last)
+    }
+
+    /// Note an applied event's timestamp, unless a state time holds it.
+    fn note_applied(&mut self, ts: f64) {
+        if !self.state_times().iter().any(|t| same_time(*t, ts)) {
+            self.keep_applied(ts);
+        }
+    }
+
+    /// Keep an applied event's timestamp with the others (in order: most
+    /// often last).
+    fn keep_applied(&mut self, ts: f64) {
+        match self.applied.last() {
+            Some(l) if l.total_cmp(&ts).is_ge() => {
+                if let Err(pos) = self.applied.binary_search_by(|t| t.total_cmp(&ts)) {
+                    self.applied.insert(pos, ts);
+                }
+            }
+            _ => self.applied.push(ts),
+        }
+    }
+
+    fn applied_wire(&self) -> AppliedWire<'_> {
+        let mut times = [0.0; 7];
+        let mut set = 0;
+        for t in self.state_times().iter().filter_map(|t| t.get()) {
+            times[set] = t;
+            set += 1;
+        }
+        let times_set = &mut times[..set];
+        times_set.sort_unstable_by(f64::total_cmp);
+        // Each once (sorted, so repeats are neighbours).
+        let mut unique = 0;
+        for i in 0..set {
+            if unique == 0 || times[unique - 1].to_bits() != times[i].to_bits() {
+                times[unique] = times[i];
+                unique += 1;
+            }
+        }
+        let set = unique;
+        AppliedWire {
+            times,
+            set,
+            rest: &self.applied,
+        }
+    }
+
     /// The timestamp of the last event applied.
     pub fn last_timestamp(&self) -> Option<f64> {
-        self.applied.last().copied()
+        self.state_times()
+            .iter()
+            .filter_map(|t| t.get())
+            .chain(self.applied.last().copied())
+            .max_by(f64::total_cmp)
     }
 
     /// How many events have been applied.
     pub fn events_applied(&self) -> usize {
-        self.applied.len()
+        self.applied_wire().len()
     }
 
     /// `success`: finished with status 0 and no fatal exception.
@@ -602,36 +756,30 @@ impl Job {
         // keep it out of the ordering and repeat checks.
         let journal_only = ev.name == "annotations";
         if !journal_only {
-            match self
-                .applied
-                .binary_search_by(|t| t.total_cmp(&ev.timestamp))
+            let (seen, last) = self.applied_probe(ev.timestamp);
+            if seen {
+                out.duplicate = true;
+                return out;
+            }
+            if let Some(last) = last
+                && last.total_cmp(&ev.timestamp).is_gt()
             {
-                Ok(_) => {
-                    out.duplicate = true;
-                    return out;
-                }
-                Err(pos) => {
-                    if pos < self.applied.len() {
-                        out.anomalies.push(anomaly(
-                            AnomalyKind::OutOfOrder,
-                            ev,
-                            format!(
-                                "timestamp {} is earlier than an event already applied ({})",
-                                ev.timestamp,
-                                self.applied.last().copied().unwrap_or_default()
-                            ),
-                        ));
-                    }
-                    if !self.submitted && ev.name != "submit" {
-                        out.anomalies.push(anomaly(
-                            AnomalyKind::UnknownTarget,
-                            ev,
-                            "event for a job with no submit event; ignored",
-                        ));
-                        return out;
-                    }
-                    self.applied.insert(pos, ev.timestamp);
-                }
+                out.anomalies.push(anomaly(
+                    AnomalyKind::OutOfOrder,
+                    ev,
+                    format!(
+                        "timestamp {} is earlier than an event already applied ({last})",
+                        ev.timestamp,
+                    ),
+                ));
+            }
+            if !self.submitted && ev.name != "submit" {
+                out.anomalies.push(anomaly(
+                    AnomalyKind::UnknownTarget,
+                    ev,
+                    "event for a job with no submit event; ignored",
+                ));
+                return out;
             }
         }
         let before = self.state;
@@ -641,9 +789,15 @@ impl Job {
                 ev,
                 "event after the job became INACTIVE; ignored",
             ));
+            self.note_applied(ev.timestamp);
             return out;
         }
         self.dispatch(ev, &mut out.anomalies);
+        // After the event: if it set a state time, that time holds it (the
+        // time of the state it entered, the only one it can have set).
+        if !journal_only && self.t_state().map(f64::to_bits) != Some(ev.timestamp.to_bits()) {
+            self.keep_applied(ev.timestamp);
+        }
         if self.state != before {
             out.transition = Some(Transition {
                 from: before,
@@ -671,7 +825,13 @@ impl Job {
             JobState::Cleanup => &mut self.rare_mut().t_cleanup,
             JobState::Inactive => &mut self.rare_mut().t_inactive,
         };
+        let old = slot.get();
         slot.set(ts);
+        // A state entered again (PRIORITY, after a reversion): the time
+        // it replaces was an applied event's, now kept with the others.
+        if let Some(old) = old {
+            self.note_applied(old);
+        }
     }
 
     /// Whether the job went back from SCHED to PRIORITY and is still
@@ -1413,8 +1573,9 @@ mod tests {
         )
     }
 
-    /// The old layout, built apart from [`Job`]'s own encoder.
-    fn wire_of(job: &Job) -> JobWire {
+    /// The old layout, built apart from [`Job`]'s own encoder, with the
+    /// timestamps of the events applied.
+    fn wire_of(job: &Job, applied: &[f64]) -> JobWire {
         let r = job.rare();
         JobWire {
             state: job.state,
@@ -1444,7 +1605,7 @@ mod tests {
             released_final: job.released_final,
             freed: job.freed,
             unversioned: job.unversioned,
-            applied: job.applied.clone(),
+            applied: applied.iter().copied().collect(),
             ranks: job.ranks.clone(),
             spec: job.spec.clone(),
         }
@@ -1487,9 +1648,11 @@ mod tests {
             ev(13.0, "clean", json!({})),
         ];
         let mut job = Job::default();
+        let mut applied = Vec::new();
         for e in &events {
             job.apply(e);
-            let old = wire_of(&job);
+            applied.push(e.timestamp);
+            let old = wire_of(&job, &applied);
             let bytes = rmp_serde::to_vec(&job).unwrap();
             assert_eq!(bytes, rmp_serde::to_vec(&old).unwrap(), "after {}", e.name);
             assert_eq!(
@@ -1503,6 +1666,25 @@ mod tests {
         assert_eq!(job.flags(), 4);
         assert_eq!(job.t_inactive(), Some(13.0));
         assert_eq!(job.exception().map(|e| e.note.as_str()), Some("x"));
+    }
+
+    #[test]
+    fn a_state_entered_again_keeps_the_time_it_replaced_as_applied() {
+        let mut job = Job::default();
+        job.apply(&submit(1.0));
+        for (t, name) in [(2.0, "validate"), (3.0, "depend")] {
+            job.apply(&ev(t, name, json!({})));
+        }
+        job.apply(&ev(4.0, "priority", json!({"priority": 1})));
+        assert!(job.applied.is_empty(), "each state time holds its event's");
+        // Back to PRIORITY: its time is now 5, the depend's 3 kept apart.
+        job.apply(&ev(5.0, "urgency", json!({"urgency": 0})));
+        assert_eq!(job.t_priority.get(), Some(5.0));
+        assert!(job.apply(&ev(3.0, "depend", json!({}))).duplicate);
+        assert_eq!(job.events_applied(), 5);
+        let mut back: Job = rmp_serde::from_slice(&rmp_serde::to_vec(&job).unwrap()).unwrap();
+        assert!(back.apply(&ev(3.0, "depend", json!({}))).duplicate);
+        assert_eq!(back.last_timestamp(), Some(5.0));
     }
 
     #[test]
@@ -1996,6 +2178,51 @@ mod tests {
     }
 
     proptest! {
+        /// The applied timestamps, those a state time holds kept there and
+        /// the rest apart, behave as the set of every applied event's
+        /// timestamp: repeats, order anomalies, the last timestamp, the
+        /// count, what a checkpoint holds, and a restored copy.
+        #[test]
+        fn applied_timestamps_act_as_the_set_of_every_event_applied(
+            tail in prop::collection::vec(arb_event(), 0..40),
+            versioned in any::<bool>(),
+        ) {
+            let mut job = Job::new();
+            // Unversioned, `depend` copies the submit time to DEPEND's.
+            let first = if versioned {
+                submit(0.1)
+            } else {
+                ev(0.1, "submit", json!({"userid": 1, "urgency": 16}))
+            };
+            let mut evs = vec![first];
+            evs.extend(tail);
+            evs.push(Event::new(3.0, "annotations"));
+            let mut model: Vec<f64> = Vec::new();
+            for e in &evs {
+                let submitted = job.submitted;
+                let a = job.apply(e);
+                if e.name != "annotations" {
+                    match model.binary_search_by(|t| t.total_cmp(&e.timestamp)) {
+                        Ok(_) => prop_assert!(a.duplicate),
+                        Err(pos) => {
+                            prop_assert!(!a.duplicate);
+                            let late = a.anomalies.iter().any(|x| x.kind == AnomalyKind::OutOfOrder);
+                            prop_assert_eq!(late, pos < model.len());
+                            if submitted || e.name == "submit" {
+                                model.insert(pos, e.timestamp);
+                            }
+                        }
+                    }
+                }
+                prop_assert_eq!(job.last_timestamp(), model.last().copied());
+                prop_assert_eq!(job.events_applied(), model.len());
+                let wire: Vec<f64> = job.applied_wire().merged().collect();
+                prop_assert_eq!(&wire, &model);
+                let back: Job = rmp_serde::from_slice(&rmp_serde::to_vec(&job).unwrap()).unwrap();
+                prop_assert_eq!(&back, &job);
+            }
+        }
+
         #[test]
         fn random_sequences_never_panic_and_stay_valid(tail in prop::collection::vec(arb_event(), 0..40)) {
             let mut job = Job::new();
