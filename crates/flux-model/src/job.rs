@@ -169,7 +169,8 @@ pub struct Job {
     /// Timestamps of applied events, to skip repeats (Flux timestamps are
     /// unique and increasing within one eventlog), but for those a state
     /// time holds: each state time is the timestamp of the event that
-    /// entered the state, so a pending job keeps none here. Kept sorted.
+    /// entered the state, so a job that has only entered its states (most
+    /// pending jobs) keeps none here. Kept sorted.
     /// Thin: one pointer in the entry, no allocation while empty.
     applied: ThinVec<f64>,
     /// The ranks R allocated to it (`execution.R_lite[].rank`), as the
@@ -321,7 +322,9 @@ struct AppliedWire<'a> {
 
 impl AppliedWire<'_> {
     /// No timestamp is in both lists: the others never hold what a state
-    /// time does ([`Job::note_applied`], and a restore takes them out).
+    /// time does (an event's is kept only if no state time holds it, and a
+    /// restore takes them out). Were one in both, it would be written
+    /// twice, and the count would still match.
     fn len(&self) -> usize {
         self.set + self.rest.len()
     }
@@ -344,7 +347,7 @@ impl Serialize for AppliedWire<'_> {
         // Counted first: MessagePack writes the length ahead.
         let mut seq = s.serialize_seq(Some(self.len()))?;
         if self.rest.is_empty() {
-            // A pending job's: its state times alone.
+            // Nothing kept apart (most pending jobs): the state times alone.
             for t in &self.times[..self.set] {
                 seq.serialize_element(t)?;
             }
@@ -498,10 +501,10 @@ impl Job {
         self.rare.get_or_insert_default()
     }
 
-    /// Give back the [`Rare`] box once nothing in it is set (a prolog
-    /// finished, a dependency removed: the only events that unset what
-    /// they set): a job compares equal to its saved and restored copy,
-    /// which keeps none.
+    /// Give back the [`Rare`] box once nothing in it is set (a prolog or an
+    /// epilog finished, a dependency removed: the only events that unset
+    /// what they set): a job compares equal to its saved and restored
+    /// copy, which keeps none.
     fn tidy_rare(&mut self) {
         if self.rare.as_deref().is_some_and(|r| *r == NO_RARE) {
             self.rare = None;
@@ -572,7 +575,8 @@ impl Job {
 
     /// Set every time the job keeps (state times, prolog and epilog
     /// starts, expiration) to `t`, whatever its state: for tests of what
-    /// reads them.
+    /// reads them. Not for a job that will apply events: the times it
+    /// replaces are not kept as applied.
     #[doc(hidden)]
     pub fn set_every_time(&mut self, t: f64) {
         for slot in [

@@ -8,16 +8,16 @@
 //! outnumber live ones), so the heap never holds more than about twice the
 //! live timers.
 
+use foldhash::HashSet;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::num::NonZeroU32;
 
 /// A timer in a [`TimerQueue`]: its slot and its stamp (the count of
 /// timers set when it was, [`TimerQueue::insert`]), which its slot keeps
-/// while it is set: an id of a timer that fired or was cancelled names no
-/// later one (until four billion timers later, when the stamps wrap).
-/// Stamps start at 1, so that "no timer" (`Option<TimerId>`, in every
-/// alert condition) takes no room of its own.
+/// while it is set, so an id of a timer that fired or was cancelled names
+/// no later one. Stamps start at 1, so that "no timer" (`Option<TimerId>`,
+/// in every alert condition) takes no room of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimerId {
     slot: u32,
@@ -25,7 +25,8 @@ pub struct TimerId {
 }
 
 /// Timers with a payload each, popped in deadline order (ties in the order
-/// they were set, but across the stamps' wrap every four billion timers).
+/// they were set, but for ties across the stamps' wrap, once every four
+/// billion timers).
 #[derive(Debug)]
 pub struct TimerQueue<T> {
     heap: BinaryHeap<Reverse<Entry>>,
@@ -34,11 +35,17 @@ pub struct TimerQueue<T> {
     live: usize,
     /// The last stamp given.
     seq: NonZeroU32,
+    /// Slots whose timers were set before the stamps last wrapped: once
+    /// freed, they wait in `retired` for the next wrap, so no stamp of
+    /// this round can meet a stale entry of theirs from the last.
+    retiring: HashSet<u32>,
+    retired: Vec<u32>,
 }
 
 /// A heap entry: ordered by deadline, then by when it was set. 16 bytes
 /// (one per pending alert, a million for a million stuck jobs): the stamp
-/// both orders ties and tells a stale entry from its slot's next timer.
+/// both orders ties and tells a stale entry from its slot's next timer
+/// (stamps wrap: [`TimerQueue::wrap`] keeps them apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Entry {
     key: DeadlineKey,
@@ -71,6 +78,8 @@ impl<T> Default for TimerQueue<T> {
             free: Vec::new(),
             live: 0,
             seq: NonZeroU32::MAX,
+            retiring: HashSet::default(),
+            retired: Vec::new(),
         }
     }
 }
@@ -87,7 +96,13 @@ impl<T> TimerQueue<T> {
 
     /// Set a timer for `deadline`.
     pub fn insert(&mut self, deadline: f64, payload: T) -> TimerId {
-        let stamp = self.seq.checked_add(1).unwrap_or(NonZeroU32::MIN);
+        let stamp = match self.seq.checked_add(1) {
+            Some(next) => next,
+            None => {
+                self.wrap();
+                NonZeroU32::MIN
+            }
+        };
         self.seq = stamp;
         let slot = match self.free.pop() {
             Some(i) => {
@@ -153,8 +168,29 @@ impl<T> TimerQueue<T> {
         }
         let payload = s.payload.take()?;
         self.live -= 1;
-        self.free.push(slot);
+        if !self.retiring.is_empty() && self.retiring.remove(&slot) {
+            self.retired.push(slot);
+        } else {
+            self.free.push(slot);
+        }
         Some(payload)
+    }
+
+    /// The stamps start again at 1 (every four billion timers): a stale
+    /// entry left from this round could otherwise meet its slot's timer
+    /// of the next with the same stamp, and fire it at the old deadline.
+    /// Every stale entry goes now; the slots held since the last wrap are
+    /// free again (their stale entries were just dropped); those held now
+    /// wait, once freed, until the next.
+    fn wrap(&mut self) {
+        let mut heap = std::mem::take(&mut self.heap).into_vec();
+        heap.retain(|Reverse(e)| self.is_live(e));
+        self.heap = BinaryHeap::from(heap);
+        self.free.append(&mut self.retired);
+        self.retiring = (0..self.slots.len())
+            .filter(|&i| self.slots[i].payload.is_some())
+            .filter_map(|i| u32::try_from(i).ok())
+            .collect();
     }
 
     fn is_live(&self, e: &Entry) -> bool {
@@ -269,6 +305,35 @@ mod tests {
         assert_eq!(q.cancel(b), Some("b"));
         assert_eq!(q.pop_due(10.0).map(|(_, _, p)| p), Some("a"));
         assert_eq!(q.pop_due(10.0).map(|(_, _, p)| p), Some("c"));
+    }
+
+    /// At the wrap no stale entry is left to meet a later timer of its
+    /// slot, and a slot held across it is not given out again before the
+    /// next.
+    #[test]
+    fn the_wrap_drops_stale_entries_and_holds_back_slots_set_before_it() {
+        let mut q = TimerQueue {
+            seq: NonZeroU32::new(u32::MAX - 3).unwrap(),
+            ..TimerQueue::default()
+        };
+        let _early = q.insert(1.0, "early");
+        let a = q.insert(100.0, "a");
+        let b = q.insert(200.0, "b");
+        assert_eq!(q.cancel(a), Some("a"));
+        assert_eq!(q.heap.len(), 3, "a's entry stays, below the top");
+        let c = q.insert(300.0, "c");
+        assert_eq!(c.stamp, NonZeroU32::MIN);
+        assert_eq!(q.heap.len(), q.len(), "no stale entry is left");
+        assert_eq!(c.slot, a.slot, "a's slot was free");
+        assert_eq!(q.cancel(b), Some("b"));
+        let d = q.insert(400.0, "d");
+        assert_ne!(d.slot, b.slot, "b's slot waits for the next wrap");
+        assert_eq!(q.retired, vec![b.slot]);
+        let mut out = Vec::new();
+        while let Some((_, _, p)) = q.pop_due(f64::INFINITY) {
+            out.push(p);
+        }
+        assert_eq!(out, ["early", "c", "d"]);
     }
 
     #[test]
