@@ -183,9 +183,7 @@ impl<T> TimerQueue<T> {
     /// free again (their stale entries were just dropped); those held now
     /// wait, once freed, until the next.
     fn wrap(&mut self) {
-        let mut heap = std::mem::take(&mut self.heap).into_vec();
-        heap.retain(|Reverse(e)| self.is_live(e));
-        self.heap = BinaryHeap::from(heap);
+        self.drop_stale_entries();
         self.free.append(&mut self.retired);
         self.retiring = (0..self.slots.len())
             .filter(|&i| self.slots[i].payload.is_some())
@@ -217,6 +215,11 @@ impl<T> TimerQueue<T> {
         if stale < COMPACT_FROM || stale <= self.live {
             return;
         }
+        self.drop_stale_entries();
+    }
+
+    /// Rebuild the heap of its live entries only.
+    fn drop_stale_entries(&mut self) {
         let mut heap = std::mem::take(&mut self.heap).into_vec();
         heap.retain(|Reverse(e)| self.is_live(e));
         self.heap = BinaryHeap::from(heap);
