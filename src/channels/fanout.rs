@@ -478,6 +478,14 @@ impl OutputBuffer {
             self.outputs.emit_all(&mut self.held).await;
         }
     }
+
+    /// Hand what is held on, then let go of the sinks: they hear the end
+    /// from this buffer now, whenever its owner is freed.
+    pub async fn close(&mut self) {
+        self.flush().await;
+        let (none, _) = Outputs::new(std::iter::empty());
+        self.outputs = none;
+    }
 }
 
 impl Emit for OutputBuffer {

@@ -159,6 +159,26 @@ impl ClusterJobs {
         self.pending.append(&mut pending.into_iter().collect());
     }
 
+    /// Job `id`, listed at one place, went from state `from` to `to`.
+    fn restate(&mut self, id: u64, from: JobState, to: JobState) {
+        if from == to {
+            return;
+        }
+        let n = &mut self.by_state[from.index()];
+        *n = n.saturating_sub(1);
+        self.by_state[to.index()] += 1;
+        // NEW is listed with the pending jobs but is not one.
+        match (from.is_pending(), to.is_pending()) {
+            (false, true) => {
+                self.pending.insert(id);
+            }
+            (true, false) => {
+                self.pending.remove(&id);
+            }
+            _ => {}
+        }
+    }
+
     fn take(&mut self, s: &Standing) {
         let p = s.place;
         self.groups[usize::from(p.group)].remove(&(p.primary, p.id));
@@ -212,12 +232,17 @@ impl Listing {
         let Some((_, jobs)) = self.clusters.get_mut(at) else {
             return;
         };
-        if before != after {
-            if let Some(b) = &before {
-                jobs.take(b);
-            }
-            if let Some(a) = &after {
-                jobs.add(a);
+        match (&before, &after) {
+            // Most transitions (to SCHED, to CLEANUP) keep the job's
+            // place: only its state's count moves.
+            (Some(b), Some(a)) if b.place == a.place => jobs.restate(b.place.id, b.state, a.state),
+            _ => {
+                if let Some(b) = &before {
+                    jobs.take(b);
+                }
+                if let Some(a) = &after {
+                    jobs.add(a);
+                }
             }
         }
         if let Some(t) = event.filter(|t| t.is_finite()) {
@@ -293,6 +318,42 @@ mod tests {
             // Another copy of the name: the same cluster.
             all.add_all(&"c".into(), &restored, newest);
             prop_assert_eq!(one.cluster("c").map(|(_, j)| j), all.cluster("c").map(|(_, j)| j));
+        }
+
+        /// Jobs moved about one record at a time (in place or not, NEW
+        /// or pending or not, gone) are listed as the jobs they end as,
+        /// listed afresh.
+        #[test]
+        fn a_listing_kept_by_changes_is_the_listing_of_what_is_left(
+            changes in prop::collection::vec(
+                (0u64..6, prop::option::of((0usize..JobState::ALL.len(), 0u8..2, 0u8..3))),
+                0..80,
+            ),
+        ) {
+            let c: Arc<str> = "c".into();
+            let mut kept = Listing::default();
+            let mut now: std::collections::BTreeMap<u64, Standing> = Default::default();
+            for (id, after) in changes {
+                // Few primaries, so a change often keeps the place.
+                let after = after.map(|(state, primary, group)| Standing {
+                    place: Place::new(group, f64::from(primary), id),
+                    state: JobState::ALL[state],
+                });
+                let before = now.get(&id).copied();
+                kept.update(&c, before, after, None);
+                match after {
+                    Some(a) => now.insert(id, a),
+                    None => now.remove(&id),
+                };
+            }
+            let mut fresh = Listing::default();
+            for s in now.values() {
+                fresh.update(&c, None, Some(*s), None);
+            }
+            prop_assert_eq!(
+                kept.cluster("c").map(|(_, j)| j),
+                fresh.cluster("c").map(|(_, j)| j)
+            );
         }
 
         /// The integer keeps the order of the floats, and gives them back.

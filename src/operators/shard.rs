@@ -105,6 +105,20 @@ pub fn restore_all(shards: &mut [Shard], saved: Vec<SavedState>) {
     });
 }
 
+/// A record's cluster: the one it names, else its source's (the shard's
+/// copy, lent), else none.
+fn cluster_of<'a>(
+    own: &'a Option<Arc<str>>,
+    sources: &'a [SourceInfo],
+    source: usize,
+) -> &'a Arc<str> {
+    static UNNAMED: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+    match own {
+        Some(own) => own,
+        None => sources.get(source).map_or(&*UNNAMED, |s| &s.cluster),
+    }
+}
+
 impl Shard {
     pub fn new(
         outputs: Outputs,
@@ -326,8 +340,9 @@ impl Shard {
     }
 
     /// Apply records until every sender is gone; returns the final state,
-    /// encoded, for the checkpoint taken at shutdown.
-    pub async fn run(mut self, mut rx: mpsc::Receiver<ShardMsg>) -> ShardSnapshot {
+    /// encoded, for the checkpoint taken at shutdown. The shard is lent,
+    /// not given: its owner frees it after the final state has gone out.
+    pub async fn run(&mut self, mut rx: mpsc::Receiver<ShardMsg>) -> ShardSnapshot {
         let restored = std::mem::take(&mut self.restored_alerts);
         self.emit_alerts(&restored, true).await;
         self.flush().await;
@@ -360,7 +375,9 @@ impl Shard {
             self.fire_due().await;
         }
         self.flush().await;
-        self.snapshot()
+        let last = self.snapshot();
+        self.outputs.close().await;
+        last
     }
 
     /// The end of a round of work: hand the outputs held so far to the
@@ -377,26 +394,33 @@ impl Shard {
             partition,
             mut record,
         } = routed;
-        // The source's name is cloned only where it is kept.
+        // Names are lent from the shard's copies where they can be: a
+        // count taken and given back for every record is two locked
+        // instructions on the busiest thread.
+        let own = record.cluster.take().map(Arc::from);
         let info = self.sources.get(source);
-        let source: &str = info.map_or("", |s| &s.name);
         let owner = partition.map(|partition| Owner {
             source: info.map_or_else(|| Arc::from(""), |s| s.name.clone()),
             partition,
         });
-        let cluster = match record.cluster.take() {
-            Some(own) => Arc::from(own),
-            None => info.map_or_else(|| Arc::from(""), |s| s.cluster.clone()),
-        };
+        let cluster = cluster_of(&own, &self.sources, source);
+        let source_name: &str = info.map_or("", |s| &s.name);
         let stream = record.stream;
         let id = record.id;
         // The record as it came, for the `events` feed, built only if wanted.
-        let input = effects::input(&self.outputs, &cluster, stream, id, &record.body, source);
+        let input = effects::input(
+            &self.outputs,
+            cluster,
+            stream,
+            id,
+            &record.body,
+            source_name,
+        );
         let exception = exception_of(&record);
         let mut fired = std::mem::take(&mut self.fired);
         let (outcome, done) =
             self.processor
-                .process_from(owner.as_ref(), &cluster, record, &mut fired);
+                .process_from(owner.as_ref(), cluster, record, &mut fired);
         if outcome == Outcome::Refused {
             self.fired = fired;
             self.refused += 1;
@@ -409,6 +433,7 @@ impl Shard {
             // The first, then every power of two: a flood stays readable.
             if self.refused.is_power_of_two() {
                 if done.refused_cluster {
+                    let cluster = cluster_of(&own, &self.sources, source);
                     tracing::warn!(
                         %cluster,
                         refused = self.refused,
@@ -429,16 +454,18 @@ impl Shard {
             metrics::counter!(metric::FLUXPIPE_FINISHED_JOB_REPEATS_TOTAL).increment(1);
             return outcome;
         }
-        self.register_cluster(&cluster);
+        let rules = self.processor.alerts().rules_for(true).map(|(_, r)| r);
+        self.metrics.register_cluster(cluster, rules);
         // Most records fire nothing: no future made and polled for nothing.
         if !fired.is_empty() {
             self.emit_alerts(&fired, false).await;
             fired.clear();
         }
         self.fired = fired;
+        let cluster = cluster_of(&own, &self.sources, source);
         let state = self.processor.state();
         self.metrics
-            .applied(&cluster, stream, &done, exception, state);
+            .applied(cluster, stream, &done, exception, state);
         self.report_tracked();
         ShardMetrics::anomalies(&done.fx.anomalies);
         effects::effects(
@@ -1189,7 +1216,10 @@ mod tests {
             sched_alerts("1h"),
         );
         let (tx, shard_rx) = mpsc::channel(1024);
-        let task = tokio::spawn(shard.run(shard_rx));
+        let task = tokio::spawn(async move {
+            let mut shard = shard;
+            shard.run(shard_rx).await
+        });
         // Counts alerts; notes when the marker job's transition shows up.
         const MARKER: u64 = u64::MAX - 1;
         let (seen_tx, mut seen_rx) = mpsc::unbounded_channel();

@@ -72,25 +72,37 @@ struct ShardPanicked;
 /// loop is the busiest in the pipeline, and on the shared runtime it was
 /// moved between worker threads with the sources and sinks, waking them and
 /// being woken, its data cold in the other core's cache. The returned
-/// future ends with the shard's final state.
+/// future ends with the shard's final state; the thread, once it has
+/// freed the shard too.
 fn on_own_thread(
     index: usize,
     shard: Shard,
     rx: mpsc::Receiver<ShardMsg>,
-) -> anyhow::Result<impl Future<Output = Result<ShardSnapshot, ShardPanicked>> + use<>> {
+) -> anyhow::Result<(
+    impl Future<Output = Result<ShardSnapshot, ShardPanicked>> + use<>,
+    std::thread::JoinHandle<()>,
+)> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .context("cannot start a shard's runtime")?;
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name(format!("fluxpipe-shard-{index}"))
         .spawn(move || {
+            let mut shard = shard;
             let _ = done_tx.send(runtime.block_on(shard.run(rx)));
+            // Freed after its final state has gone out, while the final
+            // checkpoint is written: a stop does not wait for a million
+            // jobs' frees before it.
+            drop(shard);
         })
         .context("cannot start a shard's thread")?;
     // The sender is dropped unsent only if the shard panicked.
-    Ok(async move { done_rx.await.map_err(|_| ShardPanicked) })
+    Ok((
+        async move { done_rx.await.map_err(|_| ShardPanicked) },
+        thread,
+    ))
 }
 
 /// How long the API server may take to finish its answers at a stop.
@@ -323,10 +335,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     shard::restore_all(&mut shards, restored);
     let mut shard_tasks = JoinSet::new();
     let mut shard_txs = Vec::with_capacity(workers);
+    let mut shard_threads = Vec::with_capacity(workers);
     for (index, shard) in shards.into_iter().enumerate() {
         let (tx, rx) = mpsc::channel(SHARD_QUEUE);
         shard_txs.push(tx);
-        shard_tasks.spawn(on_own_thread(index, shard, rx)?);
+        let (done, thread) = on_own_thread(index, shard, rx)?;
+        shard_tasks.spawn(done);
+        shard_threads.push(thread);
     }
     let ownership = crate::channels::query::Ownership::default();
     let watch_firing = WatchFiring::default();
@@ -497,6 +512,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
     for (sink, n) in drops.nonzero() {
         tracing::warn!(sink = %sink, dropped = n, "records dropped (buffer full or sink stopped)");
+    }
+    // Every shard has given its final state, so each thread is only
+    // freeing: waited for, so a stop is a stop (and the same work every
+    // time). A shard still stuck behind a sink is not waited for.
+    if drained.is_ok() {
+        let freed = tokio::task::spawn_blocking(move || {
+            for thread in shard_threads {
+                let _ = thread.join();
+            }
+        });
+        if let Err(e) = freed.await {
+            tracing::error!("shard threads: {e}");
+        }
     }
     second_signal.abort();
     stop_server.cancel();
