@@ -113,7 +113,8 @@ impl Processor {
             // take the restored ones' places in the firing index. (Listed
             // first if it came in this restore, so its listing goes too.)
             if self.state.jobs.contains_key(&key) {
-                self.state.list(std::mem::take(&mut unlisted));
+                self.state
+                    .list(&out.clusters, std::mem::take(&mut unlisted));
                 if let Some(old) = self.remove_job(&key) {
                     out.replaced.push(old);
                 }
@@ -149,9 +150,9 @@ impl Processor {
                     .or_insert(0) += 1;
                 out.entered.push((cluster, job.state, job.t_state()));
             }
-            unlisted.push(self.state.insert_unlisted(key, entry));
+            unlisted.push(self.state.insert_unlisted(&key, entry, cluster));
         }
-        self.state.list(unlisted);
+        self.state.list(&out.clusters, unlisted);
         // Draining as the jobs held now say (processors restore side by
         // side: holds of other processors' jobs come in as they do, and the
         // next refresh looks at them).

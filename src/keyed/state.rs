@@ -18,9 +18,11 @@ use serde::{Deserialize, Serialize};
 use foldhash::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// A job in the table not yet in the listing: its cluster, where it is
-/// listed, and its newest event time ([`State::insert_unlisted`]).
-pub type Unlisted = (Arc<str>, Standing, Option<f64>);
+/// A job in the table not yet in the listing: its cluster (by its place
+/// in the caller's list of clusters), where it is listed, and its newest
+/// event time ([`State::insert_unlisted`]). No name is counted per job: a
+/// restore's million would each count a name other shards count too.
+pub type Unlisted = (u32, Standing, Option<f64>);
 
 /// Everything known about one job.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -367,10 +369,10 @@ impl State {
     /// replaced and returned. The ranks it holds count as held.
     pub fn insert_job(&mut self, key: JobKey, entry: Box<JobEntry>) -> Option<Box<JobEntry>> {
         let (cluster, id) = (key.cluster.clone(), key.id);
-        let (old, unlisted) = self.put_job(key, entry);
+        let (old, standing, newest) = self.put_job(&key, entry);
         let before = old.as_ref().map(|o| Standing::of(id, &o.job));
         self.listing
-            .update(&cluster, before, Some(unlisted.1), unlisted.2);
+            .update(&cluster, before, Some(standing), newest);
         if let Some(old) = old.as_ref().filter(|o| o.job.holds_ranks()) {
             self.allocations.count(&cluster, &old.job, false, None);
         }
@@ -382,40 +384,52 @@ impl State {
     /// rather than each where the saved state happens to put it (a
     /// million restored jobs inserted into the listing's trees at random
     /// places were half of the restore's time). The key must not be held.
-    pub fn insert_unlisted(&mut self, key: JobKey, entry: Box<JobEntry>) -> Unlisted {
-        let (cluster, id) = (key.cluster.clone(), key.id);
-        let (old, unlisted) = self.put_job(key, entry);
+    pub fn insert_unlisted(
+        &mut self,
+        key: &JobKey,
+        entry: Box<JobEntry>,
+        cluster: u32,
+    ) -> Unlisted {
+        let (old, standing, newest) = self.put_job(key, entry);
         debug_assert!(old.is_none(), "a restored key was held");
         if let Some(old) = old {
             // Not for a key held: taken out as `insert_job` would have.
-            let before = Standing::of(id, &old.job);
-            self.listing.update(&cluster, Some(before), None, None);
+            let before = Standing::of(key.id, &old.job);
+            self.listing.update(&key.cluster, Some(before), None, None);
             if old.job.holds_ranks() {
-                self.allocations.count(&cluster, &old.job, false, None);
+                self.allocations.count(&key.cluster, &old.job, false, None);
             }
         }
-        unlisted
+        (cluster, standing, newest)
     }
 
-    /// List jobs put back unlisted: a cluster's at once, each tree of the
-    /// listing built whole from their sorted places.
-    pub fn list(&mut self, mut jobs: Vec<Unlisted>) {
-        jobs.sort_unstable_by_key(|(cluster, _, _)| Arc::as_ptr(cluster) as *const u8);
+    /// List jobs put back unlisted, their clusters by place in `clusters`:
+    /// a cluster's at once, each tree of the listing built whole from their
+    /// sorted places.
+    pub fn list(&mut self, clusters: &[Arc<str>], mut jobs: Vec<Unlisted>) {
+        jobs.sort_unstable_by_key(|(cluster, _, _)| *cluster);
         let mut standings = Vec::new();
-        for run in jobs.chunk_by(|a, b| Arc::ptr_eq(&a.0, &b.0)) {
+        for run in jobs.chunk_by(|a, b| a.0 == b.0) {
+            let Some(cluster) = clusters.get(run[0].0 as usize) else {
+                continue;
+            };
             standings.clear();
             standings.extend(run.iter().map(|(_, s, _)| *s));
             let newest = run
                 .iter()
                 .filter_map(|(_, _, t)| t.filter(|t| t.is_finite()))
                 .reduce(f64::max);
-            self.listing.add_all(&run[0].0, &standings, newest);
+            self.listing.add_all(cluster, &standings, newest);
         }
     }
 
     /// The table's part of putting a job in: what it replaced, and what
-    /// the listing is to learn of it.
-    fn put_job(&mut self, key: JobKey, entry: Box<JobEntry>) -> (Option<Box<JobEntry>>, Unlisted) {
+    /// the listing is to learn of it (its place, its newest event time).
+    fn put_job(
+        &mut self,
+        key: &JobKey,
+        entry: Box<JobEntry>,
+    ) -> (Option<Box<JobEntry>>, Standing, Option<f64>) {
         if entry.job.holds_ranks() {
             self.allocations.count(&key.cluster, &entry.job, true, None);
         } else if let Some(t) = entry.job.freed_at() {
@@ -425,11 +439,10 @@ impl State {
             self.allocations
                 .with(|a| a.note_freed(&key.cluster, ranks, t));
         }
-        let cluster = key.cluster.clone();
         let standing = Standing::of(key.id, &entry.job);
         let newest = entry.job.last_timestamp();
-        let old = self.jobs.insert(&key, entry);
-        (old, (cluster, standing, newest))
+        let old = self.jobs.insert(key, entry);
+        (old, standing, newest)
     }
 
     /// Take a job out (dropped, or its partition revoked): the ranks it
