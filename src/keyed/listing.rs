@@ -139,8 +139,18 @@ impl ClusterJobs {
     /// Many jobs not held yet, at once: each tree built whole from its
     /// sorted places and merged in (a bulk build, not an insert each).
     fn add_all(&mut self, jobs: &[Standing]) {
-        let mut groups: [Vec<InGroup>; Place::GROUPS as usize] = Default::default();
-        let mut pending = Vec::new();
+        // Sized first: a million places pushed into vectors that double
+        // are a million copied again, and again.
+        let mut sizes = [0usize; Place::GROUPS as usize];
+        let mut pendings = 0;
+        for s in jobs {
+            if let Some(n) = sizes.get_mut(usize::from(s.place.group)) {
+                *n += 1;
+            }
+            pendings += usize::from(s.state.is_pending());
+        }
+        let mut groups = sizes.map(Vec::<InGroup>::with_capacity);
+        let mut pending = Vec::with_capacity(pendings);
         for s in jobs {
             let p = s.place;
             if let Some(g) = groups.get_mut(usize::from(p.group)) {

@@ -286,7 +286,7 @@ impl Shard {
         }
         self.metrics
             .ages
-            .add_all(&restored.clusters, restored.entered.iter().copied());
+            .add_all(&restored.clusters, &restored.entered);
         self.metrics
             .report_finished(self.processor.finished().len());
         self.report_tracked();

@@ -70,15 +70,23 @@ impl OldestEntries {
     pub fn add_all<C: AsRef<str>>(
         &mut self,
         clusters: &[C],
-        entries: impl IntoIterator<Item = (u32, JobState, Option<f64>)>,
+        entries: &[(u32, JobState, Option<f64>)],
     ) {
         let width = JobState::ALL.len();
-        let mut lists: Vec<Vec<i64>> = vec![Vec::new(); clusters.len() * width];
-        for (c, state, t) in entries {
+        let list_of = |c: u32, state: JobState| c as usize * width + state.index();
+        // Each list sized first (no doubling of a million times).
+        let mut sizes = vec![0usize; clusters.len() * width];
+        for &(c, state, _) in entries {
+            if let Some(n) = sizes.get_mut(list_of(c, state)) {
+                *n += 1;
+            }
+        }
+        let mut lists: Vec<Vec<i64>> = sizes.into_iter().map(Vec::with_capacity).collect();
+        for &(c, state, t) in entries {
             let Some(t) = t.filter(|t| t.is_finite()) else {
                 continue;
             };
-            if let Some(list) = lists.get_mut(c as usize * width + state.index()) {
+            if let Some(list) = lists.get_mut(list_of(c, state)) {
                 list.push(micros(t));
             }
         }
@@ -180,13 +188,13 @@ mod tests {
         for &(c, s, t) in entries.iter().filter(|e| e.0 < 2) {
             one.add(clusters[c as usize], s, t);
         }
-        all.add_all(&clusters, entries);
+        all.add_all(&clusters, &entries);
         assert_eq!(sets(&one), sets(&all));
         let board = StateAges::default();
         let mut published = OldestEntries::new(board.clone());
         published.add_all(
             &["c"],
-            vec![
+            &[
                 (0, JobState::Sched, Some(4.0)),
                 (0, JobState::Sched, Some(2.0)),
             ],
