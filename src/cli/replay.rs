@@ -240,8 +240,10 @@ struct Reader {
 /// The processor's side.
 struct Replay {
     /// The same per-record core as the pipeline's shards, its alerts
-    /// measured against event time.
-    processor: Processor,
+    /// measured against event time. Never dropped: a replay ends with the
+    /// process, which gives its memory back at once, where freeing every
+    /// job one by one was 5% of a replay's time on its busier thread.
+    processor: std::mem::ManuallyDrop<Processor>,
     cluster: String,
     anomalies: Vec<KeyedAnomaly>,
     fired: Vec<AlertEvent>,
@@ -309,9 +311,11 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
         .as_ref()
         .map_or(usize::MAX, |c| c.operators.max_clusters);
     let mut replay = Replay {
-        processor: Processor::new(rules, Clock::Event)
-            .with_max_clock_skew(skew)
-            .with_max_clusters(max_clusters),
+        processor: std::mem::ManuallyDrop::new(
+            Processor::new(rules, Clock::Event)
+                .with_max_clock_skew(skew)
+                .with_max_clusters(max_clusters),
+        ),
         cluster: args.cluster.clone(),
         anomalies: Vec::new(),
         fired: Vec::new(),
