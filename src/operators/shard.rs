@@ -389,6 +389,15 @@ impl Shard {
 
     /// Apply one record and emit its outputs (held until [`Shard::flush`]).
     pub async fn apply(&mut self, routed: Routed) -> Outcome {
+        let outcome = self.apply_now(routed);
+        self.outputs.flush_if_full().await;
+        outcome
+    }
+
+    /// [`Shard::apply`] but for handing what is held on: not async, so
+    /// the record and what it did are not moved into a future's state
+    /// (hundreds of bytes copied for every record).
+    fn apply_now(&mut self, routed: Routed) -> Outcome {
         let Routed {
             source,
             partition,
@@ -456,9 +465,8 @@ impl Shard {
         }
         let rules = self.processor.alerts().rules_for(true).map(|(_, r)| r);
         self.metrics.register_cluster(cluster, rules);
-        // Most records fire nothing: no future made and polled for nothing.
         if !fired.is_empty() {
-            self.emit_alerts(&fired, false).await;
+            self.emit_alerts_now(&fired, false);
             fired.clear();
         }
         self.fired = fired;
@@ -475,7 +483,6 @@ impl Shard {
             (outcome, done),
             input,
         );
-        self.outputs.flush_if_full().await;
         outcome
     }
 
@@ -493,6 +500,12 @@ impl Shard {
     /// Alert records for `events` (see [`effects::alerts`]), and the
     /// alert series and changelog that follow them.
     async fn emit_alerts(&mut self, events: &[AlertEvent], restored: bool) {
+        self.emit_alerts_now(events, restored);
+        self.outputs.flush_if_full().await;
+    }
+
+    /// [`Shard::emit_alerts`], held: the caller hands them on.
+    fn emit_alerts_now(&mut self, events: &[AlertEvent], restored: bool) {
         for a in events {
             let Some(rule) = self.processor.alerts().rules().get(a.rule) else {
                 continue;
@@ -505,7 +518,6 @@ impl Shard {
             events,
             restored,
         );
-        self.outputs.flush_if_full().await;
     }
 
     /// Drop the state whose time is up.
