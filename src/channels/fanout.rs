@@ -480,7 +480,7 @@ impl OutputBuffer {
     }
 
     /// Hand what is held on, then let go of the sinks: they hear the end
-    /// from this buffer now, whenever its owner is freed.
+    /// from this buffer now, not when its owner is freed.
     pub async fn close(&mut self) {
         self.flush().await;
         let (none, _) = Outputs::new(std::iter::empty());

@@ -131,8 +131,10 @@ impl Processor {
                     let i = match out.clusters.iter().position(|c| *c == key.cluster) {
                         Some(i) => i,
                         None => {
-                            self.state.adopt(&key.cluster);
-                            out.clusters.push(key.cluster.clone());
+                            // The state's own copy: the listing and the
+                            // metrics keep it, and live records' keys
+                            // (interned) then match it by address.
+                            out.clusters.push(self.state.adopt(&key.cluster));
                             out.clusters.len() - 1
                         }
                     };

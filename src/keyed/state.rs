@@ -368,13 +368,12 @@ impl State {
     /// Put a job in (restored state); one already held under its key is
     /// replaced and returned. The ranks it holds count as held.
     pub fn insert_job(&mut self, key: JobKey, entry: Box<JobEntry>) -> Option<Box<JobEntry>> {
-        let (cluster, id) = (key.cluster.clone(), key.id);
         let (old, standing, newest) = self.put_job(&key, entry);
-        let before = old.as_ref().map(|o| Standing::of(id, &o.job));
+        let before = old.as_ref().map(|o| Standing::of(key.id, &o.job));
         self.listing
-            .update(&cluster, before, Some(standing), newest);
+            .update(&key.cluster, before, Some(standing), newest);
         if let Some(old) = old.as_ref().filter(|o| o.job.holds_ranks()) {
-            self.allocations.count(&cluster, &old.job, false, None);
+            self.allocations.count(&key.cluster, &old.job, false, None);
         }
         old
     }
@@ -411,6 +410,7 @@ impl State {
         let mut standings = Vec::new();
         for run in jobs.chunk_by(|a, b| a.0 == b.0) {
             let Some(cluster) = clusters.get(run[0].0 as usize) else {
+                debug_assert!(false, "a restored job's cluster is not in the list");
                 continue;
             };
             standings.clear();

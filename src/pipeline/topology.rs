@@ -519,7 +519,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     if drained.is_ok() {
         let freed = tokio::task::spawn_blocking(move || {
             for thread in shard_threads {
-                let _ = thread.join();
+                if thread.join().is_err() {
+                    tracing::error!("a shard's thread panicked while freeing its state");
+                }
             }
         });
         if let Err(e) = freed.await {
