@@ -13,7 +13,7 @@ use crate::keyed::JobKey;
 use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::engine::AlertEvent;
 use crate::keyed::alerts::rule::default_rules;
-use crate::keyed::processor::Processor;
+use crate::keyed::processor::{Processed, Processor};
 use crate::keyed::query::{JobFilter, select_jobs};
 use crate::keyed::state::{JobEntry, KeyedAnomaly, State};
 use crate::output::effects::{self, Emit};
@@ -448,7 +448,9 @@ impl Replay {
         let own = rec.cluster.take();
         let cluster = own.as_deref().unwrap_or(&self.cluster);
         let Some(printer) = &mut self.printer else {
-            let (_, done) = self.processor.process(cluster, rec, &mut self.fired);
+            let mut done = Processed::default();
+            self.processor
+                .process_into(cluster, rec, &mut self.fired, &mut done);
             self.anomalies.extend(done.fx.anomalies);
             return;
         };
@@ -456,12 +458,17 @@ impl Replay {
         // fired, then what the record did.
         let input = effects::input(printer, cluster, rec.stream, rec.id, &rec.body, SOURCE);
         let stream = rec.stream;
-        let done = self.processor.process(cluster, rec, &mut self.fired);
+        let mut done = Processed::default();
+        let outcome = self
+            .processor
+            .process_into(cluster, rec, &mut self.fired, &mut done);
         let rules = self.processor.alerts().rules();
         effects::alerts(printer, rules, &self.fired, false);
         // Printed: not kept for an end that prints none.
         self.fired.clear();
-        effects::effects(printer, self.processor.state(), stream, done, input);
+        let state = self.processor.state();
+        let job = done.key.as_ref().and_then(|k| state.jobs.get(k));
+        effects::effects(printer, job, stream, outcome, &mut done, input);
     }
 
     /// A line that could not be read or decoded.

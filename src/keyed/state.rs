@@ -644,10 +644,23 @@ impl State {
     /// a job's key cloned only where it is kept (a new job, a transition).
     pub fn apply_keyed(&mut self, cluster: &str, key: Option<&JobKey>, record: Record) -> Effects {
         let mut fx = Effects::default();
+        self.apply_keyed_into(cluster, key, record, &mut fx);
+        fx
+    }
+
+    /// [`State::apply_keyed`], its effects written into `fx` (empty) where
+    /// the caller keeps them: no copy of them returned.
+    pub fn apply_keyed_into(
+        &mut self,
+        cluster: &str,
+        key: Option<&JobKey>,
+        record: Record,
+        fx: &mut Effects,
+    ) {
         self.counts.records += 1;
         match (record.stream, key) {
-            (EventStream::Resource, _) => self.apply_resource(cluster, record.body, &mut fx),
-            (stream, Some(key)) => self.apply_job(key, stream, record.body, &mut fx),
+            (EventStream::Resource, _) => self.apply_resource(cluster, record.body, fx),
+            (stream, Some(key)) => self.apply_job(key, stream, record.body, fx),
             (stream, None) => {
                 // Only a journal sentinel has no job id; it marks the end of
                 // the backlog and changes nothing.
@@ -668,7 +681,6 @@ impl State {
             self.counts.duplicates += 1;
         }
         self.counts.anomalies += fx.anomalies.len() as u64;
-        fx
     }
 
     fn apply_resource(&mut self, cluster: &str, body: Body, fx: &mut Effects) {

@@ -17,8 +17,8 @@ use crate::keyed::alerts::Clock;
 use crate::keyed::alerts::engine::AlertEvent;
 use crate::keyed::alerts::rule::Rule;
 use crate::keyed::expiry::StateTtl;
-use crate::keyed::processor::Outcome;
 use crate::keyed::processor::Processor;
+use crate::keyed::processor::{Outcome, Processed};
 use crate::keyed::restore::{Gone, is_active};
 use crate::keyed::saved::SavedState;
 use crate::output::OutputRecord;
@@ -311,14 +311,18 @@ impl Shard {
             ShardMsg::Record(routed) => {
                 self.apply(routed).await;
             }
+            // Applied outside any future (see `apply_now`).
             ShardMsg::Records(batch) => {
+                self.prefetch(&batch);
                 for routed in batch {
-                    self.apply(routed).await;
+                    self.apply_now(routed);
+                    self.outputs.flush_if_full().await;
                 }
             }
             ShardMsg::Tallied(batch, tally) => {
                 for routed in batch {
-                    tally.note(self.apply(routed).await);
+                    tally.note(self.apply_now(routed));
+                    self.outputs.flush_if_full().await;
                 }
             }
             // Everything before the barrier is applied, and its outputs
@@ -387,6 +391,18 @@ impl Shard {
         self.outputs.flush().await;
     }
 
+    /// Ask for the memory of the jobs of `batch` before applying it.
+    fn prefetch(&self, batch: &[Routed]) {
+        for routed in batch {
+            let record = &routed.record;
+            let cluster = match &record.cluster {
+                Some(own) => &**own,
+                None => self.sources.get(routed.source).map_or("", |s| &s.cluster),
+            };
+            self.processor.prefetch(cluster, record.id);
+        }
+    }
+
     /// Apply one record and emit its outputs (held until [`Shard::flush`]).
     pub async fn apply(&mut self, routed: Routed) -> Outcome {
         let outcome = self.apply_now(routed);
@@ -427,9 +443,10 @@ impl Shard {
         );
         let exception = exception_of(&record);
         let mut fired = std::mem::take(&mut self.fired);
-        let (outcome, done) =
+        let mut done = Processed::default();
+        let outcome =
             self.processor
-                .process_from(owner.as_ref(), cluster, record, &mut fired);
+                .process_from(owner.as_ref(), cluster, record, &mut fired, &mut done);
         if outcome == Outcome::Refused {
             self.fired = fired;
             self.refused += 1;
@@ -472,17 +489,14 @@ impl Shard {
         self.fired = fired;
         let cluster = cluster_of(&own, &self.sources, source);
         let state = self.processor.state();
+        // The record's job as it stands now, looked up once for the
+        // series and the records.
+        let job = done.key.as_ref().and_then(|k| state.jobs.get(k));
         self.metrics
-            .applied(cluster, stream, &done, exception, state);
-        self.report_tracked();
+            .applied(cluster, stream, &done, exception, job, state);
+        self.metrics.report_tracked(state.jobs.len());
         ShardMetrics::anomalies(&done.fx.anomalies);
-        effects::effects(
-            &mut self.outputs,
-            self.processor.state(),
-            stream,
-            (outcome, done),
-            input,
-        );
+        effects::effects(&mut self.outputs, job, stream, outcome, &mut done, input);
         outcome
     }
 

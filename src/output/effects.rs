@@ -12,7 +12,7 @@ use crate::keyed::JobKey;
 use crate::keyed::alerts::engine::AlertEvent;
 use crate::keyed::alerts::rule::Rule;
 use crate::keyed::processor::{Outcome, Processed};
-use crate::keyed::state::{KeyedAnomaly, State};
+use crate::keyed::state::{JobEntry, KeyedAnomaly};
 
 /// Where output records go. Asked first whether a stream is taken at all,
 /// so a record nobody takes is never built.
@@ -69,12 +69,15 @@ pub fn input(
 /// to `job_updates` before), each rank's change, and the anomalies found.
 /// Alerts are sent apart ([`alerts`]), before these: they are fired by
 /// the clock too. A record refused, or of a job that finished and was
-/// dropped, sends nothing.
+/// dropped, sends nothing. `job`: the record's job as it stands now.
+/// `done` is lent, not given (no copy of it made): its rank changes and
+/// anomalies are taken from it.
 pub fn effects(
     out: &mut impl Emit,
-    state: &State,
+    job: Option<&JobEntry>,
     stream: EventStream,
-    (outcome, done): (Outcome, Processed),
+    outcome: Outcome,
+    done: &mut Processed,
     input: Option<OutputRecord>,
 ) {
     if outcome == Outcome::Refused || done.of_finished_job {
@@ -86,6 +89,7 @@ pub fn effects(
         fx,
         ..
     } = done;
+    let refused_time = *refused_time;
     // A repeat sends only what it was found to be.
     if let Some(record) = input.filter(|_| !fx.duplicate && !refused_time) {
         out.emit(record);
@@ -106,9 +110,9 @@ pub fn effects(
         && fx.transitions.is_empty()
         && stream == EventStream::Job
         && name == "submit"
-        && let Some(key) = &key
+        && let Some(key) = key
     {
-        job(out, state, key, false);
+        summary(out, key, job, false);
     }
     for t in &fx.transitions {
         if transitions {
@@ -116,22 +120,23 @@ pub fn effects(
         }
         let ended = t.transition.to == JobState::Inactive;
         if (ended && jobs) || (!ended && updates) {
-            job(out, state, &t.key, ended);
+            // A record's transitions are its own job's.
+            summary(out, &t.key, job, ended);
         }
     }
     if !fx.rank_changes.is_empty() && out.wants(OutputStream::Resources) {
-        for (cluster, change) in fx.rank_changes {
+        for (cluster, change) in std::mem::take(&mut fx.rank_changes) {
             let ev = at.map(|ts| (name, ts));
             out.emit(OutputRecord::rank_change(&cluster, change, ev));
         }
     }
-    anomalies(out, fx.anomalies);
+    anomalies(out, std::mem::take(&mut fx.anomalies));
 }
 
 /// A job's summary as it stands now: to `jobs` once it `ended`, to
 /// `job_updates` before.
-fn job(out: &mut impl Emit, state: &State, key: &JobKey, ended: bool) {
-    let Some(entry) = state.jobs.get(key) else {
+fn summary(out: &mut impl Emit, key: &JobKey, job: Option<&JobEntry>, ended: bool) {
+    let Some(entry) = job else {
         return;
     };
     let record = JobRecord::new(key, entry);

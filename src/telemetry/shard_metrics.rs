@@ -11,7 +11,7 @@ use crate::flux::resource::ResourceState;
 use crate::keyed::alerts::engine::{AlertEvent, Status};
 use crate::keyed::alerts::rule::Rule;
 use crate::keyed::processor::{Processed, QueueBefore};
-use crate::keyed::state::State;
+use crate::keyed::state::{JobEntry, State};
 use crate::keyed::state::{KeyedAnomaly, KeyedTransition};
 use crate::telemetry::metric;
 use crate::telemetry::{NodeBoard, StateAges, UserJobs};
@@ -134,15 +134,15 @@ impl ShardMetrics {
         }
     }
 
-    /// Shards share one gauge: each adds the change in its own count of
-    /// jobs held, `now`.
-    /// What a record applied did to the job and node series.
+    /// What a record applied did to the job and node series; `job`: the
+    /// record's job as it stands now.
     pub fn applied(
         &mut self,
         cluster: &str,
         stream: EventStream,
         done: &Processed,
         exception: Option<(String, i64)>,
+        job: Option<&JobEntry>,
         state: &State,
     ) {
         let fx = &done.fx;
@@ -167,7 +167,7 @@ impl ShardMetrics {
         if fx.duplicate {
             metrics::counter!(metric::FLUXPIPE_EVENTS_DUPLICATE_TOTAL).increment(1);
         } else {
-            if let Some(entry) = key.and_then(|k| state.jobs.get(k)) {
+            if let Some(entry) = job {
                 self.job_changed(
                     cluster,
                     &entry.job,
@@ -203,6 +203,8 @@ impl ShardMetrics {
         }
     }
 
+    /// Shards share one gauge: each adds the change in its own count of
+    /// jobs held, `now`.
     pub fn report_tracked(&mut self, now: usize) {
         report_share(metric::FLUXPIPE_JOBS_TRACKED, &mut self.reported, now);
     }
