@@ -105,6 +105,13 @@ pub fn restore_all(shards: &mut [Shard], saved: Vec<SavedState>) {
     });
 }
 
+/// Every known label value of `cluster`'s job series is exported, with 0
+/// until it happens.
+fn register_cluster(metrics: &mut ShardMetrics, processor: &Processor, cluster: &Arc<str>) {
+    let rules = processor.alerts().rules_for(true).map(|(_, r)| r);
+    metrics.register_cluster(cluster, rules);
+}
+
 /// A record's cluster: the one it names, else its source's (the shard's
 /// copy, lent), else none.
 fn cluster_of<'a>(
@@ -296,8 +303,7 @@ impl Shard {
     /// Every known label value of the job series is exported, with 0 until
     /// it happens.
     fn register_cluster(&mut self, cluster: &Arc<str>) {
-        let rules = self.processor.alerts().rules_for(true).map(|(_, r)| r);
-        self.metrics.register_cluster(cluster, rules);
+        register_cluster(&mut self.metrics, &self.processor, cluster);
     }
 
     /// Shards share one gauge: each adds the change in its own count.
@@ -480,8 +486,8 @@ impl Shard {
             metrics::counter!(metric::FLUXPIPE_FINISHED_JOB_REPEATS_TOTAL).increment(1);
             return outcome;
         }
-        let rules = self.processor.alerts().rules_for(true).map(|(_, r)| r);
-        self.metrics.register_cluster(cluster, rules);
+        // By the shard's fields: the cluster's name is lent from another.
+        register_cluster(&mut self.metrics, &self.processor, cluster);
         if !fired.is_empty() {
             self.emit_alerts_now(&fired, false);
             fired.clear();
