@@ -96,16 +96,19 @@ impl JobTable {
             .clusters
             .iter()
             .take(BY_ADDRESS)
-            .position(|c| std::ptr::eq(c.name.as_ptr(), cluster.as_ptr()))
+            .position(|c| std::ptr::eq(&*c.name, cluster))
             .or_else(|| self.by_name.get(cluster).copied());
         let Some(at) = at else {
             return;
         };
         if let Some(entry) = self.clusters[at].jobs.get(&id) {
-            let at = std::ptr::from_ref::<JobEntry>(entry).cast::<u8>();
-            for line in (0..size_of::<JobEntry>()).step_by(64) {
-                prefetch(at.wrapping_add(line));
+            // Every line the entry touches: one every 64 bytes from its
+            // start, and its last byte's (an entry not aligned to a line).
+            let start = std::ptr::from_ref::<JobEntry>(entry).cast::<u8>();
+            for offset in (0..size_of::<JobEntry>()).step_by(64) {
+                prefetch(start.wrapping_add(offset));
             }
+            prefetch(start.wrapping_add(size_of::<JobEntry>() - 1));
         }
     }
 

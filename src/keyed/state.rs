@@ -638,18 +638,20 @@ impl State {
         self.apply_keyed(&cluster, key.as_ref(), record)
     }
 
-    /// [`State::apply`] for a caller that holds the record's key already
-    /// (a processor, which interned the cluster's name to admit the
-    /// record, and built the key from its id): nothing looked up twice, and
-    /// a job's key cloned only where it is kept (a new job, a transition).
+    /// [`State::apply`] for a caller that holds the record's key already:
+    /// see [`State::apply_keyed_into`].
     pub fn apply_keyed(&mut self, cluster: &str, key: Option<&JobKey>, record: Record) -> Effects {
         let mut fx = Effects::default();
         self.apply_keyed_into(cluster, key, record, &mut fx);
         fx
     }
 
-    /// [`State::apply_keyed`], its effects written into `fx` (empty) where
-    /// the caller keeps them: no copy of them returned.
+    /// [`State::apply`] for a caller that holds the record's key already
+    /// (a processor, which interned the cluster's name to admit the
+    /// record, and built the key from its id): nothing looked up twice, and
+    /// a job's key cloned only where it is kept (a new job, a transition).
+    /// Its effects are written into `fx` (empty) where the caller keeps
+    /// them: no copy of them returned.
     pub fn apply_keyed_into(
         &mut self,
         cluster: &str,

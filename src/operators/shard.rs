@@ -326,6 +326,7 @@ impl Shard {
                 }
             }
             ShardMsg::Tallied(batch, tally) => {
+                self.prefetch(&batch);
                 for routed in batch {
                     tally.note(self.apply_now(routed));
                     self.outputs.flush_if_full().await;

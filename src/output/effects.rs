@@ -115,6 +115,10 @@ pub fn effects(
         summary(out, key, job, false);
     }
     for t in &fx.transitions {
+        debug_assert!(
+            key.as_ref() == Some(&t.key),
+            "a record's transitions are its job's"
+        );
         if transitions {
             out.emit(OutputRecord::transition(t, name));
         }
