@@ -16,6 +16,7 @@ use super::state::{Effects, JobEntry, KeyedAnomaly, State};
 use crate::decode::{Body, EventStream, Record};
 use crate::flux::anomaly::{Anomaly, AnomalyKind, Stream};
 use crate::flux::job::JobState;
+use crate::flux::jobid::JobId;
 use crate::flux::resource::RankChange;
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -269,7 +270,7 @@ impl Processor {
     /// batch's jobs looked up in one tight loop overlap their misses,
     /// where applying them one by one waits for each in turn.
     #[inline]
-    pub fn prefetch(&self, cluster: &str, id: Option<crate::flux::jobid::JobId>) {
+    pub fn prefetch(&self, cluster: &str, id: Option<JobId>) {
         if let Some(id) = id {
             self.state.jobs.prefetch(cluster, id);
         }

@@ -402,9 +402,9 @@ impl Shard {
     fn prefetch(&self, batch: &[Routed]) {
         for routed in batch {
             let record = &routed.record;
-            let cluster = match &record.cluster {
-                Some(own) => &**own,
-                None => self.sources.get(routed.source).map_or("", |s| &s.cluster),
+            let cluster: &str = match &record.cluster {
+                Some(own) => own,
+                None => cluster_of(&None, &self.sources, routed.source),
             };
             self.processor.prefetch(cluster, record.id);
         }
