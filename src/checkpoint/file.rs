@@ -625,7 +625,7 @@ const PARALLEL_FROM: u64 = 4 << 20;
 
 /// Decode a checkpoint; `path` only names it in errors.
 pub fn decode(bytes: &[u8], path: &Path) -> Result<Checkpoint, CheckpointError> {
-    read_from(&bytes, bytes.len() as u64, path)
+    read_from(bytes, bytes.len() as u64, path)
 }
 
 /// Where a checkpoint's bytes can be read from any offset, as many times
@@ -643,7 +643,7 @@ impl Reopen for &[u8] {
     }
 }
 
-impl Reopen for Path {
+impl Reopen for PathBuf {
     fn open_at(&self, offset: u64) -> std::io::Result<Box<dyn Read + '_>> {
         let mut f = std::fs::File::open(self)?;
         f.seek(SeekFrom::Start(offset))?;
@@ -651,48 +651,75 @@ impl Reopen for Path {
     }
 }
 
-/// Decode a checkpoint of `size` bytes. The parts are decoded on as many
-/// threads as there are cores while one more checksums the payload; each
-/// thread holds the bytes of the one part it is decoding (a version 2 file
-/// has one part per shard), freed once decoded. The state is only returned
-/// once the checksum over all of it has matched.
-pub fn read_from(
-    src: &(impl Reopen + ?Sized),
-    size: u64,
-    path: &Path,
-) -> Result<Checkpoint, CheckpointError> {
+/// A checkpoint opened: its head read and its parts found, none of them
+/// decoded yet (see [`Parts::each`]).
+pub struct Opened<S> {
+    pub head: Head,
+    pub parts: Parts<S>,
+}
+
+/// Where an opened checkpoint's parts lie, to decode.
+pub struct Parts<S> {
+    src: S,
+    path: PathBuf,
+    /// Where the payload starts, its length and its checksum.
+    start: u64,
+    len: u64,
+    sum: u64,
+    /// Each part's offset and length.
+    at: Vec<(u64, u64)>,
+    /// A big state: its parts are decoded on several threads while one
+    /// more checksums the payload. A small one (and the fuzzer's inputs)
+    /// was checked whole before its head was read.
+    parallel: bool,
+}
+
+/// Decode a checkpoint of `size` bytes: see [`Parts::each`]. The state is
+/// only returned once the checksum over all of it has matched.
+pub fn read_from<S: Reopen>(src: S, size: u64, path: &Path) -> Result<Checkpoint, CheckpointError> {
     read(src, size, path, PARALLEL_FROM)
 }
 
 /// [`read_from`], on several threads from a payload of `parallel_from`
 /// bytes.
-fn read(
-    src: &(impl Reopen + ?Sized),
+fn read<S: Reopen>(
+    src: S,
     size: u64,
     path: &Path,
     parallel_from: u64,
 ) -> Result<Checkpoint, CheckpointError> {
-    let corrupt = |why: String| CheckpointError::Corrupt {
+    let Opened { head, parts } = open(src, size, path, parallel_from)?;
+    let mut states = Vec::with_capacity(parts.at.len());
+    parts.each(|state| states.push(state))?;
+    Ok(Checkpoint {
+        head,
+        parts: states,
+    })
+}
+
+/// Read a checkpoint's header and head and find its parts; decoded on
+/// several threads from a payload of `parallel_from` bytes.
+pub(crate) fn open<S: Reopen>(
+    src: S,
+    size: u64,
+    path: &Path,
+    parallel_from: u64,
+) -> Result<Opened<S>, CheckpointError> {
+    let not_one = || CheckpointError::NotACheckpoint {
         path: path.to_path_buf(),
-        why,
-    };
-    let unreadable = |source| CheckpointError::Read {
-        path: path.to_path_buf(),
-        source,
     };
     let mut header = [0u8; HEADER_LEN];
     if size < HEADER_LEN as u64 {
-        return Err(CheckpointError::NotACheckpoint {
-            path: path.to_path_buf(),
-        });
+        return Err(not_one());
     }
     src.open_at(0)
         .and_then(|mut r| r.read_exact(&mut header))
-        .map_err(unreadable)?;
-    if &header[..MAGIC.len()] != MAGIC {
-        return Err(CheckpointError::NotACheckpoint {
+        .map_err(|source| CheckpointError::Read {
             path: path.to_path_buf(),
-        });
+            source,
+        })?;
+    if &header[..MAGIC.len()] != MAGIC {
+        return Err(not_one());
     }
     let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap_or_default());
     let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or_default());
@@ -714,24 +741,55 @@ fn read(
         });
     }
     let len = u64_at(MAGIC.len() + 4);
-    let sum = u64_at(SUM_AT as usize);
     let present = size - HEADER_LEN as u64;
+    let mut parts = Parts {
+        src,
+        path: path.to_path_buf(),
+        start: HEADER_LEN as u64,
+        len,
+        sum: u64_at(SUM_AT as usize),
+        at: Vec::new(),
+        parallel: len >= parallel_from,
+    };
     if present != len {
-        return Err(corrupt(format!(
+        return Err(parts.corrupt(format!(
             "{present} payload bytes where the header says {len} (truncated?)"
         )));
     }
-    let start = HEADER_LEN as u64;
-    let reader =
-        |offset: u64, n: u64| -> std::io::Result<BufReader<std::io::Take<Box<dyn Read + '_>>>> {
-            Ok(BufReader::with_capacity(
-                1 << 20,
-                src.open_at(offset)?.take(n),
-            ))
-        };
-    // The checksum, on its own thread, a megabyte at a time.
-    let summed = || -> std::io::Result<u64> {
-        let mut r = src.open_at(start)?.take(len);
+    if !parts.parallel {
+        parts.check_sum()?;
+    }
+    match parts.locate() {
+        Ok(head) => Ok(Opened { head, parts }),
+        // A damaged file is reported as such before what its damage did
+        // to the decoding.
+        Err(e) => {
+            if parts.parallel {
+                parts.check_sum()?;
+            }
+            Err(e)
+        }
+    }
+}
+
+impl<S: Reopen> Parts<S> {
+    fn corrupt(&self, why: String) -> CheckpointError {
+        CheckpointError::Corrupt {
+            path: self.path.clone(),
+            why,
+        }
+    }
+
+    fn unreadable(&self, source: std::io::Error) -> CheckpointError {
+        CheckpointError::Read {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// The payload's checksum, a megabyte at a time.
+    fn summed(&self) -> std::io::Result<u64> {
+        let mut r = self.src.open_at(self.start)?.take(self.len);
         let mut sum = xxhash_rust::xxh3::Xxh3::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -740,111 +798,145 @@ fn read(
                 n => sum.update(&buf[..n]),
             }
         }
-    };
-    // Each part is read whole and decoded from memory: decoding
-    // from a slice takes strings and markers in place, where decoding from
-    // a reader copies every one of them through a call (a third of the
-    // time). The part is freed as soon as it is decoded.
-    // One buffer per thread serves all its parts: a new one per part
-    // would fault in fresh pages for every part.
-    let decode_parts = |mine: Vec<(usize, (u64, u64))>| {
-        let mut bytes = Vec::new();
-        let mut out = Vec::with_capacity(mine.len());
-        for (i, (offset, n)) in mine {
-            bytes.clear();
-            bytes.reserve(usize::try_from(n).unwrap_or(0));
-            let mut r = src.open_at(offset).map_err(unreadable)?.take(n);
-            r.read_to_end(&mut bytes).map_err(unreadable)?;
-            let state: SavedState =
-                rmp_serde::from_slice(&bytes).map_err(|e| corrupt(format!("part {i}: {e}")))?;
-            out.push((i, state));
-        }
-        Ok::<_, CheckpointError>(out)
-    };
-    // Threads pay off for a big state only; a small one (and the fuzzer's
-    // inputs) is checked, then decoded, on this thread.
-    let parallel = len >= parallel_from;
-    if !parallel && summed().map_err(unreadable)? != sum {
-        return Err(corrupt("checksum mismatch".into()));
     }
-    std::thread::scope(|scope| {
-        let checksum = parallel.then(|| scope.spawn(summed));
-        let decoded = (|| {
-            // The head, then where each shard's bytes lie.
-            let mut payload = Counting {
-                inner: reader(start, len).map_err(unreadable)?,
-                count: 0,
-            };
-            let head: Head =
-                rmp_serde::from_read(&mut payload).map_err(|e| corrupt(format!("head: {e}")))?;
-            let mut parts = Vec::new();
-            let mut at = payload.count;
-            while at < len {
-                if len - at < 8 {
-                    return Err(corrupt("a shard's length is cut short".into()));
-                }
-                let mut n = [0u8; 8];
-                src.open_at(start + at)
-                    .and_then(|mut r| r.read_exact(&mut n))
-                    .map_err(unreadable)?;
-                let n = u64::from_le_bytes(n);
-                if n > len - at - 8 {
-                    return Err(corrupt("a shard runs past the end".into()));
-                }
-                parts.push((start + at + 8, n));
-                at += 8 + n;
-            }
-            let threads = if parallel {
-                std::thread::available_parallelism()
-                    .map_or(1, |n| n.get())
-                    .clamp(1, parts.len().max(1))
-            } else {
-                1
-            };
-            let mut shards: Vec<(usize, SavedState)> = if threads == 1 {
-                decode_parts(parts.iter().copied().enumerate().collect())?
-            } else {
-                let decoders: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let mine: Vec<(usize, (u64, u64))> = parts
-                            .iter()
-                            .copied()
-                            .enumerate()
-                            .skip(t)
-                            .step_by(threads)
-                            .collect();
-                        let decode_parts = &decode_parts;
-                        scope.spawn(move || decode_parts(mine))
-                    })
-                    .collect();
-                let mut shards = Vec::with_capacity(parts.len());
-                for d in decoders {
-                    let got = d
-                        .join()
-                        .map_err(|_| corrupt("a part's decoder failed".into()))??;
-                    shards.extend(got);
-                }
-                shards
-            };
-            shards.sort_by_key(|(i, _)| *i);
-            Ok(Checkpoint {
-                head,
-                parts: shards.into_iter().map(|(_, s)| s).collect(),
-            })
-        })();
-        // A damaged file is reported as such before what its damage did
-        // to the decoding.
-        if let Some(checksum) = checksum {
-            let digest = checksum
-                .join()
-                .map_err(|_| corrupt("the checksum failed".into()))?
-                .map_err(unreadable)?;
-            if digest != sum {
-                return Err(corrupt("checksum mismatch".into()));
-            }
+
+    /// Whether the payload is whole: its checksum matches.
+    pub fn check_sum(&self) -> Result<(), CheckpointError> {
+        if self.summed().map_err(|e| self.unreadable(e))? != self.sum {
+            return Err(self.corrupt("checksum mismatch".into()));
         }
-        decoded
-    })
+        Ok(())
+    }
+
+    /// The head, then where each shard's bytes lie.
+    fn locate(&mut self) -> Result<Head, CheckpointError> {
+        let (start, len) = (self.start, self.len);
+        let mut payload = Counting {
+            inner: BufReader::with_capacity(
+                1 << 20,
+                self.src
+                    .open_at(start)
+                    .map_err(|e| self.unreadable(e))?
+                    .take(len),
+            ),
+            count: 0,
+        };
+        let head: Head =
+            rmp_serde::from_read(&mut payload).map_err(|e| self.corrupt(format!("head: {e}")))?;
+        let mut at = payload.count;
+        while at < len {
+            if len - at < 8 {
+                return Err(self.corrupt("a shard's length is cut short".into()));
+            }
+            let mut n = [0u8; 8];
+            self.src
+                .open_at(start + at)
+                .and_then(|mut r| r.read_exact(&mut n))
+                .map_err(|e| self.unreadable(e))?;
+            let n = u64::from_le_bytes(n);
+            if n > len - at - 8 {
+                return Err(self.corrupt("a shard runs past the end".into()));
+            }
+            self.at.push((start + at + 8, n));
+            at += 8 + n;
+        }
+        Ok(head)
+    }
+
+    /// Part `i`, at `offset` for `n` bytes, read whole into `bytes` and
+    /// decoded from memory: decoding from a slice takes strings and
+    /// markers in place, where decoding from a reader copies every one of
+    /// them through a call (a third of the time).
+    fn decode(
+        &self,
+        i: usize,
+        (offset, n): (u64, u64),
+        bytes: &mut Vec<u8>,
+    ) -> Result<SavedState, CheckpointError> {
+        bytes.clear();
+        bytes.reserve(usize::try_from(n).unwrap_or(0));
+        let mut r = self
+            .src
+            .open_at(offset)
+            .map_err(|e| self.unreadable(e))?
+            .take(n);
+        r.read_to_end(bytes).map_err(|e| self.unreadable(e))?;
+        rmp_serde::from_slice(bytes).map_err(|e| self.corrupt(format!("part {i}: {e}")))
+    }
+
+    /// Decode the parts, handing each to `take` in order as soon as it
+    /// is decoded (its share taken over while the next are decoded). A big
+    /// state's parts are decoded on as many threads as there are cores, a
+    /// part each at a time and one more waiting to be taken, while one more
+    /// thread checksums the payload; one buffer per thread serves all its
+    /// parts (a new one per part would fault in fresh pages for each).
+    /// What was taken is only sound once this returns `Ok`: a checksum
+    /// that does not match fails it, before any error its damage caused.
+    pub fn each(self, mut take: impl FnMut(SavedState)) -> Result<(), CheckpointError> {
+        let threads = if self.parallel {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, self.at.len().max(1))
+        } else {
+            1
+        };
+        let this = &self;
+        std::thread::scope(|scope| {
+            let checksum = this.parallel.then(|| scope.spawn(|| this.summed()));
+            let decoded = if threads == 1 {
+                let mut bytes = Vec::new();
+                this.at.iter().enumerate().try_for_each(|(i, &at)| {
+                    take(this.decode(i, at, &mut bytes)?);
+                    Ok(())
+                })
+            } else {
+                // Part i is thread i % threads's: taken from its channel in
+                // turn, the parts come in order.
+                let mut rxs = Vec::with_capacity(threads);
+                let mut decoders = Vec::with_capacity(threads);
+                for t in 0..threads {
+                    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                    rxs.push(rx);
+                    decoders.push(scope.spawn(move || {
+                        let mut bytes = Vec::new();
+                        for (i, &at) in this.at.iter().enumerate().skip(t).step_by(threads) {
+                            let part = this.decode(i, at, &mut bytes);
+                            let failed = part.is_err();
+                            if tx.send(part).is_err() || failed {
+                                break;
+                            }
+                        }
+                    }));
+                }
+                let taken = (0..this.at.len()).try_for_each(|i| {
+                    let part = rxs
+                        .get(i % threads)
+                        .and_then(|rx| rx.recv().ok())
+                        .ok_or_else(|| this.corrupt("a part's decoder failed".into()))??;
+                    take(part);
+                    Ok(())
+                });
+                // A decoder waiting to hand on a part is let go.
+                drop(rxs);
+                let joined = decoders.into_iter().all(|d| d.join().is_ok());
+                taken.and_then(|()| {
+                    joined
+                        .then_some(())
+                        .ok_or_else(|| this.corrupt("a part's decoder failed".into()))
+                })
+            };
+            if let Some(checksum) = checksum {
+                let digest = checksum
+                    .join()
+                    .map_err(|_| this.corrupt("the checksum failed".into()))?
+                    .map_err(|e| this.unreadable(e))?;
+                if digest != this.sum {
+                    return Err(this.corrupt("checksum mismatch".into()));
+                }
+            }
+            decoded
+        })
+    }
 }
 
 /// Read the checkpoint in `dir`; `None` if there is none yet.
@@ -855,7 +947,19 @@ pub fn load(dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Read { path, source }),
     };
-    read_from(path.as_path(), size, &path).map(Some)
+    read_from(path.clone(), size, &path).map(Some)
+}
+
+/// Open the checkpoint in `dir` (its head read, its parts found, see
+/// [`Parts::each`]); `None` if there is none yet.
+pub fn open_in(dir: &Path) -> Result<Option<Opened<PathBuf>>, CheckpointError> {
+    let path = dir.join(FILE_NAME);
+    let size = match std::fs::metadata(&path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(CheckpointError::Read { path, source }),
+    };
+    open(path.clone(), size, &path, PARALLEL_FROM).map(Some)
 }
 
 /// Replace the checkpoint in `dir`, atomically and durably; returns its
@@ -1155,7 +1259,7 @@ mod tests {
         let p = Path::new("p");
         let back = |parts: &[ShardBytes]| {
             let bytes = encode(&head, parts).unwrap();
-            read(&&bytes[..], bytes.len() as u64, p, u64::MAX).unwrap()
+            read(&bytes[..], bytes.len() as u64, p, u64::MAX).unwrap()
         };
         let (alone, threads) = (back(&[alone]), back(&[in_memory]));
         assert_eq!(alone.parts.len(), 1);
@@ -1177,8 +1281,8 @@ mod tests {
         let bytes = encode(&head, &parts).unwrap();
         let p = Path::new("p");
         let jobs = |c: &Checkpoint| c.parts.iter().map(|s| s.jobs.len()).collect::<Vec<_>>();
-        let on_threads = read(&&bytes[..], bytes.len() as u64, p, 0).unwrap();
-        let here = read(&&bytes[..], bytes.len() as u64, p, u64::MAX).unwrap();
+        let on_threads = read(&bytes[..], bytes.len() as u64, p, 0).unwrap();
+        let here = read(&bytes[..], bytes.len() as u64, p, u64::MAX).unwrap();
         assert_eq!(jobs(&on_threads), vec![40, 3, 0]);
         assert_eq!(jobs(&on_threads), jobs(&here));
         // A damaged byte anywhere is a checksum mismatch either way.
@@ -1187,7 +1291,16 @@ mod tests {
         flipped[i] ^= 0x40;
         for from in [0, u64::MAX] {
             assert!(matches!(
-                read(&&flipped[..], flipped.len() as u64, p, from),
+                read(&flipped[..], flipped.len() as u64, p, from),
+                Err(CheckpointError::Corrupt { why, .. }) if why == "checksum mismatch"
+            ));
+        }
+        // In the head too, read before the checksum is known on threads.
+        let mut flipped = bytes.clone();
+        flipped[HEADER_LEN + 1] ^= 0x40;
+        for from in [0, u64::MAX] {
+            assert!(matches!(
+                read(&flipped[..], flipped.len() as u64, p, from),
                 Err(CheckpointError::Corrupt { why, .. }) if why == "checksum mismatch"
             ));
         }

@@ -46,6 +46,16 @@ pub struct Restored {
     pub resources: Vec<String>,
 }
 
+/// A take-over part by part under way ([`Processor::restore_part`]).
+#[derive(Debug, Default)]
+pub struct Restoring {
+    out: Restored,
+    /// The jobs taken over, to list at the end.
+    unlisted: Vec<super::state::Unlisted>,
+    /// Conditions whose subjects were not at hand when met.
+    out_of_order: Vec<SavedCondition>,
+}
+
 /// What revoked partitions owned, given back.
 #[derive(Debug, Default)]
 pub struct Released {
@@ -65,7 +75,21 @@ impl Processor {
     /// clock (one a made-up date moved beyond belief stays behind) and
     /// the time to live of ended jobs (from their end).
     pub fn restore(&mut self, saved: SavedState) -> Restored {
-        let mut out = Restored::default();
+        let mut restoring = Restoring::default();
+        self.restore_part(&mut restoring, saved);
+        self.end_restore(restoring)
+    }
+
+    /// [`Processor::restore`] a part at a time, as a checkpoint's parts
+    /// are decoded: what is taken over is held at once; the listing, the
+    /// draining ranks and the conditions of subjects not met yet wait for
+    /// [`Processor::end_restore`].
+    pub fn restore_part(&mut self, restoring: &mut Restoring, saved: SavedState) {
+        let Restoring {
+            out,
+            unlisted,
+            out_of_order,
+        } = restoring;
         let latest = self.latest_plausible();
         for (cluster, t) in saved.clock.clusters() {
             if t <= latest {
@@ -87,18 +111,17 @@ impl Processor {
             out.resources.push(cluster.clone());
             self.state.insert_resources(cluster, res);
         }
-        // Room for all at once: a million restored jobs, one table growth
-        // instead of many. Nothing in this loop touches a reference count
+        // Room for the part's jobs at once: one table growth at most, not
+        // one per doubling. Nothing in this loop touches a reference count
         // or a metric per job: each is an atomic operation, which waits
         // for the table's pending cache misses.
         self.state.reserve_jobs(saved.jobs.iter().map(|(k, _)| k));
         out.entered.reserve(saved.jobs.len());
+        unlisted.reserve(saved.jobs.len());
         // A checkpoint lists jobs' conditions in the order of the jobs: each
         // goes into its job's entry while the entry is at hand. What is out
         // of that order (nodes', an older layout's) is looked up after.
         let mut conditions = saved.alerts.into_iter().peekable();
-        let mut out_of_order = Vec::new();
-        let mut unlisted = Vec::with_capacity(saved.jobs.len());
         let mut last: Option<(Arc<str>, u32)> = None;
         for (key, mut entry) in saved.jobs {
             let own = |c: &SavedCondition| matches!(&c.subject, Subject::Job(k) if *k == key);
@@ -113,8 +136,7 @@ impl Processor {
             // take the restored ones' places in the firing index. (Listed
             // first if it came in this restore, so its listing goes too.)
             if self.state.jobs.contains_key(&key) {
-                self.state
-                    .list(&out.clusters, std::mem::take(&mut unlisted));
+                self.state.list(&out.clusters, std::mem::take(unlisted));
                 if let Some(old) = self.remove_job(&key) {
                     out.replaced.push(old);
                 }
@@ -154,12 +176,23 @@ impl Processor {
             }
             unlisted.push(self.state.insert_unlisted(&key, entry, cluster));
         }
+        out_of_order.extend(conditions);
+    }
+
+    /// The end of a take-over part by part: the jobs are listed, the
+    /// draining ranks looked at again and the conditions of subjects met
+    /// out of order restored.
+    pub fn end_restore(&mut self, restoring: Restoring) -> Restored {
+        let Restoring {
+            mut out,
+            unlisted,
+            out_of_order,
+        } = restoring;
         self.state.list(&out.clusters, unlisted);
         // Draining as the jobs held now say (processors restore side by
         // side: holds of other processors' jobs come in as they do, and the
         // next refresh looks at them).
         self.state.recheck_draining();
-        out_of_order.extend(conditions);
         let firing = self.alerts.restore(out_of_order, &mut self.state.jobs);
         out.firing.extend(firing);
         // Announced again: the subjects' conditions are to be logged.

@@ -114,6 +114,29 @@ impl SavedState {
         }
     }
 
+    /// This part's share for each of `n` shards: the whole part for the
+    /// one shard that owns every entry of it (nothing moved entry by
+    /// entry), else its entries dealt out; every shard learns its clock.
+    pub fn deal(self, n: usize, pick: impl Fn(&str, Option<u64>) -> usize) -> Vec<SavedState> {
+        let n = n.max(1);
+        let pick = |cluster: &str, id: Option<u64>| pick(cluster, id).min(n - 1);
+        let owner = if n == 1 { Some(0) } else { self.owner(pick) };
+        let Some(i) = owner else {
+            return self.split(n, pick);
+        };
+        let mut out: Vec<SavedState> = (0..n)
+            .map(|_| SavedState {
+                clock: self.clock.clone(),
+                ..SavedState::default()
+            })
+            .collect();
+        // `pick` gives at most n - 1.
+        if let Some(slot) = out.get_mut(i) {
+            *slot = self;
+        }
+        out
+    }
+
     /// The entries dealt out to `n` shards.
     pub fn split(self, n: usize, pick: impl Fn(&str, Option<u64>) -> usize) -> Vec<SavedState> {
         let mut out: Vec<SavedState> = (0..n.max(1)).map(|_| SavedState::default()).collect();

@@ -21,7 +21,6 @@ use crate::channels::router::{Router, ShardMsg, ShardSnapshot, SourceInfo};
 use crate::checkpoint::coordinator::{self, Coordinator, Schedule};
 use crate::checkpoint::file::{self as checkpoint, Head};
 use crate::keyed::alerts::watch::Watch;
-use crate::keyed::saved::SavedState;
 use crate::operators::feed_watch;
 use crate::operators::shard::{self, AlertSetup, Retention, Shard};
 use crate::sinks::SinkConfig;
@@ -29,6 +28,7 @@ use crate::sinks::{self, SinkContext};
 use crate::sources::{self, SourceContext, SourceSpec};
 use crate::telemetry;
 use anyhow::{Context, Result};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
@@ -108,8 +108,13 @@ fn on_own_thread(
 /// How long the API server may take to finish its answers at a stop.
 const SERVER_STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// Read the checkpoint and deal its state out to `workers` shards.
-fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<SavedState>)> {
+/// What a restart resumes from: the checkpoint's head, and its parts to
+/// decode once the shards exist.
+type Resumed = (Option<Head>, Option<checkpoint::Parts<PathBuf>>);
+
+/// Open the checkpoint: its head now, its parts for the shards to take
+/// over (see [`shard::restore_from`]).
+fn open_checkpoint(config: &Config) -> Result<Resumed> {
     let dir = &config.data_dir;
     let stale = checkpoint::remove_spills(dir);
     if stale > 0 {
@@ -118,14 +123,14 @@ fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<SavedSt
             "removed scratch files of an interrupted checkpoint"
         );
     }
-    let Some(saved) = checkpoint::load(dir)
-        .with_context(|| "cannot restore the checkpoint; `fluxpipe run --reset-state` sets it aside and starts from nothing")?
-    else {
-        return Ok((None, (0..workers).map(|_| SavedState::default()).collect()));
+    let Some(opened) = checkpoint::open_in(dir).with_context(|| RESTORE_FAILED)? else {
+        return Ok((None, None));
     };
     // Another pipeline's state (a data folder shared by two configs) is
     // not taken silently.
-    if let Some(why) = checkpoint::mismatch(&saved.head.identities, &config.source_identities()) {
+    if let Some(why) = checkpoint::mismatch(&opened.head.identities, &config.source_identities()) {
+        // A damaged head is said as such, not as another pipeline's.
+        opened.parts.check_sum().with_context(|| RESTORE_FAILED)?;
         let told = if config.adopt_checkpoint {
             "--adopt-checkpoint"
         } else if config.checkpoint.adopt_mismatched {
@@ -142,16 +147,11 @@ fn restore(config: &Config, workers: usize) -> Result<(Option<Head>, Vec<SavedSt
         };
         tracing::warn!("{told}: restoring the checkpoint of another pipeline: {why}");
     }
-    let (head, shards) = saved.split(workers, |c, id| Router::shard_index(workers, c, id));
-    let jobs: usize = shards.iter().map(|s| s.jobs.len()).sum();
-    tracing::info!(
-        seq = head.seq,
-        jobs,
-        sources = head.sources.len(),
-        "restored the checkpoint"
-    );
-    Ok((Some(head), shards))
+    Ok((Some(opened.head), Some(opened.parts)))
 }
+
+/// Why a start failed on its checkpoint, and the way out.
+const RESTORE_FAILED: &str = "cannot restore the checkpoint; `fluxpipe run --reset-state` sets it aside and starts from nothing";
 
 /// Sources whose partitions' state goes to a changelog.
 fn changelog_sources(config: &Config) -> Vec<Arc<str>> {
@@ -203,7 +203,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    let (head, restored) = restore(&config, workers)?;
+    let (head, parts) = open_checkpoint(&config)?;
 
     // Metrics are recorded only when something exports them. The server
     // is bound before anything reads: a taken address fails the start.
@@ -270,6 +270,64 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         }
     }
     views.buffers = outputs.counters();
+    let alert_setup = AlertSetup {
+        rules: alert_rules,
+        clock: config.alerts.clock,
+        shared: Default::default(),
+    };
+    views
+        .nodes
+        .set_clock(config.alerts.clock, alert_setup.shared.clone());
+    let source_table: Vec<SourceInfo> = config
+        .sources
+        .iter()
+        .map(|(name, source)| SourceInfo::new(name, &source.decode().cluster))
+        .collect();
+    // Each shard encodes its state at a barrier on its share of the cores.
+    let encode_threads = checkpoint::encode_threads(workers);
+    // The ranks jobs hold, over every shard's jobs: for draining.
+    let allocations = crate::keyed::state::SharedAllocations::default();
+    // The ranks all clusters' resource states may hold together.
+    let rank_budget = crate::keyed::state::RankBudget::new(config.operators.max_ranks);
+    // The clusters all shards follow together.
+    let cluster_budget = crate::keyed::state::ClusterBudget::new(config.operators.max_clusters);
+    let mut shards: Vec<Shard> = (0..workers)
+        .map(|index| {
+            Shard::new(
+                outputs.clone(),
+                retention(&config.operators, workers),
+                views.nodes.clone(),
+                views.ages.clone(),
+                alert_setup.clone(),
+            )
+            .with_changelog(changelog_sources(&config))
+            .with_user_jobs(views.users.clone())
+            .with_allocations(allocations.clone())
+            .with_rank_budget(rank_budget.clone())
+            .with_cluster_budget(cluster_budget.clone())
+            .with_sources(&source_table)
+            .with_spill(config.data_dir.clone(), index, encode_threads)
+        })
+        .collect();
+    // Set up first, so what is restored is counted where it is exported
+    // (per-user job counts included). Before any sink starts: a file sink
+    // cuts its file back to the checkpoint's offsets, which only a
+    // checkpoint read whole and sound may tell it.
+    if let Some(parts) = parts {
+        let started = std::time::Instant::now();
+        shard::restore_from(&mut shards, parts, |c, id| {
+            Router::shard_index(workers, c, id)
+        })
+        .with_context(|| RESTORE_FAILED)?;
+        let jobs: usize = shards.iter().map(Shard::jobs_tracked).sum();
+        tracing::info!(
+            seq = head.as_ref().map_or(0, |h| h.seq),
+            jobs,
+            sources = head.as_ref().map_or(0, |h| h.sources.len()),
+            secs = started.elapsed().as_secs_f64(),
+            "restored the checkpoint"
+        );
+    }
     let mut sink_tasks = JoinSet::new();
     for ((name, sink), rx) in config.sinks.iter().zip(sink_rxs) {
         let (name, sink, ctx) = (name.clone(), sink.clone(), sink_ctx.clone());
@@ -291,48 +349,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         });
     }
 
-    let alert_setup = AlertSetup {
-        rules: alert_rules,
-        clock: config.alerts.clock,
-        shared: Default::default(),
-    };
-    views
-        .nodes
-        .set_clock(config.alerts.clock, alert_setup.shared.clone());
-    let source_table: Vec<SourceInfo> = config
-        .sources
-        .iter()
-        .map(|(name, source)| SourceInfo::new(name, &source.decode().cluster))
-        .collect();
-    // Each shard encodes its state at a barrier on its share of the cores.
-    let encode_threads = checkpoint::encode_threads(restored.len());
-    // The ranks jobs hold, over every shard's jobs: for draining.
-    let allocations = crate::keyed::state::SharedAllocations::default();
-    // The ranks all clusters' resource states may hold together.
-    let rank_budget = crate::keyed::state::RankBudget::new(config.operators.max_ranks);
-    // The clusters all shards follow together.
-    let cluster_budget = crate::keyed::state::ClusterBudget::new(config.operators.max_clusters);
-    let mut shards: Vec<Shard> = (0..restored.len())
-        .map(|index| {
-            Shard::new(
-                outputs.clone(),
-                retention(&config.operators, workers),
-                views.nodes.clone(),
-                views.ages.clone(),
-                alert_setup.clone(),
-            )
-            .with_changelog(changelog_sources(&config))
-            .with_user_jobs(views.users.clone())
-            .with_allocations(allocations.clone())
-            .with_rank_budget(rank_budget.clone())
-            .with_cluster_budget(cluster_budget.clone())
-            .with_sources(&source_table)
-            .with_spill(config.data_dir.clone(), index, encode_threads)
-        })
-        .collect();
-    // Set up first, so what is restored is counted where it is exported
-    // (per-user job counts included).
-    shard::restore_all(&mut shards, restored);
     let mut shard_tasks = JoinSet::new();
     let mut shard_txs = Vec::with_capacity(workers);
     let mut shard_threads = Vec::with_capacity(workers);

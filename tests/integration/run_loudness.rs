@@ -403,3 +403,61 @@ fn a_stop_with_a_failing_sink_is_bounded_and_a_second_signal_is_at_once() {
         log.lock().expect("lock")
     );
 }
+
+#[test]
+fn a_damaged_checkpoint_fails_the_start_before_any_sink_cuts_its_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let journal = dir.path().join("journal.jsonl");
+    let out = dir.path().join("jobs.jsonl");
+    // Enough jobs for a checkpoint decoded on threads while the shards
+    // take its parts over (a few megabytes).
+    let made = fluxpipe()
+        .args(["generate", "--seed", "3", "--jobs", "20000", "--out"])
+        .arg(&journal)
+        .output()
+        .expect("generate");
+    assert!(made.status.success(), "{made:?}");
+    let config = dir.path().join("p.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {data:?}\n[sources.journal]\ntype = \"stdin\"\n\
+             [sinks.out]\ntype = \"file\"\npath = {out:?}\ninputs = [\"jobs\"]\n"
+        ),
+    )
+    .expect("config");
+    let run = || {
+        fluxpipe()
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdin(std::fs::File::open(&journal).expect("journal"))
+            .output()
+            .expect("run")
+    };
+    let first = run();
+    assert!(first.status.success(), "{first:?}");
+    let saved = data.join("checkpoint.bin");
+    let mut bytes = std::fs::read(&saved).expect("a checkpoint");
+    assert!(bytes.len() > 4 << 20, "{} bytes", bytes.len());
+    // Written after the checkpoint: a start from it would cut this line.
+    let mut text = std::fs::read_to_string(&out).expect("output");
+    text.push_str("{\"after\":\"the checkpoint\"}\n");
+    std::fs::write(&out, &text).expect("output");
+    // A bit flipped in a part the shards take over.
+    let i = bytes.len() / 2;
+    bytes[i] ^= 0x10;
+    std::fs::write(&saved, &bytes).expect("damage");
+
+    let second = run();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{err}");
+    for words in ["checksum mismatch", "--reset-state"] {
+        assert!(err.contains(words), "no {words:?} in: {err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&out).expect("output"),
+        text,
+        "the file sink never started"
+    );
+}
