@@ -10,8 +10,9 @@
 //! files in `data_dir` ([`Spill`]), which are copied into the checkpoint
 //! and removed: a million jobs' encoded state (~230 MB) never
 //! sits in memory beside the state itself. Restore decodes the parts on
-//! every core, merges them and deals the entries out again by key, so the
-//! number of workers may change between runs.
+//! every core and deals each one's entries out again by key as it comes
+//! (whole to a shard that owns all of it), so the number of workers may
+//! change between runs.
 //!
 //! The file is replaced atomically and durably (temporary file, fsync,
 //! rename, fsync of the folder; the `atomic-write-file` crate), so a crash
@@ -652,7 +653,8 @@ impl Reopen for PathBuf {
 }
 
 /// A checkpoint opened: its head read and its parts found, none of them
-/// decoded yet (see [`Parts::each`]).
+/// decoded yet (see [`Parts::each`]). A big payload's head is read before
+/// its checksum is known: act on it only once `each` has returned `Ok`.
 pub struct Opened<S> {
     pub head: Head,
     pub parts: Parts<S>,
@@ -866,12 +868,13 @@ impl<S: Reopen> Parts<S> {
 
     /// Decode the parts, handing each to `take` in order as soon as it
     /// is decoded (its share taken over while the next are decoded). A big
-    /// state's parts are decoded on as many threads as there are cores, a
-    /// part each at a time and one more waiting to be taken, while one more
-    /// thread checksums the payload; one buffer per thread serves all its
-    /// parts (a new one per part would fault in fresh pages for each).
-    /// What was taken is only sound once this returns `Ok`: a checksum
-    /// that does not match fails it, before any error its damage caused.
+    /// state's parts are decoded on as many threads as there are cores
+    /// while one more checksums the payload; each decoder holds the part
+    /// it decodes and one decoded part waiting, and one buffer serves all
+    /// its parts (a new one per part would fault in fresh pages for each).
+    /// Nothing is handed on before the checksum over the whole payload has
+    /// matched: what takes a part over may trust it as saved. A damaged
+    /// file is reported as such before any error its damage caused.
     pub fn each(self, mut take: impl FnMut(SavedState)) -> Result<(), CheckpointError> {
         let threads = if self.parallel {
             std::thread::available_parallelism()
@@ -882,11 +885,28 @@ impl<S: Reopen> Parts<S> {
         };
         let this = &self;
         std::thread::scope(|scope| {
-            let checksum = this.parallel.then(|| scope.spawn(|| this.summed()));
+            let mut checksum = this.parallel.then(|| scope.spawn(|| this.summed()));
+            // The checksum's answer, waited for once (a small state's was
+            // known before its head was read).
+            let mut verify = || -> Result<(), CheckpointError> {
+                let Some(summing) = checksum.take() else {
+                    return Ok(());
+                };
+                let digest = summing
+                    .join()
+                    .map_err(|_| this.corrupt("the checksum failed".into()))?
+                    .map_err(|e| this.unreadable(e))?;
+                if digest != this.sum {
+                    return Err(this.corrupt("checksum mismatch".into()));
+                }
+                Ok(())
+            };
             let decoded = if threads == 1 {
                 let mut bytes = Vec::new();
                 this.at.iter().enumerate().try_for_each(|(i, &at)| {
-                    take(this.decode(i, at, &mut bytes)?);
+                    let part = this.decode(i, at, &mut bytes);
+                    verify()?;
+                    take(part?);
                     Ok(())
                 })
             } else {
@@ -912,28 +932,26 @@ impl<S: Reopen> Parts<S> {
                     let part = rxs
                         .get(i % threads)
                         .and_then(|rx| rx.recv().ok())
-                        .ok_or_else(|| this.corrupt("a part's decoder failed".into()))??;
-                    take(part);
+                        .ok_or_else(|| this.corrupt("a part's decoder failed".into()));
+                    verify()?;
+                    take(part??);
                     Ok(())
                 });
                 // A decoder waiting to hand on a part is let go.
                 drop(rxs);
-                let joined = decoders.into_iter().all(|d| d.join().is_ok());
+                // Every decoder joined here, so a panic is this error, not
+                // the scope's.
+                let mut joined = true;
+                for d in decoders {
+                    joined &= d.join().is_ok();
+                }
                 taken.and_then(|()| {
                     joined
                         .then_some(())
                         .ok_or_else(|| this.corrupt("a part's decoder failed".into()))
                 })
             };
-            if let Some(checksum) = checksum {
-                let digest = checksum
-                    .join()
-                    .map_err(|_| this.corrupt("the checksum failed".into()))?
-                    .map_err(|e| this.unreadable(e))?;
-                if digest != this.sum {
-                    return Err(this.corrupt("checksum mismatch".into()));
-                }
-            }
+            verify()?;
             decoded
         })
     }
@@ -1091,24 +1109,47 @@ mod tests {
     #[test]
     fn shards_saved_by_as_many_workers_come_back_whole_with_every_clock() {
         let st = state_with(10);
-        let mut saved = Vec::new();
-        for i in 0..2u64 {
-            let mut part = SavedState::default();
-            for (k, e) in st.jobs.iter() {
-                if k.id.0 % 2 == i {
-                    part.jobs.push((k.to_key(), Box::new(e.clone())));
+        let saved = || {
+            let mut saved = Vec::new();
+            for i in 0..2u64 {
+                let mut part = SavedState::default();
+                for (k, e) in st.jobs.iter() {
+                    if k.id.0 % 2 == i {
+                        part.jobs.push((k.to_key(), Box::new(e.clone())));
+                    }
                 }
+                part.clock.advance(&format!("c{i}"), 10.0 + i as f64);
+                saved.push(part);
             }
-            part.clock.advance(&format!("c{i}"), 10.0 + i as f64);
-            saved.push(part);
-        }
+            saved
+        };
+        let pick = |_: &str, id: Option<u64>| id.unwrap_or(0) as usize % 2;
         let ck = Checkpoint {
             head: Head::default(),
-            parts: saved,
+            parts: saved(),
         };
-        let (_, out) = ck.split(2, |_, id| id.unwrap_or(0) as usize % 2);
+        let (_, out) = ck.split(2, pick);
         for (i, s) in out.iter().enumerate() {
             assert_eq!(s.jobs.len(), 5);
+            assert!(s.jobs.iter().all(|(k, _)| k.id.0 as usize % 2 == i));
+            assert_eq!(s.clock.now("c0"), Some(10.0));
+            assert_eq!(s.clock.now("c1"), Some(11.0));
+        }
+        // Part by part, as a restore deals them: each part whole to the
+        // shard that owns it, its clock to every shard.
+        let mut out: Vec<SavedState> = vec![SavedState::default(), SavedState::default()];
+        for (p, part) in saved().into_iter().enumerate() {
+            let shares = part.deal(2, pick);
+            assert_eq!(shares[p].jobs.len(), 5, "part {p} whole to shard {p}");
+            assert!(shares[1 - p].jobs.is_empty());
+            for (to, share) in out.iter_mut().zip(shares) {
+                for (c, t) in share.clock.clusters() {
+                    to.clock.advance(c, t);
+                }
+                to.append(share);
+            }
+        }
+        for (i, s) in out.iter().enumerate() {
             assert!(s.jobs.iter().all(|(k, _)| k.id.0 as usize % 2 == i));
             assert_eq!(s.clock.now("c0"), Some(10.0));
             assert_eq!(s.clock.now("c1"), Some(11.0));
@@ -1295,12 +1336,21 @@ mod tests {
                 Err(CheckpointError::Corrupt { why, .. }) if why == "checksum mismatch"
             ));
         }
-        // In the head too, read before the checksum is known on threads.
+        // No part is handed on before the checksum has matched.
+        let opened = open(&flipped[..], flipped.len() as u64, p, 0).unwrap();
+        let mut taken = 0;
+        assert!(matches!(
+            opened.parts.each(|_| taken += 1),
+            Err(CheckpointError::Corrupt { why, .. }) if why == "checksum mismatch"
+        ));
+        assert_eq!(taken, 0, "nothing taken from a damaged file");
+        // In the head too, read before the checksum is known on threads:
+        // a head that cannot be decoded is said as damage, by `open`.
         let mut flipped = bytes.clone();
-        flipped[HEADER_LEN + 1] ^= 0x40;
+        flipped[HEADER_LEN] ^= 0x40;
         for from in [0, u64::MAX] {
             assert!(matches!(
-                read(&flipped[..], flipped.len() as u64, p, from),
+                open(&flipped[..], flipped.len() as u64, p, from),
                 Err(CheckpointError::Corrupt { why, .. }) if why == "checksum mismatch"
             ));
         }

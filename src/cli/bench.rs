@@ -394,8 +394,8 @@ fn checkpoint_times(
     drop(shards);
     // Timed as a start does it: the checkpoint opened, then its parts
     // decoded while the shards take them over.
-    let mut restored = new_shards();
     let start = Instant::now();
+    let mut restored = new_shards();
     let opened = checkpoint::open_in(&folder)?.ok_or_else(|| anyhow!("the checkpoint is gone"))?;
     shard::restore_from(&mut restored, opened.parts, |c, id| {
         Router::shard_index(n, c, id)

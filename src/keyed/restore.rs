@@ -111,8 +111,9 @@ impl Processor {
             out.resources.push(cluster.clone());
             self.state.insert_resources(cluster, res);
         }
-        // Room for the part's jobs at once: one table growth at most, not
-        // one per doubling. Nothing in this loop touches a reference count
+        // Room for the part's jobs at once: a growth per part at most
+        // (a million jobs in parts of 65,536: five), not one per doubling
+        // of the table. Nothing in this loop touches a reference count
         // or a metric per job: each is an atomic operation, which waits
         // for the table's pending cache misses.
         self.state.reserve_jobs(saved.jobs.iter().map(|(k, _)| k));

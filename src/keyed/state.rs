@@ -583,8 +583,8 @@ impl State {
         c
     }
 
-    /// Room for restored jobs (a million: one growth of each cluster's
-    /// table, not many), each cluster's table made with the shared copy
+    /// Room for restored jobs (a part's: one growth of each cluster's
+    /// table at most, not one per doubling), each cluster's table made with the shared copy
     /// of its name, the copy live keys carry (keys decoded on other
     /// threads carry copies of their own, and a table named by one of
     /// those would have every live lookup hash the name).

@@ -105,17 +105,18 @@ pub fn restore_all(shards: &mut [Shard], saved: Vec<SavedState>) {
     });
 }
 
-/// Parts dealt out to a shard and not yet taken over: the decoders run
-/// this far ahead of the slowest shard, no further.
+/// Shares of parts queued for a shard: with what each decoder holds (see
+/// [`Parts::each`]), the decoders run a few parts ahead of the slowest
+/// shard, no further.
 const PARTS_AHEAD: usize = 2;
 
 /// Restore `shards` from a checkpoint's parts while they are decoded:
 /// each shard takes over its share of a part on a thread of its own as
 /// soon as the part is decoded and dealt out by `shard_of`, while the next
 /// parts are decoded (on one worker a restore took the sum of the two, on
-/// two cores it takes about the longer). A checkpoint that turns out
-/// damaged fails this whatever the shards took over: they are not to be
-/// used.
+/// two cores it takes about the longer). A damaged checkpoint fails this
+/// before any part is taken over; a part that cannot be decoded fails it
+/// after the parts before it were: the shards are then not to be used.
 pub fn restore_from<S: Reopen>(
     shards: &mut [Shard],
     parts: Parts<S>,
@@ -1246,7 +1247,11 @@ mod tests {
         let opened =
             checkpoint::open(&flipped[..], flipped.len() as u64, Path::new("ck"), 0).unwrap();
         let mut shards = vec![new_shard()];
-        assert!(restore_from(&mut shards, opened.parts, |_, _| 0).is_err());
+        assert!(matches!(
+            restore_from(&mut shards, opened.parts, |_, _| 0),
+            Err(CheckpointError::Corrupt { why, .. }) if why == "checksum mismatch"
+        ));
+        assert_eq!(shards[0].jobs_tracked(), 0, "nothing taken over");
     }
 
     /// A checkpoint fluxpipe wrote in format version 2 (how it was made:
