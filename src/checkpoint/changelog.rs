@@ -392,7 +392,7 @@ mod tests {
         };
         assert_eq!((&*key.cluster, key.id.0), ("c", 42));
         assert_eq!(entry.job.userid(), Some(5));
-        assert!(entry.exec.is_none() && entry.protocol.is_none());
+        assert!(entry.exec_log().is_none() && entry.protocol().is_none());
         assert_eq!(clock, Some(100.5));
         // Written again, it is the newer format and shorter.
         let again = EntryRef::Job {

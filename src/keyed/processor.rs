@@ -889,6 +889,40 @@ mod tests {
     use crate::flux::anomaly::AnomalyKind;
 
     #[test]
+    fn a_restore_in_parts_makes_room_for_them_all_at_the_first() {
+        let c: Arc<str> = Arc::from("c");
+        let part = |from: u64| super::super::saved::SavedState {
+            jobs: (from..from + 1000)
+                .map(|id| {
+                    let key = JobKey {
+                        cluster: c.clone(),
+                        id: JobId(id),
+                    };
+                    (key, Box::default())
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut p = Processor::new(Vec::new(), Clock::Event);
+        let mut restoring = super::super::restore::Restoring::of_parts(3);
+        p.restore_part(&mut restoring, part(0));
+        let (_, room) = p.state.jobs.cluster_room("c").unwrap();
+        assert!(room >= 3000, "room for three parts: {room}");
+        p.restore_part(&mut restoring, part(1000));
+        p.restore_part(&mut restoring, part(2000));
+        assert_eq!(p.state.jobs.cluster_room("c").unwrap().1, room, "no growth");
+        p.end_restore(restoring);
+        // Each entry holds the id it was restored under.
+        assert_eq!(p.state.jobs.len(), 3000);
+        assert!(p.state.jobs.iter().all(|(k, e)| k.id == e.id));
+        let key = JobKey {
+            cluster: c,
+            id: JobId(2500),
+        };
+        assert!(p.state.jobs.get(&key).is_some());
+    }
+
+    #[test]
     fn a_record_of_a_job_past_the_limit_is_refused_and_changes_nothing() {
         let mut p = Processor::new(Vec::new(), Clock::Event).with_max_jobs(1);
         let mut out = Vec::new();

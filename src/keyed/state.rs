@@ -25,15 +25,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub type Unlisted = (u32, Standing, Option<f64>);
 
 /// Everything known about one job.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(from = "SavedEntry")]
 pub struct JobEntry {
     pub job: Job,
+    /// Its id, kept here so that the job table's slots hold the box alone
+    /// (8 bytes a slot, not 16). Set by the table when the entry goes in;
+    /// not saved (a saved entry is saved beside its key).
+    pub(super) id: JobId,
     /// The exec eventlog and the exec service's responses: allocated with
     /// the first exec record, as most active jobs (pending ones) have none.
-    #[serde(with = "lazy")]
-    pub exec: Option<Box<ExecLog>>,
-    #[serde(with = "lazy")]
-    pub protocol: Option<Box<ExecProtocol>>,
+    /// One pointer for both: the 8 bytes the id took.
+    exec: Option<Box<ExecSide>>,
     /// Set once the exec eventlog's `complete` status has been compared
     /// with the job's `finish` status, so a mismatch is reported once.
     exec_checked: bool,
@@ -41,19 +44,92 @@ pub struct JobEntry {
     protocol_checked: bool,
     /// The input partition its records come from (partitioned sources
     /// only: boxed, so the entry stays within its allocation class).
-    #[serde(default)]
     pub owner: Option<Box<Owner>>,
     /// When it was seen ending, in Unix seconds on the wall clock (0: not
     /// ended, or not timed: a replay): its time to live runs from then,
-    /// across restarts. Last, with a default: older checkpoints and
-    /// changelogs read as not timed (their grace starts again).
-    #[serde(default)]
+    /// across restarts.
     pub ended_at: u32,
     /// Its alert conditions, kept here rather than in a table of the
     /// engine's (one lookup per change, not two). Checkpoints save them
     /// apart, with the nodes' ([`crate::keyed::alerts::engine::SavedConditions`]).
-    #[serde(skip)]
     pub alerts: Conditions,
+}
+
+/// A job's exec side, boxed as one: its exec eventlog (RFC 50) and the exec
+/// service's responses (RFC 32, rarer: boxed again). 96 bytes, a class of
+/// its own.
+#[derive(Debug, Clone, Default)]
+struct ExecSide {
+    log: Option<ExecLog>,
+    protocol: Option<Box<ExecProtocol>>,
+}
+
+/// How an entry is saved: the exec log and the exec service's responses
+/// as two fields, as before they shared a box (checkpoints and changelogs
+/// written before read the same).
+#[derive(Serialize)]
+struct SavedEntryRef<'a> {
+    job: &'a Job,
+    exec: Option<&'a ExecLog>,
+    protocol: Option<&'a ExecProtocol>,
+    exec_checked: bool,
+    protocol_checked: bool,
+    owner: &'a Option<Box<Owner>>,
+    ended_at: u32,
+}
+
+/// [`SavedEntryRef`] read back.
+#[derive(Deserialize)]
+struct SavedEntry {
+    job: Job,
+    #[serde(with = "lazy")]
+    exec: Option<ExecLog>,
+    #[serde(with = "lazy")]
+    protocol: Option<ExecProtocol>,
+    exec_checked: bool,
+    protocol_checked: bool,
+    /// Last ones with defaults: older checkpoints and changelogs read as
+    /// held by no partition and not timed (their grace starts again).
+    #[serde(default)]
+    owner: Option<Box<Owner>>,
+    #[serde(default)]
+    ended_at: u32,
+}
+
+impl Serialize for JobEntry {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        SavedEntryRef {
+            job: &self.job,
+            exec: self.exec_log(),
+            protocol: self.protocol(),
+            exec_checked: self.exec_checked,
+            protocol_checked: self.protocol_checked,
+            owner: &self.owner,
+            ended_at: self.ended_at,
+        }
+        .serialize(s)
+    }
+}
+
+impl From<SavedEntry> for JobEntry {
+    fn from(saved: SavedEntry) -> Self {
+        let exec = (saved.exec.is_some() || saved.protocol.is_some()).then(|| {
+            Box::new(ExecSide {
+                log: saved.exec,
+                protocol: saved.protocol.map(Box::new),
+            })
+        });
+        JobEntry {
+            job: saved.job,
+            id: JobId::default(),
+            exec,
+            exec_checked: saved.exec_checked,
+            protocol_checked: saved.protocol_checked,
+            owner: saved.owner,
+            ended_at: saved.ended_at,
+            alerts: Conditions::default(),
+        }
+    }
 }
 
 impl JobConditions for JobTable {
@@ -76,27 +152,17 @@ impl JobConditions for JobTable {
 /// empty value took ~20), and absent again when read back empty. Reads
 /// the older form too, the empty value saved in place of nil.
 mod lazy {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde::{Deserialize, Deserializer};
 
     /// A part that may be left unallocated while it holds nothing.
     pub trait Lazy {
         fn is_empty(&self) -> bool;
     }
 
-    pub fn serialize<T: Serialize, S: Serializer>(
-        v: &Option<Box<T>>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(v) => s.serialize_some(v),
-            None => s.serialize_none(),
-        }
-    }
-
     pub fn deserialize<'de, T: Lazy + Deserialize<'de>, D: Deserializer<'de>>(
         d: D,
-    ) -> Result<Option<Box<T>>, D::Error> {
-        let v = Option::<Box<T>>::deserialize(d)?;
+    ) -> Result<Option<T>, D::Error> {
+        let v = Option::<T>::deserialize(d)?;
         Ok(v.filter(|v| !v.is_empty()))
     }
 }
@@ -116,7 +182,28 @@ impl lazy::Lazy for ExecProtocol {
 impl JobEntry {
     /// The exec eventlog so far, if the job has any exec event.
     pub fn exec_log(&self) -> Option<&ExecLog> {
-        self.exec.as_deref()
+        self.exec.as_ref()?.log.as_ref()
+    }
+
+    /// The exec eventlog, made empty if the job had none.
+    pub fn exec_log_mut(&mut self) -> &mut ExecLog {
+        self.exec
+            .get_or_insert_default()
+            .log
+            .get_or_insert_default()
+    }
+
+    /// The exec service's responses so far, if the job has any.
+    pub fn protocol(&self) -> Option<&ExecProtocol> {
+        self.exec.as_ref()?.protocol.as_deref()
+    }
+
+    /// The exec service's responses, made empty if the job had none.
+    fn protocol_mut(&mut self) -> &mut ExecProtocol {
+        self.exec
+            .get_or_insert_default()
+            .protocol
+            .get_or_insert_default()
     }
 }
 
@@ -583,12 +670,14 @@ impl State {
         c
     }
 
-    /// Room for restored jobs (a part's: one growth of each cluster's
-    /// table at most, not one per doubling), each cluster's table made with the shared copy
-    /// of its name, the copy live keys carry (keys decoded on other
-    /// threads carry copies of their own, and a table named by one of
-    /// those would have every live lookup hash the name).
-    pub fn reserve_jobs<'k>(&mut self, keys: impl IntoIterator<Item = &'k JobKey>) {
+    /// Room for restored jobs, `times` as many as `keys` per cluster (the
+    /// parts still to come of a restore, guessed from the first: one
+    /// growth of each cluster's table at most, not one per doubling),
+    /// each cluster's table made with the shared copy of its name, the
+    /// copy live keys carry (keys decoded on other threads carry copies of
+    /// their own, and a table named by one of those would have every live
+    /// lookup hash the name).
+    pub fn reserve_jobs<'k>(&mut self, keys: impl IntoIterator<Item = &'k JobKey>, times: usize) {
         // (the shared copy, jobs) per cluster; keys come in runs of one
         // decoded copy.
         let mut counts: Vec<(Arc<str>, usize)> = Vec::new();
@@ -610,7 +699,7 @@ impl State {
             }
         }
         for (cluster, n) in counts {
-            self.jobs.reserve(&cluster, n);
+            self.jobs.reserve(&cluster, n.saturating_mul(times));
         }
     }
 
@@ -772,12 +861,12 @@ impl State {
                 }
             }
             (EventStream::Exec, Body::Event(ev)) => {
-                let applied = entry.exec.get_or_insert_default().apply(&ev);
+                let applied = entry.exec_log_mut().apply(&ev);
                 fx.duplicate = applied.skipped_duplicate;
                 anomalies.extend(applied.anomalies);
             }
             (EventStream::Exec, Body::ExecResponse(resp)) => {
-                anomalies.extend(entry.protocol.get_or_insert_default().apply(&resp));
+                anomalies.extend(entry.protocol_mut().apply(&resp));
             }
             _ => {}
         }
@@ -891,10 +980,7 @@ impl JobEntry {
             }
         }
         if !self.protocol_checked
-            && let Some(status) = self
-                .protocol
-                .as_deref()
-                .and_then(ExecProtocol::finish_status)
+            && let Some(status) = self.protocol().and_then(ExecProtocol::finish_status)
         {
             self.protocol_checked = true;
             if status != finish {
@@ -1024,7 +1110,7 @@ mod tests {
                 id: JobId(i),
             })
             .collect();
-        st.reserve_jobs(&keys);
+        st.reserve_jobs(&keys, 1);
         let (name, room) = st.jobs.cluster_room("c").expect("a table for c");
         assert!(Arc::ptr_eq(name, &shared), "named by the shared copy");
         assert!(room >= 3000, "room for every run, not the largest: {room}");
@@ -1242,6 +1328,36 @@ mod tests {
     /// A job's entry, its first alert condition inline, is one allocation
     /// per active job: it stays within jemalloc's 192-byte class (it took
     /// 256 while the job kept its rare parts inline).
+    /// The exec log and the service's responses share a box but are saved
+    /// as two fields, each absent while the job has none of it.
+    #[test]
+    fn an_entrys_exec_side_is_saved_and_read_back_part_by_part() {
+        let start = crate::flux::exec::ExecResponse::from_message(
+            &serde_json::json!({"id": 1, "type": "start", "data": {}}),
+        )
+        .unwrap()
+        .1;
+        let mut only_protocol = JobEntry::default();
+        only_protocol.protocol_mut().apply(&start);
+        let mut both = only_protocol.clone();
+        both.exec_log_mut()
+            .apply(&crate::flux::Event::new(1.0, "init"));
+        for (entry, log, protocol) in [
+            (JobEntry::default(), false, false),
+            (only_protocol, false, true),
+            (both, true, true),
+        ] {
+            let bytes = rmp_serde::to_vec(&entry).unwrap();
+            let back: JobEntry = rmp_serde::from_slice(&bytes).unwrap();
+            assert_eq!(back.exec_log().is_some(), log);
+            assert_eq!(back.protocol().is_some(), protocol);
+            assert_eq!(back.exec.is_some(), log || protocol);
+            assert_eq!(format!("{:?}", back.exec), format!("{:?}", entry.exec));
+            // Seven fields, as before the two shared a box.
+            assert_eq!(bytes[0], 0x97);
+        }
+    }
+
     #[test]
     fn a_job_entry_fits_its_allocation_class() {
         assert!(
@@ -1277,9 +1393,10 @@ mod footprint {
                 .filter_map(|n| n.parse().ok())
                 .collect()
         };
-        // Each cluster's table is keyed by the id alone.
+        // Each cluster's table holds the entry's box alone; the id is in
+        // the entry.
         let key = size_of::<crate::flux::jobid::JobId>();
-        let slot = key + size_of::<Box<super::JobEntry>>();
+        let slot = size_of::<Box<super::JobEntry>>();
         let want: [(&str, Vec<usize>); 7] = [
             ("`JobEntry`, boxed", vec![size_of::<super::JobEntry>()]),
             ("of which `Job`", vec![size_of::<crate::flux::job::Job>()]),
@@ -1307,5 +1424,8 @@ mod footprint {
             .and_then(|t| t.split("**").next())
             .and_then(|n| n.parse().ok());
         assert_eq!(exec, Some(size_of::<crate::flux::exec::ExecLog>()));
+        // The exec log and the pointer to the exec service's responses
+        // share one 96-byte allocation.
+        assert_eq!(size_of::<super::ExecSide>(), 96);
     }
 }

@@ -96,7 +96,8 @@ pub struct Shard {
 
 /// Each shard takes over its part of a restored checkpoint, side by side
 /// on threads of their own (a million jobs' take-over is about a second of
-/// one core's work).
+/// one core's work). The tests' reference for [`restore_from`].
+#[cfg(test)]
 pub fn restore_all(shards: &mut [Shard], saved: Vec<SavedState>) {
     std::thread::scope(|scope| {
         for (shard, saved) in shards.iter_mut().zip(saved) {
@@ -123,12 +124,13 @@ pub fn restore_from<S: Reopen>(
     shard_of: impl Fn(&str, Option<u64>) -> usize,
 ) -> Result<(), CheckpointError> {
     let n = shards.len();
+    let count = parts.count();
     std::thread::scope(|scope| {
         let mut txs = Vec::with_capacity(n);
         for shard in shards.iter_mut() {
             let (tx, rx) = std::sync::mpsc::sync_channel(PARTS_AHEAD);
             txs.push(tx);
-            scope.spawn(move || shard.restore_parts(rx));
+            scope.spawn(move || shard.restore_parts(rx, count));
         }
         let decoded = parts.each(|part| {
             for (tx, share) in txs.iter().zip(part.deal(n, &shard_of)) {
@@ -296,27 +298,32 @@ impl Shard {
 
     /// Take over state from a checkpoint, before the first record: the
     /// processor's state (see [`Processor::restore`]) and its metrics.
+    #[cfg(test)]
     pub fn restore(&mut self, saved: SavedState) {
-        self.restored_alerts = self.take_over([saved]);
+        self.restored_alerts = self.take_over([saved], 1);
     }
 
-    /// [`Shard::restore`] from a checkpoint's parts as they come (each
-    /// this shard's share of one part), taken over one by one.
-    pub fn restore_parts(&mut self, parts: impl IntoIterator<Item = SavedState>) {
-        self.restored_alerts = self.take_over(parts);
+    /// [`Shard::restore`] from a checkpoint's `count` parts as they come
+    /// (each this shard's share of one part), taken over one by one.
+    pub fn restore_parts(&mut self, parts: impl IntoIterator<Item = SavedState>, count: usize) {
+        self.restored_alerts = self.take_over(parts, count);
     }
 
     /// Take over state restored from a changelog while running; alerts that
     /// were firing are announced again (same identity: a repeat).
     pub async fn adopt(&mut self, saved: SavedState) {
         let jobs = saved.jobs.len();
-        let alerts = self.take_over([saved]);
+        let alerts = self.take_over([saved], 1);
         tracing::debug!(jobs, "adopted restored state");
         self.emit_alerts(&alerts, true).await;
     }
 
-    fn take_over(&mut self, parts: impl IntoIterator<Item = SavedState>) -> Vec<AlertEvent> {
-        let mut restoring = Restoring::default();
+    fn take_over(
+        &mut self,
+        parts: impl IntoIterator<Item = SavedState>,
+        count: usize,
+    ) -> Vec<AlertEvent> {
+        let mut restoring = Restoring::of_parts(count);
         for part in parts {
             self.processor.restore_part(&mut restoring, part);
         }
@@ -449,6 +456,7 @@ impl Shard {
     fn prefetch(&self, batch: &[Routed]) {
         for routed in batch {
             let record = &routed.record;
+            // The record's own name is a `Box<str>` until it is applied.
             let cluster: &str = match &record.cluster {
                 Some(own) => own,
                 None => cluster_of(&None, &self.sources, routed.source),
@@ -1266,7 +1274,7 @@ mod tests {
                 .parts
                 .iter()
                 .flat_map(|s| &s.jobs)
-                .map(|(k, e)| format!("{k:?} {:?} {:?} {:?}", e.job, e.exec, e.protocol))
+                .map(|(k, e)| format!("{k:?} {:?} {:?} {:?}", e.job, e.exec_log(), e.protocol()))
                 .collect();
             v.sort();
             v
@@ -1275,7 +1283,10 @@ mod tests {
         let before = jobs(&saved);
         assert_eq!(before.len(), 22);
         let with_exec = saved.parts.iter().flat_map(|s| &s.jobs);
-        assert_eq!(with_exec.filter(|(_, e)| e.exec.is_some()).count(), 15);
+        assert_eq!(
+            with_exec.filter(|(_, e)| e.exec_log().is_some()).count(),
+            15
+        );
         let rule = |name: &str, kind, hold: &str| Rule::new(name, kind, hold, "warning").unwrap();
         let mut shard = Shard::new(
             Outputs::new(std::iter::empty()).0,

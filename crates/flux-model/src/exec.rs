@@ -42,7 +42,10 @@ pub struct ExecApplied {
 /// replaced.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ExecLog {
-    events: u64,
+    /// Counts in 32 bits (one job's exec log never nears four billion
+    /// events; they saturate), so that the log and a pointer beside it
+    /// keep to a 96-byte allocation.
+    events: u32,
     initialized: bool,
     starting: bool,
     reattach_count: u32,
@@ -51,7 +54,7 @@ pub struct ExecLog {
     complete_timestamp: Stamp,
     shell_exit: Option<Box<ShellExit>>,
     done: bool,
-    shell_events: u64,
+    shell_events: u32,
     last_shell_event: Option<compact_str::CompactString>,
     /// Newest timestamp among exec-system events. Only those are checked
     /// for order: the shell writes `shell.*` events on its own, and real
@@ -143,7 +146,7 @@ impl ExecLog {
 
     /// Number of `shell.*` events applied.
     pub fn shell_event_count(&self) -> u64 {
-        self.shell_events
+        u64::from(self.shell_events)
     }
 
     /// Name of the latest `shell.*` event (e.g. `shell.task-exit`).
@@ -153,7 +156,7 @@ impl ExecLog {
 
     /// Number of events applied (duplicates not counted).
     pub fn event_count(&self) -> u64 {
-        self.events
+        u64::from(self.events)
     }
 
     /// Apply one event of the exec eventlog, in log order.
@@ -319,13 +322,13 @@ impl ExecLog {
             "done" => self.done = true,
             // `log` has no requirements; other names MAY appear (RFC 50).
             _ if !system => {
-                self.shell_events += 1;
+                self.shell_events = self.shell_events.saturating_add(1);
                 self.last_shell_event = Some(ev.name.clone());
             }
             _ => {}
         }
         self.seen.insert(slot, key);
-        self.events += 1;
+        self.events = self.events.saturating_add(1);
         out
     }
 }

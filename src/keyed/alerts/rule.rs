@@ -432,7 +432,7 @@ mod tests {
             job.set_every_time(100.0);
             let complete = crate::flux::Event::new(101.0, "complete")
                 .with_context(serde_json::json!({"status": 0}));
-            entry.exec.get_or_insert_default().apply(&complete);
+            entry.exec_log_mut().apply(&complete);
             for &kind in &kinds {
                 let holds = job_condition(kind, &entry.job, entry.exec_log()).is_some();
                 assert!(!holds || kind.can_hold_in(state), "{kind:?} in {state:?}");
