@@ -8,6 +8,7 @@
 //! second) that the notes copy, so no source reads the system clock per
 //! line.
 
+use crate::keyed::state::ClusterBudget;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,10 @@ struct Inner {
     /// Milliseconds since the epoch, moved on by [`Feeds::tick`].
     now: AtomicU64,
     list: Mutex<Vec<Registered>>,
+    /// The clusters the pipeline follows (`operators.max_clusters`): a
+    /// cluster named in records gets a feed only if it is one of them, so
+    /// a flood of made-up names makes no series the shards refuse.
+    clusters: ClusterBudget,
 }
 
 #[derive(Debug)]
@@ -70,14 +75,21 @@ fn wall_millis() -> u64 {
 
 impl Default for Feeds {
     fn default() -> Self {
-        Feeds(Arc::new(Inner {
-            now: AtomicU64::new(wall_millis()),
-            list: Mutex::new(Vec::new()),
-        }))
+        Feeds::following(ClusterBudget::default())
     }
 }
 
 impl Feeds {
+    /// The feeds of a pipeline that follows the clusters of `clusters`
+    /// (shared with its shards: whichever meets a cluster first admits it).
+    pub fn following(clusters: ClusterBudget) -> Self {
+        Feeds(Arc::new(Inner {
+            now: AtomicU64::new(wall_millis()),
+            list: Mutex::new(Vec::new()),
+            clusters,
+        }))
+    }
+
     /// A feed of `source` for `cluster`, heard as of now.
     pub fn register(&self, source: &str, cluster: &str, heartbeats: bool) -> Feed {
         let watched = Arc::new(AtomicBool::new(true));
@@ -202,13 +214,17 @@ impl Feed {
     }
 
     /// The last word of this source's feed of `cluster`, made (heard as
-    /// of now) the first time; none past [`NAMED_MAX`].
+    /// of now) the first time; none past [`NAMED_MAX`], nor for a cluster
+    /// the pipeline does not follow.
     fn named_feed<'m>(
         &self,
         named: &'m mut HashMap<Box<str>, Arc<AtomicU64>>,
         cluster: &str,
     ) -> Option<&'m Arc<AtomicU64>> {
-        if !named.contains_key(cluster) && named.len() < NAMED_MAX {
+        if !named.contains_key(cluster)
+            && named.len() < NAMED_MAX
+            && self.feeds.0.clusters.admit(cluster)
+        {
             let last = self
                 .feeds
                 .add(&self.source, cluster, self.heartbeats, &self.watched);
@@ -294,5 +310,26 @@ mod tests {
             feed.heard_for(&format!("c{i}"));
         }
         assert_eq!(feeds.readings().len(), 1 + NAMED_MAX);
+    }
+
+    #[test]
+    fn no_feed_is_made_for_a_cluster_the_pipeline_does_not_follow() {
+        let budget = ClusterBudget::new(3);
+        let feeds = Feeds::following(budget.clone());
+        let feed = feeds.register("socket", "own", true);
+        // The shards followed "own" first; two more fit.
+        assert!(budget.admit("own"));
+        for i in 0..10 {
+            feed.heard_for(&format!("made-up-{i}"));
+        }
+        feed.heard_last_at("own", "restored", 2.0);
+        let clusters: Vec<String> = feeds
+            .readings()
+            .iter()
+            .map(|r| r.cluster.to_string())
+            .collect();
+        assert_eq!(clusters, ["own", "made-up-0", "made-up-1"]);
+        // Those the feeds admitted are followed by the shards too.
+        assert!(budget.admit("made-up-1") && !budget.admit("made-up-2"));
     }
 }

@@ -332,7 +332,7 @@ impl ClusterBudget {
 
     /// Whether `cluster` is followed: known, or new with room left (then
     /// it is known from now on).
-    fn admit(&self, cluster: &str) -> bool {
+    pub fn admit(&self, cluster: &str) -> bool {
         let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
         if known.contains(cluster) {
             return true;

@@ -378,7 +378,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let mut watch = Watch::new(watch_rules);
     let saved_watch = head.as_ref().map(|h| h.watch.clone()).unwrap_or_default();
     let announce = watch.restore(&saved_watch);
-    let feeds = Feeds::default();
+    // A cluster named in records gets a feed only if it is followed.
+    let feeds = Feeds::following(cluster_budget.clone());
     let mut source_tasks = JoinSet::new();
     for (index, (name, source)) in config.sources.iter().enumerate() {
         let link = coordinator.link(name, source.has_positions(), source.keeps_changelog());
