@@ -674,6 +674,9 @@ pub struct Parts<S> {
     /// more checksums the payload. A small one (and the fuzzer's inputs)
     /// was checked whole before its head was read.
     parallel: bool,
+    /// The checksum has matched already ([`Parts::check_sum`]): not
+    /// worked out again while the parts are decoded.
+    checked: bool,
 }
 
 /// Decode a checkpoint of `size` bytes: see [`Parts::each`]. The state is
@@ -752,6 +755,7 @@ pub(crate) fn open<S: Reopen>(
         sum: u64_at(SUM_AT as usize),
         at: Vec::new(),
         parallel: len >= parallel_from,
+        checked: false,
     };
     if present != len {
         return Err(parts.corrupt(format!(
@@ -807,11 +811,13 @@ impl<S: Reopen> Parts<S> {
         }
     }
 
-    /// Whether the payload is whole: its checksum matches.
-    pub fn check_sum(&self) -> Result<(), CheckpointError> {
+    /// Whether the payload is whole: its checksum matches (then
+    /// [`Parts::each`] does not work it out again).
+    pub fn check_sum(&mut self) -> Result<(), CheckpointError> {
         if self.summed().map_err(|e| self.unreadable(e))? != self.sum {
             return Err(self.corrupt("checksum mismatch".into()));
         }
+        self.checked = true;
         Ok(())
     }
 
@@ -890,9 +896,10 @@ impl<S: Reopen> Parts<S> {
         };
         let this = &self;
         std::thread::scope(|scope| {
-            let mut checksum = this.parallel.then(|| scope.spawn(|| this.summed()));
+            let mut checksum =
+                (this.parallel && !this.checked).then(|| scope.spawn(|| this.summed()));
             // The checksum's answer, waited for once (a small state's was
-            // known before its head was read).
+            // known before its head was read, as is one checked already).
             let mut verify = || -> Result<(), CheckpointError> {
                 let Some(summing) = checksum.take() else {
                     return Ok(());

@@ -123,13 +123,14 @@ fn open_checkpoint(config: &Config) -> Result<Resumed> {
             "removed scratch files of an interrupted checkpoint"
         );
     }
-    let Some(opened) = checkpoint::open_in(dir).with_context(|| RESTORE_FAILED)? else {
+    let Some(mut opened) = checkpoint::open_in(dir).with_context(|| RESTORE_FAILED)? else {
         return Ok((None, None));
     };
     // Another pipeline's state (a data folder shared by two configs) is
     // not taken silently.
     if let Some(why) = checkpoint::mismatch(&opened.head.identities, &config.source_identities()) {
-        // A damaged head is said as such, not as another pipeline's.
+        // A damaged head is said as such, not as another pipeline's (and
+        // the parts are not checked twice).
         opened.parts.check_sum().with_context(|| RESTORE_FAILED)?;
         let told = if config.adopt_checkpoint {
             "--adopt-checkpoint"
