@@ -191,11 +191,17 @@ impl Feed {
 
     /// This source's feed of `cluster` (its own, or one its records
     /// named) was last heard at `at`, seconds since the epoch: what a
-    /// restart restores of a feed that had gone silent.
+    /// restart restores of a feed that had gone silent. A named cluster
+    /// the pipeline no longer follows (its state gone, or refused by an
+    /// older version) gets no feed again, nor a place among those
+    /// followed: its records make it if they come.
     pub fn heard_last_at(&self, own: &str, cluster: &str, at: f64) {
         let at = (at.max(0.0) * 1000.0) as u64;
         if cluster == own {
             self.last.store(at, Ordering::Relaxed);
+            return;
+        }
+        if !self.feeds.0.clusters.knows(cluster) {
             return;
         }
         let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
@@ -269,7 +275,8 @@ mod tests {
 
     #[test]
     fn clusters_named_in_records_are_feeds_of_their_own() {
-        let feeds = Feeds::default();
+        let budget = ClusterBudget::default();
+        let feeds = Feeds::following(budget.clone());
         let feed = feeds.register("kafka", "picl", true);
         let start = feeds.readings()[0].last_heard;
         let t = (start * 1000.0) as u64;
@@ -293,8 +300,9 @@ mod tests {
         );
         feed.set_watched(false);
         assert!(feeds.readings().iter().all(|r| !r.watched));
-        // Restored: the source's own, and a named one made if need be
-        // (once: its records find it).
+        // Restored: the source's own, and a named one the pipeline
+        // follows made if need be (once: its records find it).
+        assert!(budget.admit("far"));
         feed.heard_last_at("picl", "picl", 1.5);
         feed.heard_last_at("picl", "far", 2.5);
         feed.heard_for("far");
@@ -317,12 +325,13 @@ mod tests {
         let budget = ClusterBudget::new(3);
         let feeds = Feeds::following(budget.clone());
         let feed = feeds.register("socket", "own", true);
-        // The shards followed "own" first; two more fit.
+        // The shards followed "own" first; two more fit. A restored feed
+        // of a cluster not followed takes none of them.
         assert!(budget.admit("own"));
+        feed.heard_last_at("own", "restored", 2.0);
         for i in 0..10 {
             feed.heard_for(&format!("made-up-{i}"));
         }
-        feed.heard_last_at("own", "restored", 2.0);
         let clusters: Vec<String> = feeds
             .readings()
             .iter()

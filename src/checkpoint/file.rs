@@ -779,11 +779,6 @@ pub(crate) fn open<S: Reopen>(
 }
 
 impl<S: Reopen> Parts<S> {
-    /// How many parts there are.
-    pub fn count(&self) -> usize {
-        self.at.len()
-    }
-
     fn corrupt(&self, why: String) -> CheckpointError {
         CheckpointError::Corrupt {
             path: self.path.clone(),

@@ -54,20 +54,6 @@ pub struct Restoring {
     unlisted: Vec<super::state::Unlisted>,
     /// Conditions whose subjects were not at hand when met.
     out_of_order: Vec<SavedCondition>,
-    /// Parts to come, the first included, while none has come: room is
-    /// made at the first for this many times its jobs.
-    parts: usize,
-}
-
-impl Restoring {
-    /// A take-over of `parts` parts of about equal size (a checkpoint
-    /// cuts them so).
-    pub fn of_parts(parts: usize) -> Self {
-        Restoring {
-            parts,
-            ..Restoring::default()
-        }
-    }
 }
 
 /// What revoked partitions owned, given back.
@@ -103,7 +89,6 @@ impl Processor {
             out,
             unlisted,
             out_of_order,
-            parts,
         } = restoring;
         let latest = self.latest_plausible();
         for (cluster, t) in saved.clock.clusters() {
@@ -126,14 +111,15 @@ impl Processor {
             out.resources.push(cluster.clone());
             self.state.insert_resources(cluster, res);
         }
-        // Room for every part's jobs at the first, guessed from its own:
-        // one growth, not one per doubling of the table (each reads every
-        // entry again, a cache miss a job). Nothing in this loop touches
-        // a reference count or a metric per job: each is an atomic
-        // operation, which waits for the table's pending cache misses.
-        let times = std::mem::take(parts).max(1);
-        self.state
-            .reserve_jobs(saved.jobs.iter().map(|(k, _)| k), times);
+        // Room for the part's jobs at once: a growth per part at most
+        // (a million jobs in parts of 65,536: five), not one per doubling
+        // of the table. (Room for all parts at the first, guessed from
+        // its jobs, measured no faster, and a guess is wrong for a shard
+        // dealt none of the first part, or a cluster all in it.) Nothing
+        // in this loop touches a reference count or a metric per job:
+        // each is an atomic operation, which waits for the table's
+        // pending cache misses.
+        self.state.reserve_jobs(saved.jobs.iter().map(|(k, _)| k));
         out.entered.reserve(saved.jobs.len());
         unlisted.reserve(saved.jobs.len());
         // A checkpoint lists jobs' conditions in the order of the jobs: each
@@ -205,7 +191,6 @@ impl Processor {
             mut out,
             unlisted,
             out_of_order,
-            ..
         } = restoring;
         self.state.list(&out.clusters, unlisted);
         // Draining as the jobs held now say (processors restore side by

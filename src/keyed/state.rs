@@ -344,6 +344,12 @@ impl ClusterBudget {
         true
     }
 
+    /// Whether `cluster` is followed already (nothing admitted).
+    pub fn knows(&self, cluster: &str) -> bool {
+        let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        known.contains(cluster)
+    }
+
     /// Follow `cluster` whatever the limit (restored state).
     fn note(&self, cluster: &str) {
         let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
@@ -670,14 +676,12 @@ impl State {
         c
     }
 
-    /// Room for restored jobs, `times` as many as `keys` per cluster (the
-    /// parts still to come of a restore, guessed from the first: one
-    /// growth of each cluster's table at most, not one per doubling),
-    /// each cluster's table made with the shared copy of its name, the
-    /// copy live keys carry (keys decoded on other threads carry copies of
-    /// their own, and a table named by one of those would have every live
-    /// lookup hash the name).
-    pub fn reserve_jobs<'k>(&mut self, keys: impl IntoIterator<Item = &'k JobKey>, times: usize) {
+    /// Room for restored jobs (a part's: one growth of each cluster's
+    /// table at most, not one per doubling), each cluster's table made
+    /// with the shared copy of its name, the copy live keys carry (keys
+    /// decoded on other threads carry copies of their own, and a table
+    /// named by one of those would have every live lookup hash the name).
+    pub fn reserve_jobs<'k>(&mut self, keys: impl IntoIterator<Item = &'k JobKey>) {
         // (the shared copy, jobs) per cluster; keys come in runs of one
         // decoded copy.
         let mut counts: Vec<(Arc<str>, usize)> = Vec::new();
@@ -699,7 +703,7 @@ impl State {
             }
         }
         for (cluster, n) in counts {
-            self.jobs.reserve(&cluster, n.saturating_mul(times));
+            self.jobs.reserve(&cluster, n);
         }
     }
 
@@ -1110,7 +1114,7 @@ mod tests {
                 id: JobId(i),
             })
             .collect();
-        st.reserve_jobs(&keys, 1);
+        st.reserve_jobs(&keys);
         let (name, room) = st.jobs.cluster_room("c").expect("a table for c");
         assert!(Arc::ptr_eq(name, &shared), "named by the shared copy");
         assert!(room >= 3000, "room for every run, not the largest: {room}");
@@ -1325,9 +1329,6 @@ mod tests {
         assert!(res.status_json().get("unknown").is_none());
     }
 
-    /// A job's entry, its first alert condition inline, is one allocation
-    /// per active job: it stays within jemalloc's 192-byte class (it took
-    /// 256 while the job kept its rare parts inline).
     /// The exec log and the service's responses share a box but are saved
     /// as two fields, each absent while the job has none of it.
     #[test]
@@ -1342,12 +1343,33 @@ mod tests {
         let mut both = only_protocol.clone();
         both.exec_log_mut()
             .apply(&crate::flux::Event::new(1.0, "init"));
+        // The form entries were saved in while each had a box of its own.
+        #[derive(Serialize)]
+        struct Before<'a> {
+            job: &'a Job,
+            exec: Option<Box<ExecLog>>,
+            protocol: Option<Box<ExecProtocol>>,
+            exec_checked: bool,
+            protocol_checked: bool,
+            owner: &'a Option<Box<Owner>>,
+            ended_at: u32,
+        }
         for (entry, log, protocol) in [
             (JobEntry::default(), false, false),
             (only_protocol, false, true),
             (both, true, true),
         ] {
             let bytes = rmp_serde::to_vec(&entry).unwrap();
+            let before = Before {
+                job: &entry.job,
+                exec: entry.exec_log().cloned().map(Box::new),
+                protocol: entry.protocol().cloned().map(Box::new),
+                exec_checked: entry.exec_checked,
+                protocol_checked: entry.protocol_checked,
+                owner: &entry.owner,
+                ended_at: entry.ended_at,
+            };
+            assert_eq!(bytes, rmp_serde::to_vec(&before).unwrap(), "the same bytes");
             let back: JobEntry = rmp_serde::from_slice(&bytes).unwrap();
             assert_eq!(back.exec_log().is_some(), log);
             assert_eq!(back.protocol().is_some(), protocol);
@@ -1358,6 +1380,9 @@ mod tests {
         }
     }
 
+    /// A job's entry, its first alert condition inline, is one allocation
+    /// per active job: it stays within jemalloc's 192-byte class (it took
+    /// 256 while the job kept its rare parts inline).
     #[test]
     fn a_job_entry_fits_its_allocation_class() {
         assert!(

@@ -124,13 +124,12 @@ pub fn restore_from<S: Reopen>(
     shard_of: impl Fn(&str, Option<u64>) -> usize,
 ) -> Result<(), CheckpointError> {
     let n = shards.len();
-    let count = parts.count();
     std::thread::scope(|scope| {
         let mut txs = Vec::with_capacity(n);
         for shard in shards.iter_mut() {
             let (tx, rx) = std::sync::mpsc::sync_channel(PARTS_AHEAD);
             txs.push(tx);
-            scope.spawn(move || shard.restore_parts(rx, count));
+            scope.spawn(move || shard.restore_parts(rx));
         }
         let decoded = parts.each(|part| {
             for (tx, share) in txs.iter().zip(part.deal(n, &shard_of)) {
@@ -300,30 +299,26 @@ impl Shard {
     /// processor's state (see [`Processor::restore`]) and its metrics.
     #[cfg(test)]
     pub fn restore(&mut self, saved: SavedState) {
-        self.restored_alerts = self.take_over([saved], 1);
+        self.restored_alerts = self.take_over([saved]);
     }
 
-    /// [`Shard::restore`] from a checkpoint's `count` parts as they come
-    /// (each this shard's share of one part), taken over one by one.
-    pub fn restore_parts(&mut self, parts: impl IntoIterator<Item = SavedState>, count: usize) {
-        self.restored_alerts = self.take_over(parts, count);
+    /// Take over state from a checkpoint's parts as they come (each this
+    /// shard's share of one part), one by one, before the first record.
+    pub fn restore_parts(&mut self, parts: impl IntoIterator<Item = SavedState>) {
+        self.restored_alerts = self.take_over(parts);
     }
 
     /// Take over state restored from a changelog while running; alerts that
     /// were firing are announced again (same identity: a repeat).
     pub async fn adopt(&mut self, saved: SavedState) {
         let jobs = saved.jobs.len();
-        let alerts = self.take_over([saved], 1);
+        let alerts = self.take_over([saved]);
         tracing::debug!(jobs, "adopted restored state");
         self.emit_alerts(&alerts, true).await;
     }
 
-    fn take_over(
-        &mut self,
-        parts: impl IntoIterator<Item = SavedState>,
-        count: usize,
-    ) -> Vec<AlertEvent> {
-        let mut restoring = Restoring::of_parts(count);
+    fn take_over(&mut self, parts: impl IntoIterator<Item = SavedState>) -> Vec<AlertEvent> {
+        let mut restoring = Restoring::default();
         for part in parts {
             self.processor.restore_part(&mut restoring, part);
         }
