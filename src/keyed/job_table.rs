@@ -124,8 +124,8 @@ impl JobTable {
             return;
         };
         // The first slot whose hash tag matches, its entry not read (that
-        // would wait for the very miss this is to overlap): another job's,
-        // about one time in a hundred, and a hint wasted.
+        // would wait for the very miss this is to overlap): another job's
+        // a few times in a hundred (a 7-bit tag), and a hint wasted.
         if let Some(entry) = self.clusters[at].jobs.find(self.hash(id), |_| true) {
             // Every line the entry touches: one every 64 bytes from its
             // start, and its last byte's (an entry not aligned to a line).
