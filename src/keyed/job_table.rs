@@ -40,9 +40,10 @@ struct ClusterJobs {
     jobs: HashTable<Box<JobEntry>>,
 }
 
-/// An entry's id, to hash it again when a table grows (read in the entry).
-fn id_of(entry: &JobEntry) -> JobId {
-    entry.id
+/// How a table hashes its entries again when it grows: by the id each
+/// holds (read in the entry).
+fn rehash(hasher: &foldhash::fast::RandomState) -> impl Fn(&Box<JobEntry>) -> u64 + '_ {
+    move |e| hasher.hash_one(e.id)
 }
 
 impl JobTable {
@@ -147,10 +148,9 @@ impl JobTable {
         let at = self.place_of(&key.cluster);
         entry.id = key.id;
         let hash = self.hash(key.id);
-        let hasher = &self.hasher;
         match self.clusters[at]
             .jobs
-            .entry(hash, |e| e.id == key.id, |e| hasher.hash_one(id_of(e)))
+            .entry(hash, |e| e.id == key.id, rehash(&self.hasher))
         {
             Entry::Occupied(mut held) => Some(std::mem::replace(held.get_mut(), entry)),
             Entry::Vacant(new) => {
@@ -165,10 +165,9 @@ impl JobTable {
     pub fn get_or_insert_default(&mut self, key: &JobKey) -> &mut JobEntry {
         let at = self.place_of(&key.cluster);
         let hash = self.hash(key.id);
-        let hasher = &self.hasher;
         match self.clusters[at]
             .jobs
-            .entry(hash, |e| e.id == key.id, |e| hasher.hash_one(id_of(e)))
+            .entry(hash, |e| e.id == key.id, rehash(&self.hasher))
         {
             Entry::Occupied(held) => held.into_mut(),
             Entry::Vacant(new) => {
@@ -197,9 +196,8 @@ impl JobTable {
     /// id, a miss each).
     pub fn reserve(&mut self, cluster: &Arc<str>, more: usize) {
         let at = self.place_of(cluster);
-        let hasher = &self.hasher;
         if let Some(c) = self.clusters.get_mut(at) {
-            c.jobs.reserve(more, |e| hasher.hash_one(id_of(e)));
+            c.jobs.reserve(more, rehash(&self.hasher));
         }
     }
 
